@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs every Debian package that building, running, testing and benchmarking meshtrain
+# need. Idempotent: when everything is present it only checks and returns in about a second.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libdnnl-dev            # oneDNN: GEMM (f32 and bf16) on the CPU
+  libopenmpi-dev openmpi-bin
+  nlohmann-json3-dev libcli11-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch python3-numpy   # PyTorch 1.13 (CPU): reference and benchmark peer
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,16 @@
+// Each subcommand of `meshtrain` lives in its own file and registers itself here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace mt::cli {
+
+void register_train(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_prepare(CLI::App& app);
+// `meshtrain bench NAME`: each benchmark of meshtrain itself prints a table, or with
+// --json one JSON document.
+void register_bench_kernels(CLI::App& bench);  // gemm, peak
+void register_bench_comm(CLI::App& bench);     // comm
+
+}  // namespace mt::cli

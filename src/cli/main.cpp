@@ -1,0 +1,31 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshtrain: trains GPT-style transformers with composed parallelism"};
+  app.require_subcommand(1);
+  mt::cli::register_train(app);
+  mt::cli::register_eval(app);
+  mt::cli::register_prepare(app);
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks of meshtrain itself");
+  bench->require_subcommand(1);
+  mt::cli::register_bench_kernels(*bench);
+  mt::cli::register_bench_comm(*bench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return static_cast<int>(mt::ExitCode::kBadInput);
+  } catch (const mt::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return static_cast<int>(mt::ExitCode::kRunFailure);
+  }
+  return 0;
+}

@@ -1,0 +1,5 @@
+// Placeholder while the command is being written (replaced in this session).
+#include "cli/commands.h"
+namespace mt::cli {
+void register_prepare(CLI::App&) {}
+}  // namespace mt::cli
