@@ -1,5 +1,90 @@
-// Placeholder while the command is being written (replaced in this session).
+// `meshtrain train`: a preset or a JSON config, every field overridable by a flag.
+#include <memory>
+
 #include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "core/error.h"
+#include "train/trainer.h"
+
 namespace mt::cli {
-void register_train(CLI::App&) {}
+
+namespace {
+
+struct TrainFlags {
+  std::string config;
+  ModelFlags model;
+  std::optional<int64_t> batch, microbatch, steps, seed, threads, warmup, eval_every, eval_batches;
+  std::optional<float> lr, min_lr_ratio, weight_decay, grad_clip;
+  std::optional<std::string> data, val_data, metrics, export_path;
+  std::optional<double> peak_gflops;
+  bool profile = false;
+};
+
+const std::vector<std::string> kConfigKeys = {
+    "model", "n_layer", "n_head", "d_model", "d_ff", "vocab", "seq", "bias", "tied",
+    "batch", "microbatch", "steps", "lr", "min_lr_ratio", "warmup", "weight_decay",
+    "grad_clip", "seed", "data", "val_data", "eval_every", "eval_batches", "threads"};
+
+train::TrainOptions to_options(const TrainFlags& f) {
+  const nlohmann::json j = read_config_file(f.config, kConfigKeys);
+  train::TrainOptions o;
+  try {
+    f.model.apply(o.model, j);
+    auto take = [&](const char* key, auto& field, const auto& flag) {
+      using T = std::decay_t<decltype(field)>;
+      if (j.contains(key)) field = j.at(key).get<T>();
+      if (flag) field = static_cast<T>(*flag);
+    };
+    take("batch", o.batch, f.batch);
+    take("microbatch", o.microbatch, f.microbatch);
+    take("steps", o.steps, f.steps);
+    take("lr", o.lr, f.lr);
+    take("min_lr_ratio", o.min_lr_ratio, f.min_lr_ratio);
+    take("warmup", o.warmup, f.warmup);
+    take("weight_decay", o.adamw.weight_decay, f.weight_decay);
+    take("grad_clip", o.grad_clip, f.grad_clip);
+    take("seed", o.seed, f.seed);
+    take("data", o.data, f.data);
+    take("val_data", o.val_data, f.val_data);
+    take("eval_every", o.eval_every, f.eval_every);
+    take("eval_batches", o.eval_batches, f.eval_batches);
+    take("threads", o.threads, f.threads);
+  } catch (const nlohmann::json::exception& e) {
+    fail("config file '{}' has a value of the wrong type: {}", f.config, e.what());
+  }
+  if (f.metrics) o.metrics = *f.metrics;
+  if (f.export_path) o.export_path = *f.export_path;
+  if (f.peak_gflops) o.peak_flops = *f.peak_gflops * 1e9;
+  o.profile = f.profile;
+  return o;
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  CLI::App* cmd = app.add_subcommand("train", "train a GPT model");
+  cmd->add_option("--config", f->config, "JSON file with any of the fields below (flags win)");
+  f->model.add_to(*cmd);
+  cmd->add_option("--batch", f->batch, "global batch, in sequences");
+  cmd->add_option("--microbatch", f->microbatch, "sequences per forward/backward (gradient accumulation)");
+  cmd->add_option("--steps", f->steps, "optimizer steps");
+  cmd->add_option("--lr", f->lr, "peak learning rate");
+  cmd->add_option("--min-lr-ratio", f->min_lr_ratio, "cosine decays to this fraction of --lr");
+  cmd->add_option("--warmup", f->warmup, "linear warmup steps (default 5% of --steps)");
+  cmd->add_option("--weight-decay", f->weight_decay, "AdamW weight decay on matrices");
+  cmd->add_option("--grad-clip", f->grad_clip, "global gradient-norm clip (0: off)");
+  cmd->add_option("--seed", f->seed, "seed of initialisation and randomness");
+  cmd->add_option("--data", f->data, "training tokens (llm.c format, `meshtrain prepare`)");
+  cmd->add_option("--val-data", f->val_data, "held-out tokens (default: last 5% of --data)");
+  cmd->add_option("--eval-every", f->eval_every, "validation loss every N steps (and at the end)");
+  cmd->add_option("--eval-batches", f->eval_batches, "microbatches per validation");
+  cmd->add_option("--threads", f->threads, "intra-op threads (default: cores / ranks on the host)");
+  cmd->add_option("--metrics", f->metrics, "write one JSON object per step to FILE");
+  cmd->add_option("--export", f->export_path, "write final weights as safetensors (HF GPT-2 names)");
+  cmd->add_option("--peak-gflops", f->peak_gflops, "GEMM peak for MFU (default: measured, cached)");
+  cmd->add_flag("--profile", f->profile, "print where the time went, by kernel");
+  cmd->callback([f] { train::run_training(to_options(*f)); });
+}
+
 }  // namespace mt::cli

@@ -1,0 +1,66 @@
+#include "cli/model_flags.h"
+
+#include <fstream>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace mt::cli {
+
+void ModelFlags::add_to(CLI::App& app) {
+  app.add_option("--model", model, "preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b");
+  app.add_option("--n-layer", n_layer, "transformer blocks");
+  app.add_option("--n-head", n_head, "attention heads");
+  app.add_option("--d-model", d_model, "hidden width");
+  app.add_option("--d-ff", d_ff, "MLP width (default 4 x d_model when --d-model is given)");
+  app.add_option("--vocab", vocab, "vocabulary size (padded internally to a multiple of 128)");
+  app.add_option("--seq", seq, "sequence length");
+  app.add_flag("--no-bias", no_bias, "no biases in linear layers and layer norms");
+  app.add_flag("--untied", untied, "separate LM-head weights (default: tied to the embedding)");
+}
+
+void ModelFlags::apply(model::GptConfig& c, const nlohmann::json& j) const {
+  auto get = [&](const char* key, int64_t& field, const std::optional<int64_t>& flag) {
+    if (j.contains(key)) field = j.at(key).get<int64_t>();
+    if (flag) field = *flag;
+  };
+  std::string name = j.value("model", std::string("tiny"));
+  if (model) name = *model;
+  c = model::preset(name);
+  const bool d_given = d_model || j.contains("d_model");
+  get("n_layer", c.n_layer, n_layer);
+  get("n_head", c.n_head, n_head);
+  get("d_model", c.d_model, d_model);
+  if (d_given) c.d_ff = 4 * c.d_model;
+  get("d_ff", c.d_ff, d_ff);
+  get("vocab", c.vocab, vocab);
+  get("seq", c.seq_len, seq);
+  if (j.contains("bias")) c.bias = j.at("bias").get<bool>();
+  if (no_bias) c.bias = false;
+  if (j.contains("tied")) c.tied = j.at("tied").get<bool>();
+  if (untied) c.tied = false;
+  const bool custom = n_layer || n_head || d_model || d_ff || vocab || seq || no_bias || untied ||
+                      j.contains("n_layer") || j.contains("d_model");
+  if (custom) c.name = name + " (modified)";
+  c.validate();
+}
+
+nlohmann::json read_config_file(const std::string& path, const std::vector<std::string>& known) {
+  if (path.empty()) return nlohmann::json::object();
+  std::ifstream in(path);
+  if (!in) fail("cannot open config file '{}'", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("config file '{}' is not valid JSON: {}", path, e.what());
+  }
+  if (!j.is_object()) fail("config file '{}' must hold a JSON object", path);
+  for (auto& [key, value] : j.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      fail("config file '{}': unknown key '{}' (known keys: {})", path, key, fmt::join(known, ", "));
+  return j;
+}
+
+}  // namespace mt::cli

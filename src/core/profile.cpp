@@ -1,0 +1,15 @@
+#include "core/profile.h"
+
+namespace mt::profile {
+
+namespace {
+thread_local bool t_enabled = false;
+thread_local std::map<std::string, Entry> t_entries;
+}  // namespace
+
+void enable(bool on) { t_enabled = on; }
+bool enabled() { return t_enabled; }
+std::map<std::string, Entry>& entries() { return t_entries; }
+void reset() { t_entries.clear(); }
+
+}  // namespace mt::profile

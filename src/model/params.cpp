@@ -1,0 +1,116 @@
+#include "model/params.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/philox.h"
+
+namespace mt::model {
+
+std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
+  const int64_t d = c.d_model, f = c.d_ff, vp = c.padded_vocab();
+  constexpr float kStd = 0.02f;  // GPT-2
+  // GPT-2 scales the residual output projections by 1/sqrt(2 * n_layer).
+  const float residual_std = kStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
+  std::vector<ParamSpec> s;
+  auto add = [&](std::string name, Shape shape, Init init, float std, TpSplit split,
+                 int layer, bool transposed = false) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.weight_decay = shape.size() == 2;
+    p.shape = std::move(shape);
+    p.init = init;
+    p.init_std = std;
+    p.tp_split = split;
+    p.layer = layer;
+    p.hf_transposed = transposed;
+    s.push_back(std::move(p));
+  };
+  add("transformer.wte.weight", {vp, d}, Init::kNormal, kStd, TpSplit::kRows, -1);
+  s.back().real_rows = c.vocab;
+  add("transformer.wpe.weight", {c.seq_len, d}, Init::kNormal, kStd, TpSplit::kReplicated, -1);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    add(h + "ln_1.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, l);
+    if (c.bias) add(h + "ln_1.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+    add(h + "attn.c_attn.weight", {3 * d, d}, Init::kNormal, kStd, TpSplit::kQkvRows, l, true);
+    if (c.bias) add(h + "attn.c_attn.bias", {3 * d}, Init::kZeros, 0, TpSplit::kQkvRows, l);
+    add(h + "attn.c_proj.weight", {d, d}, Init::kNormal, residual_std, TpSplit::kCols, l, true);
+    if (c.bias) add(h + "attn.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+    add(h + "ln_2.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, l);
+    if (c.bias) add(h + "ln_2.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+    add(h + "mlp.c_fc.weight", {f, d}, Init::kNormal, kStd, TpSplit::kRows, l, true);
+    if (c.bias) add(h + "mlp.c_fc.bias", {f}, Init::kZeros, 0, TpSplit::kRows, l);
+    add(h + "mlp.c_proj.weight", {d, f}, Init::kNormal, residual_std, TpSplit::kCols, l, true);
+    if (c.bias) add(h + "mlp.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+  }
+  add("transformer.ln_f.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, -1);
+  if (c.bias) add("transformer.ln_f.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, -1);
+  if (!c.tied) {
+    add("lm_head.weight", {vp, d}, Init::kNormal, kStd, TpSplit::kRows, -1);
+    s.back().real_rows = c.vocab;
+  }
+  return s;
+}
+
+int64_t count_params(const std::vector<ParamSpec>& specs) {
+  int64_t n = 0;
+  for (const auto& s : specs) n += shape_numel(s.shape);
+  return n;
+}
+
+void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n,
+                      float* out) {
+  switch (spec.init) {
+    case Init::kZeros:
+      for (int64_t i = 0; i < n; ++i) out[i] = 0.f;
+      return;
+    case Init::kOnes:
+      for (int64_t i = 0; i < n; ++i) out[i] = 1.f;
+      return;
+    case Init::kNormal:
+      break;
+  }
+  rng::fill_normal(out, n, seed, rng::stream_of(spec.name), static_cast<uint64_t>(first), 0.f,
+                   spec.init_std);
+  if (spec.real_rows >= 0) {  // padding rows of the vocabulary are zero
+    const int64_t row_elems = spec.shape[1];
+    const int64_t pad_begin = spec.real_rows * row_elems;
+    for (int64_t i = std::max<int64_t>(first, pad_begin); i < first + n; ++i) out[i - first] = 0.f;
+  }
+}
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype) {
+  const int64_t total = count_params(specs);
+  flat_values_ = Tensor::empty({total}, dtype, mem::Category::kParameters);
+  flat_grads_ = Tensor::zeros({total}, DType::kF32, mem::Category::kGradients);
+  int64_t offset = 0;
+  for (auto& spec : specs) {
+    Param p;
+    const int64_t n = shape_numel(spec.shape);
+    p.value = flat_values_.view(offset, spec.shape);
+    p.grad = flat_grads_.view(offset, spec.shape);
+    p.offset_elems = offset;
+    p.spec = std::move(spec);
+    offset += n;
+    params_.push_back(std::move(p));
+  }
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  for (auto& p : params_) init_param_range(p.spec, seed, 0, p.value.numel(), p.value.f32());
+}
+
+Param& ParamStore::get(const std::string& name) {
+  for (auto& p : params_)
+    if (p.spec.name == name) return p;
+  fail("no parameter named '{}' in this model", name);
+}
+
+const Param* ParamStore::find(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.spec.name == name) return &p;
+  return nullptr;
+}
+
+}  // namespace mt::model

@@ -1,0 +1,42 @@
+// Metrics as JSON lines (one object per step, fixed keys) and the human progress line.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace mt::obs {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  explicit MetricsWriter(const std::string& path);  // "" = off
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const nlohmann::json& row);  // one line, flushed
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// A line that rewrites itself on a terminal and prints plain lines otherwise.
+class Progress {
+ public:
+  explicit Progress(std::FILE* out = stderr);
+  // Shows `line` as the live status (terminal) — ignored when not a terminal.
+  void status(const std::string& line);
+  // A permanent line (clears a live status first).
+  void line(const std::string& line);
+  bool is_terminal() const { return tty_; }
+
+ private:
+  std::FILE* out_;
+  bool tty_;
+  bool live_ = false;
+};
+
+std::string human_bytes(double bytes);
+
+}  // namespace mt::obs

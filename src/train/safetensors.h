@@ -1,0 +1,32 @@
+// The safetensors format (Hugging Face): 8-byte little-endian header length N, N bytes of
+// JSON {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}},
+// then the raw little-endian data.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt::train {
+
+struct NamedArray {
+  std::string name;
+  Shape shape;
+  std::vector<float> data;  // f32, row-major
+};
+
+// Writes atomically (temporary name, fsync, rename): a crash never leaves half a file.
+void write_safetensors(const std::string& path, const std::vector<NamedArray>& arrays,
+                       const std::map<std::string, std::string>& metadata);
+
+struct SafetensorsFile {
+  std::map<std::string, NamedArray> arrays;  // F32, BF16 and F16 read as f32
+  std::map<std::string, std::string> metadata;
+};
+// Refuses a missing, truncated or malformed file with a message naming it.
+SafetensorsFile read_safetensors(const std::string& path);
+
+}  // namespace mt::train
