@@ -23,9 +23,8 @@ int host_cores();
 // ---- GEMM -------------------------------------------------------------------------
 // C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major with leading dims.
 // op(A) = A if !trans_a (A is [M, lda>=K]) else A^T (A is [K, lda>=M]); same for B.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // bf16 inputs, f32 accumulation and output.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
@@ -37,8 +36,8 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   int64_t batch);
 
 // ---- linear: y[n,out] = x[n,in] * w[out,in]^T + b[out] (b may be null) -------------
-void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t n,
-                    int64_t in, int64_t out);
+void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
+                    int64_t out);
 // dx = dy * w (overwritten; skipped when dx is null); dw += dy^T * x; db += sum_rows(dy)
 // (db may be null).
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
@@ -49,8 +48,7 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
                        const float* b, int64_t n, int64_t c);
 // dx += ...; dw += ...; db += ...
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t n,
-                        int64_t c);
+                        const float* w, const float* mean, const float* rstd, int64_t n, int64_t c);
 
 // ---- GELU, tanh approximation (GPT-2) -------------------------------------------------
 void gelu_forward(float* y, const float* x, int64_t n);
@@ -60,8 +58,8 @@ void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);  // d
 // qkv [B, T, 3*C]: q | k | v, head h at columns h*hd .. (h+1)*hd of each, C = NH*hd.
 // out [B, T, C]; att [B, NH, T, T] keeps the softmax probabilities for backward
 // (entries above the diagonal are written as 0).
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH);
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH);
 // dqkv overwritten. scratch: at least B*NH*T*T floats.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
@@ -69,20 +67,19 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 // ---- fused softmax + cross-entropy over a (possibly padded) vocabulary ---------------
 // logits [n, Vp]; only the first V columns are real (the padding never changes the loss).
 // losses[i] = logsumexp(logits[i, :V]) - logits[i, target[i]]; lse[i] stashed.
-void cross_entropy_forward(float* losses, float* lse, const float* logits,
-                           const int32_t* targets, int64_t n, int64_t V, int64_t Vp);
+void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                           int64_t n, int64_t V, int64_t Vp);
 // dlogits[i, j] = (softmax_j - [j == target_i]) * dloss for j < V, 0 for padding columns.
 // dlogits may alias logits (computed in place).
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, float dloss, int64_t n, int64_t V,
-                            int64_t Vp);
+                            const int32_t* targets, float dloss, int64_t n, int64_t V, int64_t Vp);
 
 // ---- embeddings: y[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] --------------------------
 void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C);
 // dwte += ..., dwpe += ... (dwpe may be null)
-void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C);
+void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t C);
 
 // ---- elementwise ----------------------------------------------------------------------
 void add(float* y, const float* a, const float* b, int64_t n);  // y = a + b (y may alias)

@@ -1,0 +1,40 @@
+#include <algorithm>
+
+#include "kernels/kernels.h"
+
+namespace mt::kernels {
+
+void add(float* y, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void accumulate(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void scale(float* y, float s, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+// A fixed number of chunks, each summed in double, then the chunk sums added in order: the
+// split never depends on the thread count, so neither do the bits.
+double sum_squares(const float* x, int64_t n) {
+  constexpr int kChunks = 256;
+  double part[kChunks];
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i0 = n * c / kChunks, i1 = n * (c + 1) / kChunks;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    part[c] = s;
+  }
+  double total = 0.0;
+  for (int c = 0; c < kChunks; ++c) total += part[c];
+  return total;
+}
+
+}  // namespace mt::kernels

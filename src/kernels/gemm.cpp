@@ -1,0 +1,197 @@
+// GEMM through oneDNN. f32 non-batched goes through dnnl_sgemm (no primitive to build, and
+// measured as fast as the matmul primitive: bench/results/gemm.md); bf16 and batched GEMMs
+// go through the matmul primitive, cached per calling thread by everything that defines
+// it, so the steady state builds nothing and only swaps data pointers.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+namespace mt::kernels {
+namespace {
+
+struct MatmulKey {
+  int64_t M, N, K, lda, ldb, ldc, sa, sb, sc, batch;
+  float alpha, beta;
+  int32_t threads;
+  uint8_t ta, tb, bf;
+  uint8_t pad = 0;
+  bool operator==(const MatmulKey& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
+};
+
+struct KeyHash {
+  size_t operator()(const MatmulKey& k) const {
+    // FNV-1a over the key's bytes (the struct has no uninitialised padding: see make_key).
+    const auto* p = reinterpret_cast<const unsigned char*>(&k);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof(k); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+struct MatmulEntry {
+  dnnl::matmul prim;
+  dnnl::memory a, b, c;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+// One cache and stream per thread: each rank thread builds and runs its own primitives
+// (primitives also bake in the thread count at creation).
+struct ThreadState {
+  dnnl::stream stream{cpu_engine()};
+  std::unordered_map<MatmulKey, std::unique_ptr<MatmulEntry>, KeyHash> cache;
+};
+
+ThreadState& state() {
+  thread_local ThreadState s;
+  return s;
+}
+
+MatmulEntry& matmul_entry(const MatmulKey& k) {
+  auto& cache = state().cache;
+  auto it = cache.find(k);
+  if (it != cache.end()) return *it->second;
+  using dt = dnnl::memory::data_type;
+  const dt in_dt = k.bf ? dt::bf16 : dt::f32;
+  // op(A)[M,K]: strides (row, col) of the stored matrix seen through the transpose.
+  dnnl::memory::dims a_strides = k.ta ? dnnl::memory::dims{1, k.lda} : dnnl::memory::dims{k.lda, 1};
+  dnnl::memory::dims b_strides = k.tb ? dnnl::memory::dims{1, k.ldb} : dnnl::memory::dims{k.ldb, 1};
+  dnnl::memory::dims c_strides{k.ldc, 1};
+  dnnl::memory::dims a_dims{k.M, k.K}, b_dims{k.K, k.N}, c_dims{k.M, k.N};
+  if (k.batch > 1) {
+    a_dims.insert(a_dims.begin(), k.batch);
+    b_dims.insert(b_dims.begin(), k.batch);
+    c_dims.insert(c_dims.begin(), k.batch);
+    a_strides.insert(a_strides.begin(), k.sa);
+    b_strides.insert(b_strides.begin(), k.sb);
+    c_strides.insert(c_strides.begin(), k.sc);
+  }
+  dnnl::memory::desc a_md(a_dims, in_dt, a_strides);
+  dnnl::memory::desc b_md(b_dims, in_dt, b_strides);
+  dnnl::memory::desc c_md(c_dims, dt::f32, c_strides);
+  dnnl::primitive_attr attr;
+  if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+  if (k.beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(k.beta);
+    attr.set_post_ops(po);
+  }
+  auto& eng = cpu_engine();
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+  auto e = std::make_unique<MatmulEntry>();
+  e->prim = dnnl::matmul(pd);
+  e->a = dnnl::memory(a_md, eng, DNNL_MEMORY_NONE);
+  e->b = dnnl::memory(b_md, eng, DNNL_MEMORY_NONE);
+  e->c = dnnl::memory(c_md, eng, DNNL_MEMORY_NONE);
+  return *cache.emplace(k, std::move(e)).first->second;
+}
+
+void check_dims(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda,
+                int64_t ldb, int64_t ldc) {
+  if (M < 0 || N < 0 || K < 0) fail("{}: negative size M={} N={} K={}", what, M, N, K);
+  const int64_t a_w = ta ? M : K, b_w = tb ? K : N;
+  if (lda < std::max<int64_t>(1, a_w) || ldb < std::max<int64_t>(1, b_w) ||
+      ldc < std::max<int64_t>(1, N))
+    fail("{}: leading dims too small (lda={} needs >= {}, ldb={} needs >= {}, ldc={} needs >= {})",
+         what, lda, a_w, ldb, b_w, ldc, N);
+}
+
+// C = beta*C for the degenerate K == 0 case (oneDNN refuses empty reductions).
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+}
+
+void run_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+                int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, float beta,
+                float* C, int64_t ldc, int64_t sc, int64_t batch, bool bf) {
+  MatmulKey k{M,
+              N,
+              K,
+              lda,
+              ldb,
+              ldc,
+              batch > 1 ? sa : 0,
+              batch > 1 ? sb : 0,
+              batch > 1 ? sc : 0,
+              batch,
+              alpha,
+              beta,
+              omp_get_max_threads(),
+              ta,
+              tb,
+              bf};
+  MatmulEntry& e = matmul_entry(k);
+  e.a.set_data_handle(const_cast<void*>(A));
+  e.b.set_data_handle(const_cast<void*>(B));
+  e.c.set_data_handle(C);
+  // The C API takes a plain array: the C++ execute() would build a hash map per call.
+  dnnl_exec_arg_t args[3] = {
+      {DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
+  auto& st = state().stream;
+  if (dnnl_primitive_execute(e.prim.get(), st.get(), 3, args) != dnnl_success)
+    fail_run("oneDNN matmul failed (M={} N={} K={})", M, N, K);
+  st.wait();
+}
+
+// MT_GEMM=matmul routes f32 GEMMs through the primitive too (for measurements).
+bool use_sgemm() {
+  static const bool v = [] {
+    const char* e = std::getenv("MT_GEMM");
+    return !(e && std::strcmp(e, "matmul") == 0);
+  }();
+  return v;
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  check_dims("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale_c(M, N, beta, C, ldc);
+  if (use_sgemm()) {
+    if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta,
+                   C, ldc) != dnnl_success)
+      fail_run("dnnl_sgemm failed (M={} N={} K={})", M, N, K);
+    return;
+  }
+  run_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, false);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
+               int64_t ldc) {
+  check_dims("gemm_bf16", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale_c(M, N, beta, C, ldc);
+  run_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, true);
+}
+
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+                  int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
+                  int64_t batch) {
+  check_dims("gemm_batched", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (batch < 0) fail("gemm_batched: negative batch {}", batch);
+  if (M == 0 || N == 0 || batch == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < batch; ++i) scale_c(M, N, beta, C + i * stride_c, ldc);
+    return;
+  }
+  if (batch == 1) return gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  run_matmul(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+             stride_c, batch, false);
+}
+
+}  // namespace mt::kernels

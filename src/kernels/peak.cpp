@@ -1,0 +1,147 @@
+#include "kernels/peak.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+namespace mt::kernels {
+namespace {
+
+std::mutex g_mutex;
+std::map<std::pair<DType, int>, double> g_known;  // this process's values
+
+nlohmann::json read_cache() {
+  std::ifstream in(peak_cache_path());
+  if (!in) return nlohmann::json::object();
+  try {
+    auto j = nlohmann::json::parse(in);
+    return j.is_object() ? j : nlohmann::json::object();
+  } catch (const std::exception&) {
+    return nlohmann::json::object();  // a damaged cache is re-measured, not fatal
+  }
+}
+
+void write_cache(const nlohmann::json& j) {
+  const std::filesystem::path path = peak_cache_path();
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  // Write a temporary file and rename: a reader never sees half a file.
+  const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) return;  // an unwritable cache only costs a re-measurement next time
+    out << j.dump(2) << "\n";
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+// Thread-count switch for the duration of a measurement.
+struct ThreadsScope {
+  int saved;
+  explicit ThreadsScope(int n) : saved(threads()) { set_threads(n); }
+  ~ThreadsScope() { set_threads(saved); }
+};
+
+}  // namespace
+
+std::string peak_cache_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  std::string base;
+  if (xdg && *xdg) {
+    base = xdg;
+  } else {
+    const char* home = std::getenv("HOME");
+    base = std::string(home && *home ? home : "/tmp") + "/.cache";
+  }
+  return base + "/meshtrain/peak.json";
+}
+
+double time_gemm_flops(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       int reps, double* best_time_s) {
+  // Small random-ish values; contents do not change the speed of a dense GEMM.
+  const int64_t a_elems = M * K, b_elems = K * N;
+  std::vector<float> C(static_cast<size_t>(M * N), 0.0f);
+  std::vector<float> Af, Bf;
+  std::vector<bf16> Ah, Bh;
+  if (dtype == DType::kF32) {
+    Af.resize(a_elems);
+    Bf.resize(b_elems);
+    for (int64_t i = 0; i < a_elems; ++i) Af[i] = static_cast<float>(i % 7) * 0.01f;
+    for (int64_t i = 0; i < b_elems; ++i) Bf[i] = static_cast<float>(i % 5) * 0.01f;
+  } else {
+    Ah.resize(a_elems);
+    Bh.resize(b_elems);
+    for (int64_t i = 0; i < a_elems; ++i) Ah[i] = f32_to_bf16(static_cast<float>(i % 7) * 0.01f);
+    for (int64_t i = 0; i < b_elems; ++i) Bh[i] = f32_to_bf16(static_cast<float>(i % 5) * 0.01f);
+  }
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  auto once = [&] {
+    if (dtype == DType::kF32)
+      gemm(trans_a, trans_b, M, N, K, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, C.data(), N);
+    else
+      gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, 0.0f, C.data(), N);
+  };
+  once();  // warm-up: builds the primitive, faults in the pages
+  double best = 1e30;
+  for (int r = 0; r < std::max(1, reps); ++r) {
+    const double t0 = now_s();
+    once();
+    best = std::min(best, now_s() - t0);
+  }
+  if (best_time_s) *best_time_s = best;
+  return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) / best;
+}
+
+double measure_peak_flops(DType dtype, int threads_n) {
+  if (threads_n < 1) fail("peak_flops: threads must be >= 1, got {}", threads_n);
+  ThreadsScope scope(threads_n);
+  // GPT-2-shaped and square GEMMs; the peak is the best of them.
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{1024, 1024, 1024}, {1024, 3072, 768}, {1024, 768, 3072}};
+  double best = 0;
+  for (const auto& s : shapes)
+    best = std::max(best, time_gemm_flops(dtype, false, true, s.M, s.N, s.K, 4));
+  return best;
+}
+
+void store_peak_flops(DType dtype, int threads_n, double flops) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_known[{dtype, threads_n}] = flops;
+  auto j = read_cache();
+  j[std::string(dtype_name(dtype))][std::to_string(threads_n)] = flops;
+  write_cache(j);
+}
+
+double peak_flops(DType dtype, int threads_n) {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_known.find({dtype, threads_n});
+    if (it != g_known.end()) return it->second;
+    auto j = read_cache();
+    const std::string d(dtype_name(dtype)), t = std::to_string(threads_n);
+    if (j.contains(d) && j[d].is_object() && j[d].contains(t) && j[d][t].is_number()) {
+      const double v = j[d][t].get<double>();
+      if (v > 0) return g_known[{dtype, threads_n}] = v;
+    }
+  }
+  const double v = measure_peak_flops(dtype, threads_n);
+  store_peak_flops(dtype, threads_n, v);
+  return v;
+}
+
+}  // namespace mt::kernels

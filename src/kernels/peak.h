@@ -1,0 +1,31 @@
+// The GEMM peak of this host, the denominator of MFU: the best f32 / bf16 GEMM rate
+// measured at a thread count, cached in $XDG_CACHE_HOME/meshtrain/peak.json (or
+// ~/.cache/meshtrain/peak.json) so that it is measured once per host and thread count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace mt::kernels {
+
+// FLOP/s of the best GEMM of `dtype` on `threads` threads: the cached value, or measured
+// (about a second) and cached when missing. Thread-safe.
+double peak_flops(DType dtype, int threads);
+
+// Measures now (ignores and does not touch the cache).
+double measure_peak_flops(DType dtype, int threads);
+
+// Writes a measured value into the cache file (and the in-process cache).
+void store_peak_flops(DType dtype, int threads, double flops);
+
+// Where the cache lives.
+std::string peak_cache_path();
+
+// FLOP/s (2*M*N*K / time) of one GEMM shape: C[M,N] = op(A) op(B), best of `reps` timed
+// runs after one warm-up, on the calling thread's current thread count.
+double time_gemm_flops(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       int reps, double* best_time_s = nullptr);
+
+}  // namespace mt::kernels

@@ -1,0 +1,39 @@
+// Small math helpers that GCC vectorises inside `#pragma omp simd` loops. libm's expf is
+// not vectorised without -ffast-math, and the exp of the 50k-wide vocabulary and of
+// every attention row would then cost as much as a GEMM.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace mt::kernels::detail {
+
+// e^x for x in [-87, 88] to about 2 ulp; inputs outside are clamped (so e^-inf -> ~1e-38,
+// never a NaN). Range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-6 Taylor
+// polynomial (its truncation error r^7/7! < 1.3e-7 relative, about 1 ulp).
+inline float fast_exp(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  // Round x*log2(e) to the nearest integer with the 1.5*2^23 trick (exact for |t| < 2^22).
+  const float t = x * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
+  int32_t ti;
+  std::memcpy(&ti, &t, 4);
+  const int32_t ni = ti - 0x4B400000;  // the integer n, from the low mantissa bits of t
+  // Cody-Waite: ln2 split in a part with few mantissa bits and the rest.
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (ni + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+}  // namespace mt::kernels::detail
