@@ -1,0 +1,75 @@
+// Bad input gets a clear error naming the value and the fix, exit code 2 (1 for a failure
+// while running), and nothing half-written.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace mt {
+namespace {
+
+class CliErrors : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(test::scratch_dir("cli"));
+    data_ = new std::string(test::demo_tokens(*dir_));
+  }
+  static std::filesystem::path* dir_;
+  static std::string* data_;
+  void expect_refused(const std::string& args, int code, const std::string& says) {
+    auto r = test::run_meshtrain(args);
+    EXPECT_EQ(r.exit_code, code) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << args << "\n" << r.output;
+  }
+};
+std::filesystem::path* CliErrors::dir_ = nullptr;
+std::string* CliErrors::data_ = nullptr;
+
+TEST_F(CliErrors, RefusesBadModelsAndData) {
+  const std::string d = " --data " + *data_ + " --steps 1 --peak-gflops 100";
+  expect_refused("train --model gpt5" + d, 2, "unknown model preset 'gpt5'");
+  expect_refused("train --d-model 100 --n-head 3" + d, 2, "--d-model 100 is not divisible by --n-head 3");
+  expect_refused("train --data /nonexistent.bin --steps 1", 2, "cannot open data file '/nonexistent.bin'");
+  expect_refused("train --vocab 100" + d, 2, ">= the model's vocab 100");
+  expect_refused("train --batch 6 --microbatch 4" + d, 2, "--microbatch 4 does not divide --batch 6");
+  expect_refused("train --steps 0 --data " + *data_, 2, "--steps 0");
+  expect_refused("train --no-such-flag", 2, "no-such-flag");
+}
+
+TEST_F(CliErrors, RefusesABadConfigFile) {
+  const auto cfg = (*dir_ / "bad.json").string();
+  std::ofstream(cfg) << R"({"n_layers": 3})";
+  expect_refused("train --config " + cfg, 2, "unknown key 'n_layers'");
+  std::ofstream(cfg) << R"({"n_layer": 3,)";
+  expect_refused("train --config " + cfg, 2, "not valid JSON");
+}
+
+TEST_F(CliErrors, NaNLossStopsTheRunWithExitCode1) {
+  expect_refused("train --seq 32 --batch 2 --steps 5 --lr 1e30 --warmup 0 --grad-clip 0 "
+                 "--peak-gflops 100 --data " + *data_,
+                 1, "loss is");
+}
+
+TEST_F(CliErrors, EvalRefusesMissingOrDamagedWeightsAndLongSequences) {
+  expect_refused("eval --weights /nonexistent.safetensors --data " + *data_, 2,
+                 "cannot open weights file");
+  const auto w = (*dir_ / "w.safetensors").string();
+  auto r = test::run_meshtrain("train --n-layer 1 --seq 32 --batch 2 --steps 1 --peak-gflops 100 "
+                               "--data " + *data_ + " --export " + w);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_refused("eval --weights " + w + " --seq 64 --data " + *data_, 2,
+                 "sequence length 64 is longer than the model's seq_len 32");
+  std::filesystem::resize_file(w, std::filesystem::file_size(w) / 2);
+  expect_refused("eval --weights " + w + " --data " + *data_, 2, "truncated");
+}
+
+TEST_F(CliErrors, PrepareWritesAnLlmcFile) {
+  const auto txt = (*dir_ / "a.txt").string(), out = (*dir_ / "a.bin").string();
+  std::ofstream(txt) << "hello";
+  auto r = test::run_meshtrain("prepare " + txt + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(std::filesystem::file_size(out), 1024u + 10u);
+  expect_refused("prepare /nonexistent.txt -o " + out, 2, "cannot read text file");
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,65 @@
+// Helpers shared by tests: a scratch directory, the demo text as tokens, and running the
+// meshtrain binary as a user would (exit code and output).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "train/token_file.h"
+
+namespace mt::test {
+
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("meshtrain-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The byte-level demo text: the licence texts every Debian system ships.
+inline std::string demo_tokens(const std::filesystem::path& dir) {
+  std::vector<uint16_t> tokens;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator("/usr/share/common-licenses"))
+    if (e.is_regular_file()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (unsigned char ch : text) tokens.push_back(ch);
+  }
+  const std::string path = (dir / "demo.bin").string();
+  train::write_token_file(path, tokens);
+  return path;
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+inline RunResult run_command(const std::string& cmd) {
+  RunResult r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline RunResult run_meshtrain(const std::string& args) {
+  return run_command(std::string(MT_BINARY) + " " + args);
+}
+
+}  // namespace mt::test
