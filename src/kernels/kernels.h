@@ -44,6 +44,7 @@ void linear_backward(float* dx, float* dw, float* db, const float* dy, const flo
                      const float* w, int64_t n, int64_t in, int64_t out);
 
 // ---- layer norm over the last dim (eps 1e-5); mean and rstd [n] stashed for backward --
+// b and db may be null (a model without biases).
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t n, int64_t c);
 // dx += ...; dw += ...; db += ...

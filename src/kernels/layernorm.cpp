@@ -21,8 +21,13 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
     for (int64_t j = 0; j < c; ++j) v += (xi[j] - m) * (xi[j] - m);
     const float r = 1.0f / std::sqrt(v / static_cast<float>(c) + 1e-5f);
     float* yi = y + i * c;
+    if (b) {
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) yi[j] = (xi[j] - m) * r * w[j] + b[j];
+      for (int64_t j = 0; j < c; ++j) yi[j] = (xi[j] - m) * r * w[j] + b[j];
+    } else {  // a model without biases
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) yi[j] = (xi[j] - m) * r * w[j];
+    }
     mean[i] = m;
     rstd[i] = r;
   }
@@ -72,7 +77,7 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
     }
     for (int64_t j = j0; j < j1; ++j) {
       dw[j] += aw[j - j0];
-      db[j] += ab[j - j0];
+      if (db) db[j] += ab[j - j0];
     }
   }
 }
