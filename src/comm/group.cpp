@@ -1,0 +1,448 @@
+#include "comm/group.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+
+#include "comm/job.h"
+#include "core/clock.h"
+#include "core/error.h"
+
+namespace mt::comm {
+
+// An op queued on (or run inline by) a group.
+struct Group::Pending : Work {
+  std::shared_ptr<OpCall> call;
+  int64_t record_id = 0;
+  Job* job = nullptr;
+  std::atomic<int> state{0};  // 0 pending, 1 done, 2 failed
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv;
+
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard lock(mu);
+      error = e;
+      state.store(e ? 2 : 1, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+  bool test() override {
+    int s = state.load(std::memory_order_acquire);
+    if (s == 2) std::rethrow_exception(error);
+    return s == 1;
+  }
+  void wait() override {
+    for (int i = 0; i < 64; ++i) {
+      if (test()) return;
+      std::this_thread::yield();
+    }
+    std::unique_lock lock(mu);
+    while (state.load(std::memory_order_acquire) == 0) {
+      if (job && job->aborted() && state.load() == 0) {
+        // The op is stuck in a backend that will notice the abort and fail it; give it a
+        // moment, then give up waiting.
+        cv.wait_for(lock, std::chrono::milliseconds(200));
+        if (state.load() == 0) throw Error(job->abort_reason(), ExitCode::kRunFailure);
+      }
+      cv.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    lock.unlock();
+    test();
+  }
+};
+
+// The group's progress thread: runs queued ops in order.
+struct Group::Worker {
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Pending>> queue;
+  bool busy = false;
+  bool stop = false;
+  mem::Tracker* tracker = nullptr;
+};
+
+Group::Group(std::shared_ptr<RankContext> ctx, std::unique_ptr<Backend> backend, std::string name,
+             std::vector<int> world_ranks)
+    : ctx_(std::move(ctx)),
+      backend_(std::move(backend)),
+      name_(std::move(name)),
+      world_ranks_(std::move(world_ranks)),
+      rank_(backend_->rank()),
+      size_(backend_->size()),
+      worker_(std::make_unique<Worker>()) {
+  if (ctx_->job) ctx_->job->register_group(name_, world_ranks_);
+}
+
+Group::~Group() {
+  {
+    std::lock_guard lock(worker_->mu);
+    worker_->stop = true;
+  }
+  worker_->cv.notify_all();
+  if (worker_->thread.joinable()) worker_->thread.join();
+}
+
+std::shared_ptr<OpCall> Group::make_call(OpType op, Buf in, Buf out) {
+  if (in.ptr && out.ptr && in.dtype != out.dtype)
+    fail("{} on {}: input is {} but output is {}; both must have one dtype", op_name(op), name_,
+         dtype_name(in.dtype), dtype_name(out.dtype));
+  for (const Buf* b : {&in, &out})
+    if (b->ptr && b->device != mem::Device::kCpu && backend_->kind() != "nccl")
+      fail(
+          "{} on {}: the {} backend moves host memory, but this buffer is on a GPU; use the "
+          "nccl backend for device buffers",
+          op_name(op), name_, backend_->kind());
+  auto c = std::make_shared<OpCall>();
+  c->op = op;
+  c->dtype = in.ptr ? in.dtype : out.dtype;
+  c->device = in.ptr ? in.device : out.device;
+  c->in = in.ptr;
+  c->out = out.ptr;
+  c->in_elems = in.elems;
+  c->out_elems = out.elems;
+  return c;
+}
+
+int64_t Group::record(const OpCall& c) {
+  OpRecord r;
+  r.group = name_;
+  r.op = c.op;
+  r.seq = c.seq;
+  r.dtype = c.dtype;
+  r.elems = c.op == OpType::kRecv ? c.out_elems : c.in_elems;
+  r.peer = c.peer;
+  r.tag = c.tag;
+  r.queued_s = now_s();
+  return ctx_->recorder.on_queued(r);
+}
+
+void Group::execute(Pending& p) {
+  ctx_->recorder.on_started(p.record_id);
+  try {
+    backend_->run(*p.call);
+  } catch (...) {
+    ctx_->recorder.on_failed(p.record_id);
+    p.finish(std::current_exception());
+    return;
+  }
+  ctx_->recorder.on_done(p.record_id, p.call->sent_bytes, p.call->recv_bytes);
+  p.finish(nullptr);
+}
+
+WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
+  if (ctx_->job && ctx_->job->aborted())
+    throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
+  call->seq = next_seq_++;
+  auto p = std::make_shared<Pending>();
+  p->call = std::move(call);
+  p->job = ctx_->job;
+  p->record_id = record(*p->call);
+  Worker& w = *worker_;
+  {
+    std::unique_lock lock(w.mu);
+    if (!async && w.queue.empty() && !w.busy) {
+      lock.unlock();
+      execute(*p);  // nothing ahead of it: run on the caller's thread
+      p->test();    // rethrows a failure
+      return p;
+    }
+    w.queue.push_back(p);
+    if (!w.thread.joinable()) {
+      w.tracker = &mem::current_tracker();
+      w.thread = std::thread([this] {
+        Worker& wk = *worker_;
+        mem::ScopedTracker scope(*wk.tracker);
+        std::unique_lock lk(wk.mu);
+        for (;;) {
+          wk.cv.wait(lk, [&] { return wk.stop || !wk.queue.empty(); });
+          if (wk.queue.empty()) return;  // stop
+          auto next = wk.queue.front();
+          wk.queue.pop_front();
+          wk.busy = true;
+          lk.unlock();
+          execute(*next);
+          lk.lock();
+          wk.busy = false;
+        }
+      });
+    }
+  }
+  w.cv.notify_one();
+  if (!async) p->wait();
+  return p;
+}
+
+WorkPtr Group::submit_p2p(std::shared_ptr<OpCall> call) {
+  if (ctx_->job && ctx_->job->aborted())
+    throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
+  {
+    std::lock_guard lock(p2p_mu_);
+    int64_t& s = p2p_seq_[{call->peer, call->op == OpType::kSend ? 0 : 1}];
+    call->seq = ++s;
+  }
+  int64_t id = record(*call);
+  ctx_->recorder.on_started(id);
+  std::shared_ptr<RankContext> ctx = ctx_;
+  return backend_->start_p2p(call, [ctx, id](const OpCall& c, std::exception_ptr e) {
+    if (e)
+      ctx->recorder.on_failed(id);
+    else
+      ctx->recorder.on_done(id, c.sent_bytes, c.recv_bytes);
+  });
+}
+
+void Group::check_peer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size_)
+    fail("{} on {}: rank {} is not in the group (it has ranks 0..{})", what, name_, peer,
+         size_ - 1);
+}
+
+namespace {
+int64_t sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+}  // namespace
+
+// --- async forms: check the arguments (bad input, before any work), then submit.
+
+WorkPtr Group::all_reduce_async(Buf data, ReduceOp op) { return all_reduce_async(data, data, op); }
+
+WorkPtr Group::all_reduce_async(Buf in, Buf out, ReduceOp op) {
+  if (in.elems != out.elems)
+    fail("all_reduce on {}: input has {} elems but output {}; they must be equal", name_, in.elems,
+         out.elems);
+  auto c = make_call(OpType::kAllReduce, in, out);
+  c->reduce = op;
+  return submit(std::move(c), true);
+}
+
+WorkPtr Group::reduce_scatter_async(Buf in, Buf out, ReduceOp op) {
+  if (in.elems != out.elems * size_)
+    fail("reduce_scatter on {}: input has {} elems but must have size {} x output {} = {}", name_,
+         in.elems, size_, out.elems, out.elems * size_);
+  return reduce_scatter_async(in, out, std::vector<int64_t>(size_, out.elems), op);
+}
+
+WorkPtr Group::reduce_scatter_async(Buf in, Buf out, const std::vector<int64_t>& counts,
+                                    ReduceOp op) {
+  if (static_cast<int>(counts.size()) != size_)
+    fail("reduce_scatter on {}: {} counts given for {} ranks", name_, counts.size(), size_);
+  if (sum(counts) != in.elems || counts[rank_] != out.elems)
+    fail(
+        "reduce_scatter on {}: counts sum to {} (input has {}), this rank's count is {} "
+        "(output has {})",
+        name_, sum(counts), in.elems, counts[rank_], out.elems);
+  auto c = make_call(OpType::kReduceScatter, in, out);
+  c->reduce = op;
+  c->counts = counts;
+  return submit(std::move(c), true);
+}
+
+WorkPtr Group::all_gather_async(Buf in, Buf out) {
+  if (out.elems != in.elems * size_)
+    fail("all_gather on {}: output has {} elems but must have size {} x input {} = {}", name_,
+         out.elems, size_, in.elems, in.elems * size_);
+  return all_gather_async(in, out, std::vector<int64_t>(size_, in.elems));
+}
+
+WorkPtr Group::all_gather_async(Buf in, Buf out, const std::vector<int64_t>& counts) {
+  if (static_cast<int>(counts.size()) != size_)
+    fail("all_gather on {}: {} counts given for {} ranks", name_, counts.size(), size_);
+  if (sum(counts) != out.elems || counts[rank_] != in.elems)
+    fail(
+        "all_gather on {}: counts sum to {} (output has {}), this rank's count is {} (input "
+        "has {})",
+        name_, sum(counts), out.elems, counts[rank_], in.elems);
+  auto c = make_call(OpType::kAllGather, in, out);
+  c->counts = counts;
+  return submit(std::move(c), true);
+}
+
+WorkPtr Group::broadcast_async(Buf data, int root) {
+  check_peer(root, "broadcast");
+  auto c = make_call(OpType::kBroadcast, data, data);
+  c->peer = root;
+  return submit(std::move(c), true);
+}
+
+WorkPtr Group::all_to_all_async(Buf in, Buf out) {
+  if (in.elems != out.elems || in.elems % size_ != 0)
+    fail(
+        "all_to_all on {}: input ({} elems) and output ({} elems) must be equal and divisible "
+        "by the group size {}",
+        name_, in.elems, out.elems, size_);
+  std::vector<int64_t> counts(size_, in.elems / size_);
+  return all_to_all_async(in, out, counts, counts);
+}
+
+WorkPtr Group::all_to_all_async(Buf in, Buf out, const std::vector<int64_t>& send_counts,
+                                const std::vector<int64_t>& recv_counts) {
+  if (static_cast<int>(send_counts.size()) != size_ ||
+      static_cast<int>(recv_counts.size()) != size_)
+    fail("all_to_all on {}: {} send counts and {} recv counts given for {} ranks", name_,
+         send_counts.size(), recv_counts.size(), size_);
+  if (sum(send_counts) != in.elems || sum(recv_counts) != out.elems)
+    fail(
+        "all_to_all on {}: send counts sum to {} (input has {}), recv counts to {} (output has "
+        "{})",
+        name_, sum(send_counts), in.elems, sum(recv_counts), out.elems);
+  auto c = make_call(OpType::kAllToAll, in, out);
+  c->counts = send_counts;
+  c->recv_counts = recv_counts;
+  return submit(std::move(c), true);
+}
+
+WorkPtr Group::barrier_async() { return submit(make_call(OpType::kBarrier, Buf{}, Buf{}), true); }
+
+WorkPtr Group::send_async(Buf data, int peer, int tag) {
+  check_peer(peer, "send");
+  auto c = make_call(OpType::kSend, data, Buf{});
+  c->peer = peer;
+  c->tag = tag;
+  return submit_p2p(std::move(c));
+}
+
+WorkPtr Group::recv_async(Buf data, int peer, int tag) {
+  check_peer(peer, "recv");
+  auto c = make_call(OpType::kRecv, Buf{}, data);
+  c->peer = peer;
+  c->tag = tag;
+  return submit_p2p(std::move(c));
+}
+
+// --- blocking forms: the async form run inline when nothing is queued ahead of it.
+
+void Group::all_reduce(Buf data, ReduceOp op) { all_reduce(data, data, op); }
+
+void Group::all_reduce(Buf in, Buf out, ReduceOp op) {
+  if (in.elems != out.elems)
+    fail("all_reduce on {}: input has {} elems but output {}; they must be equal", name_, in.elems,
+         out.elems);
+  auto c = make_call(OpType::kAllReduce, in, out);
+  c->reduce = op;
+  submit(std::move(c), false);
+}
+
+void Group::reduce_scatter(Buf in, Buf out, ReduceOp op) {
+  if (in.elems != out.elems * size_)
+    fail("reduce_scatter on {}: input has {} elems but must have size {} x output {} = {}", name_,
+         in.elems, size_, out.elems, out.elems * size_);
+  reduce_scatter(in, out, std::vector<int64_t>(size_, out.elems), op);
+}
+
+void Group::reduce_scatter(Buf in, Buf out, const std::vector<int64_t>& counts, ReduceOp op) {
+  if (static_cast<int>(counts.size()) != size_)
+    fail("reduce_scatter on {}: {} counts given for {} ranks", name_, counts.size(), size_);
+  if (sum(counts) != in.elems || counts[rank_] != out.elems)
+    fail(
+        "reduce_scatter on {}: counts sum to {} (input has {}), this rank's count is {} "
+        "(output has {})",
+        name_, sum(counts), in.elems, counts[rank_], out.elems);
+  auto c = make_call(OpType::kReduceScatter, in, out);
+  c->reduce = op;
+  c->counts = counts;
+  submit(std::move(c), false);
+}
+
+void Group::all_gather(Buf in, Buf out) {
+  if (out.elems != in.elems * size_)
+    fail("all_gather on {}: output has {} elems but must have size {} x input {} = {}", name_,
+         out.elems, size_, in.elems, in.elems * size_);
+  all_gather(in, out, std::vector<int64_t>(size_, in.elems));
+}
+
+void Group::all_gather(Buf in, Buf out, const std::vector<int64_t>& counts) {
+  if (static_cast<int>(counts.size()) != size_)
+    fail("all_gather on {}: {} counts given for {} ranks", name_, counts.size(), size_);
+  if (sum(counts) != out.elems || counts[rank_] != in.elems)
+    fail(
+        "all_gather on {}: counts sum to {} (output has {}), this rank's count is {} (input "
+        "has {})",
+        name_, sum(counts), out.elems, counts[rank_], in.elems);
+  auto c = make_call(OpType::kAllGather, in, out);
+  c->counts = counts;
+  submit(std::move(c), false);
+}
+
+void Group::broadcast(Buf data, int root) {
+  check_peer(root, "broadcast");
+  auto c = make_call(OpType::kBroadcast, data, data);
+  c->peer = root;
+  submit(std::move(c), false);
+}
+
+void Group::all_to_all(Buf in, Buf out) {
+  if (in.elems != out.elems || in.elems % size_ != 0)
+    fail(
+        "all_to_all on {}: input ({} elems) and output ({} elems) must be equal and divisible "
+        "by the group size {}",
+        name_, in.elems, out.elems, size_);
+  std::vector<int64_t> counts(size_, in.elems / size_);
+  all_to_all(in, out, counts, counts);
+}
+
+void Group::all_to_all(Buf in, Buf out, const std::vector<int64_t>& send_counts,
+                       const std::vector<int64_t>& recv_counts) {
+  if (static_cast<int>(send_counts.size()) != size_ ||
+      static_cast<int>(recv_counts.size()) != size_)
+    fail("all_to_all on {}: {} send counts and {} recv counts given for {} ranks", name_,
+         send_counts.size(), recv_counts.size(), size_);
+  if (sum(send_counts) != in.elems || sum(recv_counts) != out.elems)
+    fail(
+        "all_to_all on {}: send counts sum to {} (input has {}), recv counts to {} (output has "
+        "{})",
+        name_, sum(send_counts), in.elems, sum(recv_counts), out.elems);
+  auto c = make_call(OpType::kAllToAll, in, out);
+  c->counts = send_counts;
+  c->recv_counts = recv_counts;
+  submit(std::move(c), false);
+}
+
+void Group::barrier() { submit(make_call(OpType::kBarrier, Buf{}, Buf{}), false); }
+
+void Group::send(Buf data, int peer, int tag) { send_async(data, peer, tag)->wait(); }
+void Group::recv(Buf data, int peer, int tag) { recv_async(data, peer, tag)->wait(); }
+
+void Group::send_recv(Buf send_data, int dst, Buf recv_data, int src, int tag) {
+  WorkPtr s = send_async(send_data, dst, tag);
+  WorkPtr r = recv_async(recv_data, src, tag);
+  r->wait();
+  s->wait();
+}
+
+std::unique_ptr<Group> Group::split(int color, int key, const std::string& name) {
+  // A collective of this group: it takes a sequence number and is recorded like the others.
+  auto call = make_call(OpType::kSplit, Buf{}, Buf{});
+  call->peer = color;
+  call->tag = key;
+  // Let earlier async ops of this group finish first, so that the split keeps call order.
+  for (;;) {
+    std::unique_lock lock(worker_->mu);
+    if (worker_->queue.empty() && !worker_->busy) break;
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (ctx_->job && ctx_->job->aborted())
+    throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
+  call->seq = next_seq_++;
+  int64_t id = record(*call);
+  ctx_->recorder.on_started(id);
+  std::vector<int> members;
+  std::unique_ptr<Backend> b;
+  try {
+    b = backend_->split(*call, color, key, name, &members);
+  } catch (...) {
+    ctx_->recorder.on_failed(id);
+    throw;
+  }
+  ctx_->recorder.on_done(id, 0, 0);
+  if (!b) return nullptr;
+  return std::make_unique<Group>(ctx_, std::move(b), name, std::move(members));
+}
+
+}  // namespace mt::comm

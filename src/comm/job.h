@@ -1,0 +1,66 @@
+// The job of one launch, as seen from this process: its ranks (all of them for `local`,
+// one for `mpi`), the groups they made, the watchdog that ends the job when an op stays
+// not done past the timeout, and abort (local: every waiting op of every rank throws;
+// mpi: MPI_Abort after printing the diagnosis).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/group.h"
+
+namespace mt::comm {
+
+class Job {
+ public:
+  explicit Job(double timeout_s) : timeout_s_(timeout_s) {}
+  virtual ~Job();
+
+  double timeout_s() const { return timeout_s_; }
+  void add_rank(std::shared_ptr<RankContext> rank);
+  void register_group(const std::string& name, const std::vector<int>& world_ranks);
+  std::vector<int> group_members(const std::string& name) const;
+
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  std::string abort_reason() const;
+  // Ends the job. Local: marks it aborted and wakes every waiting op (they throw `reason`).
+  // The first reason wins. Subclasses (mpi) end the process.
+  virtual void abort(const std::string& reason);
+  // The watchdog's explanation of `stuck` on `rank` (a multi-line text).
+  virtual std::string diagnose(const RankContext& rank, const OpRecord& stuck);
+  // Called with the job's mutex free whenever abort() fires (wake waiters).
+  virtual void on_abort() {}
+
+  void start_watchdog();
+  void stop_watchdog();
+
+ protected:
+  // What world rank `r` is doing, from its recorder: "is in all_reduce #3 on dp[0] (...)".
+  // Local jobs know every rank; the mpi job asks the others.
+  virtual std::string rank_activity(int world_rank, const std::string& group, int64_t seq,
+                                    OpType op, bool* arrived, bool* differs);
+  std::shared_ptr<RankContext> rank_context(int world_rank) const;
+  std::string base_diagnosis(const RankContext& rank, const OpRecord& stuck);
+
+  double timeout_s_;
+  mutable std::mutex mu_;
+  std::map<int, std::shared_ptr<RankContext>> ranks_;
+  std::map<std::string, std::vector<int>> groups_;
+  std::atomic<bool> aborted_{false};
+  std::string reason_;
+
+ private:
+  void watchdog_loop();
+  std::thread watchdog_;
+  std::mutex wd_mu_;
+  std::condition_variable wd_cv_;
+  bool wd_stop_ = false;
+};
+
+}  // namespace mt::comm

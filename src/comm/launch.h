@@ -1,0 +1,60 @@
+// Starting the ranks of a job: `local` runs world_size threads in this process; `mpi` runs
+// one rank per process under mpirun. Either way `fn` runs once per rank with that rank's
+// world group; the mesh groups come from DeviceMesh (comm/mesh.h).
+//
+//   comm::LaunchOptions opts;               // backend auto: mpi under mpirun, else local
+//   opts.world_size = 8;                    // local: 8 threads (mpi: must match -np or be 0)
+//   opts.timeout_s = 300;                   // --comm-timeout
+//   comm::launch(opts, [&](comm::Group& world) {
+//     mem::Tracker tracker;                 // each rank installs its own tracker in fn
+//     mem::ScopedTracker scope(tracker);
+//     comm::DeviceMesh mesh(world, comm::MeshShape({{"dp", 2}, {"tp", 4}}, world.size()));
+//     comm::Group& tp = mesh.group("tp");
+//     ...
+//   });
+//
+// An exception in any rank ends the whole job: under `local` every other rank's pending or
+// next op throws and launch() then throws mt::Error "[rank N] <first error>" with that
+// error's exit code; under `mpi` the failing process prints "[rank N] error: ..." and calls
+// MPI_Abort(code), which ends every process. A watchdog timeout ends the job the same way,
+// with the diagnosis.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "comm/group.h"
+
+namespace mt::comm {
+
+enum class BackendKind : uint8_t { kAuto, kLocal, kMpi };
+BackendKind parse_backend(std::string_view name);  // "auto", "local", "mpi"; fails otherwise
+std::string_view backend_name(BackendKind k);
+
+struct LaunchOptions {
+  BackendKind backend = BackendKind::kAuto;
+  // local: the number of rank threads. mpi: 0, or the expected number of processes.
+  int world_size = 1;
+  double timeout_s = 300;  // watchdog (--comm-timeout); <= 0 disables it
+  size_t recorder_capacity = 2048;
+  // mpi: exchange a small header (op, seq, dtype, counts) before each collective and refuse
+  // a mismatch (costs one small allgather per op). Also on with MESHTRAIN_COMM_DEBUG=1.
+  bool check_headers = false;
+  // After abort, how long launch() waits for rank threads to unwind before ending the
+  // process with the diagnosis (a rank stuck in computation cannot be interrupted).
+  double grace_s = 3;
+};
+
+// True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK in the environment).
+bool started_by_mpirun();
+// The backend `opts` resolves to (kAuto -> kMpi under mpirun, else kLocal).
+BackendKind resolve_backend(const LaunchOptions& opts);
+// The number of ranks the job will have, known before any work (to refuse bad layouts):
+// opts.world_size for local, mpirun's size for mpi.
+int launch_world_size(const LaunchOptions& opts);
+
+void launch(const LaunchOptions& opts, const std::function<void(Group& world)>& fn);
+
+}  // namespace mt::comm

@@ -1,0 +1,182 @@
+#include "comm/recorder.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/clock.h"
+
+namespace mt::comm {
+
+std::string_view op_name(OpType op) {
+  static constexpr std::string_view kNames[kNumOpTypes] = {
+      "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send",
+      "recv",       "all_to_all",     "barrier",    "split"};
+  return kNames[static_cast<int>(op)];
+}
+
+std::string_view reduce_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+std::string_view state_name(OpState s) {
+  switch (s) {
+    case OpState::kQueued:
+      return "queued";
+    case OpState::kStarted:
+      return "started";
+    case OpState::kDone:
+      return "done";
+    case OpState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+bool is_collective(OpType op) { return op != OpType::kSend && op != OpType::kRecv; }
+
+std::string describe(const OpRecord& r) {
+  std::string s = fmt::format("{} #{} on {}", op_name(r.op), r.seq, r.group);
+  if (r.op == OpType::kSend) s += fmt::format(" to {} (tag {})", r.peer, r.tag);
+  if (r.op == OpType::kRecv) s += fmt::format(" from {} (tag {})", r.peer, r.tag);
+  if (r.op != OpType::kBarrier && r.op != OpType::kSplit)
+    s += fmt::format(" ({}, {} elems)", dtype_name(r.dtype), r.elems);
+  return s;
+}
+
+int64_t FlightRecorder::on_queued(OpRecord r) {
+  std::lock_guard lock(mu_);
+  r.id = next_id_++;
+  r.state = OpState::kQueued;
+  in_flight_[r.id] = r;
+  ring_.push_back(r);
+  while (ring_.size() > capacity_) ring_.pop_front();
+  return r.id;
+}
+
+OpRecord* FlightRecorder::find_locked(int64_t id) {
+  // Recent ops sit at the back.
+  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it)
+    if (it->id == id) return &*it;
+  return nullptr;
+}
+
+void FlightRecorder::on_started(int64_t id) {
+  std::lock_guard lock(mu_);
+  double t = mt::now_s();
+  if (auto it = in_flight_.find(id); it != in_flight_.end()) {
+    it->second.state = OpState::kStarted;
+    it->second.started_s = t;
+  }
+  if (OpRecord* r = find_locked(id)) {
+    r->state = OpState::kStarted;
+    r->started_s = t;
+  }
+}
+
+void FlightRecorder::on_done(int64_t id, int64_t sent_bytes, int64_t recv_bytes) {
+  std::lock_guard lock(mu_);
+  double t = mt::now_s();
+  OpRecord rec;
+  if (auto it = in_flight_.find(id); it != in_flight_.end()) {
+    rec = it->second;
+    in_flight_.erase(it);
+  }
+  if (OpRecord* r = find_locked(id)) {
+    r->state = OpState::kDone;
+    r->done_s = t;
+    r->sent_bytes = sent_bytes;
+    r->recv_bytes = recv_bytes;
+    rec = *r;
+  }
+  ByteCount& c = counters_[{rec.group, rec.op}];
+  c.sent_bytes += sent_bytes;
+  c.recv_bytes += recv_bytes;
+  c.ops += 1;
+}
+
+void FlightRecorder::on_failed(int64_t id) {
+  std::lock_guard lock(mu_);
+  in_flight_.erase(id);
+  if (OpRecord* r = find_locked(id)) {
+    r->state = OpState::kFailed;
+    r->done_s = mt::now_s();
+  }
+}
+
+std::vector<OpRecord> FlightRecorder::last(size_t n) const {
+  std::lock_guard lock(mu_);
+  size_t k = std::min(n, ring_.size());
+  return std::vector<OpRecord>(ring_.end() - static_cast<std::ptrdiff_t>(k), ring_.end());
+}
+
+std::vector<OpRecord> FlightRecorder::in_flight() const {
+  std::lock_guard lock(mu_);
+  std::vector<OpRecord> v;
+  for (const auto& [id, r] : in_flight_) v.push_back(r);
+  return v;
+}
+
+bool FlightRecorder::find_collective(const std::string& group, int64_t seq, OpRecord* out) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [id, r] : in_flight_)
+    if (is_collective(r.op) && r.group == group && r.seq == seq) {
+      *out = r;
+      return true;
+    }
+  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it)
+    if (is_collective(it->op) && it->group == group && it->seq == seq) {
+      *out = *it;
+      return true;
+    }
+  return false;
+}
+
+ByteCount FlightRecorder::bytes(const std::string& group, OpType op) const {
+  std::lock_guard lock(mu_);
+  auto it = counters_.find({group, op});
+  return it == counters_.end() ? ByteCount{} : it->second;
+}
+
+ByteCount FlightRecorder::bytes_of_group(const std::string& group) const {
+  std::lock_guard lock(mu_);
+  ByteCount t;
+  for (const auto& [k, c] : counters_)
+    if (k.first == group) {
+      t.sent_bytes += c.sent_bytes;
+      t.recv_bytes += c.recv_bytes;
+      t.ops += c.ops;
+    }
+  return t;
+}
+
+ByteCount FlightRecorder::total_bytes() const {
+  std::lock_guard lock(mu_);
+  ByteCount t;
+  for (const auto& [k, c] : counters_) {
+    t.sent_bytes += c.sent_bytes;
+    t.recv_bytes += c.recv_bytes;
+    t.ops += c.ops;
+  }
+  return t;
+}
+
+std::map<std::pair<std::string, OpType>, ByteCount> FlightRecorder::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+void FlightRecorder::reset_counters() {
+  std::lock_guard lock(mu_);
+  counters_.clear();
+}
+
+}  // namespace mt::comm

@@ -1,0 +1,79 @@
+// The flight recorder of one rank (DESIGN.md, idea 4): its last N operations and exact
+// counters of bytes sent and received per group and op. The watchdog reads it to explain a
+// hang; tests and the trainer's metrics read it through the same API.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/types.h"
+
+namespace mt::comm {
+
+enum class OpState : uint8_t { kQueued, kStarted, kDone, kFailed };
+std::string_view state_name(OpState s);
+
+struct OpRecord {
+  int64_t id = 0;  // per recorder, increasing
+  std::string group;
+  OpType op = OpType::kBarrier;
+  int64_t seq = 0;
+  DType dtype = DType::kF32;
+  int64_t elems = 0;  // this rank's input elements (recv: the buffer's)
+  int peer = -1;      // group rank of the peer (send/recv) or root (broadcast); -1 if none
+  int tag = 0;
+  OpState state = OpState::kQueued;
+  double queued_s = 0, started_s = 0, done_s = 0;  // now_s() clock; 0 = not yet
+  int64_t sent_bytes = 0, recv_bytes = 0;
+};
+// "all_reduce #12 on tp[1] (f32, 4096 elems)"
+std::string describe(const OpRecord& r);
+
+struct ByteCount {
+  int64_t sent_bytes = 0;
+  int64_t recv_bytes = 0;
+  int64_t ops = 0;
+};
+
+class FlightRecorder {
+ public:
+  explicit FlightRecorder(int world_rank, size_t capacity = 2048)
+      : world_rank_(world_rank), capacity_(capacity) {}
+  int world_rank() const { return world_rank_; }
+
+  // Writers (the Group).
+  int64_t on_queued(OpRecord r);
+  void on_started(int64_t id);
+  void on_done(int64_t id, int64_t sent_bytes, int64_t recv_bytes);
+  void on_failed(int64_t id);
+
+  // Readers.
+  std::vector<OpRecord> last(size_t n) const;  // oldest first
+  std::vector<OpRecord> in_flight() const;     // queued or started, oldest first
+  // The record of op `seq` of collective kind on `group`, if still held.
+  bool find_collective(const std::string& group, int64_t seq, OpRecord* out) const;
+  ByteCount bytes(const std::string& group, OpType op) const;
+  ByteCount bytes_of_group(const std::string& group) const;
+  ByteCount total_bytes() const;
+  std::map<std::pair<std::string, OpType>, ByteCount> counters() const;
+  void reset_counters();
+
+ private:
+  OpRecord* find_locked(int64_t id);
+  int world_rank_;
+  size_t capacity_;
+  mutable std::mutex mu_;
+  int64_t next_id_ = 1;
+  std::deque<OpRecord> ring_;              // the last `capacity_` ops
+  std::map<int64_t, OpRecord> in_flight_;  // ops not done, whatever their age
+  std::map<std::pair<std::string, OpType>, ByteCount> counters_;
+};
+
+bool is_collective(OpType op);
+
+}  // namespace mt::comm

@@ -1,0 +1,90 @@
+// Vocabulary of the communication layer: operations, reductions, buffers, one call as a
+// backend sees it, and the Work handle of an asynchronous call (after PyTorch c10d's
+// Backend/Work split). Nothing here assumes host memory: a buffer is (pointer, element
+// count, dtype, device), so a GPU backend can take the same calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/memory.h"
+#include "core/tensor.h"
+
+namespace mt::comm {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+
+enum class OpType : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kSend,
+  kRecv,
+  kAllToAll,
+  kBarrier,
+  kSplit,
+};
+constexpr int kNumOpTypes = 9;
+std::string_view op_name(OpType op);
+std::string_view reduce_name(ReduceOp op);
+
+// A contiguous buffer of `elems` elements of `dtype` on `device`.
+struct Buf {
+  void* ptr = nullptr;
+  int64_t elems = 0;
+  DType dtype = DType::kF32;
+  mem::Device device = mem::Device::kCpu;
+
+  Buf() = default;
+  Buf(void* p, int64_t n, DType t, mem::Device d = mem::Device::kCpu)
+      : ptr(p), elems(n), dtype(t), device(d) {}
+  Buf(float* p, int64_t n) : ptr(p), elems(n), dtype(DType::kF32) {}
+  Buf(bf16* p, int64_t n) : ptr(p), elems(n), dtype(DType::kBF16) {}
+  Buf(const Tensor& t)  // NOLINT: a tensor is a buffer
+      : ptr(t.defined() ? t.raw() : nullptr),
+        elems(t.numel()),
+        dtype(t.dtype()),
+        device(t.device()) {}
+  int64_t bytes() const { return elems * dtype_bytes(dtype); }
+};
+
+// One operation as a backend executes it. Element counts, not bytes.
+struct OpCall {
+  OpType op = OpType::kBarrier;
+  ReduceOp reduce = ReduceOp::kSum;
+  DType dtype = DType::kF32;
+  mem::Device device = mem::Device::kCpu;
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t in_elems = 0;
+  int64_t out_elems = 0;
+  // all_gather / reduce_scatter: elements of each rank's piece (size() entries);
+  // all_to_all: elements this rank sends to each rank.
+  std::vector<int64_t> counts;
+  std::vector<int64_t> recv_counts;  // all_to_all: elements this rank receives from each rank
+  int peer = -1;                     // broadcast: root; send/recv: the other rank (group rank)
+  int tag = 0;
+  int64_t seq = 0;  // per group (collectives) or per (peer, direction) (send/recv)
+  // Filled in by the backend: bytes this rank moved, counted as the ring algorithm moves
+  // them (docs/comm.md).
+  int64_t sent_bytes = 0;
+  int64_t recv_bytes = 0;
+};
+
+// The handle of an asynchronous operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation is done; throws mt::Error if it failed or the job aborted.
+  virtual void wait() = 0;
+  // True once done (throws like wait() if it failed); never blocks.
+  virtual bool test() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace mt::comm

@@ -1,0 +1,256 @@
+// The local backend (ranks = threads): every collective against the reference for group
+// sizes 1 to 8, async forms, groups of several mesh dimensions at once, exact byte
+// counters, mismatches and failures that end the job.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "collective_checks.h"
+#include "comm/launch.h"
+#include "comm/mesh.h"
+#include "core/clock.h"
+#include "core/error.h"
+
+namespace mt::comm {
+namespace {
+
+using testing::Host;
+using testing::run_local;
+
+class LocalSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(LocalSizes, EveryCollectiveMatchesTheReference) {
+  run_local(GetParam(), [](Group& world) { testing::check_all_collectives(world); });
+}
+
+TEST_P(LocalSizes, SendRecvBothDirectionsAtOnce) {
+  run_local(GetParam(), [](Group& world) { testing::check_send_recv(world); });
+}
+
+INSTANTIATE_TEST_SUITE_P(GroupSizes, LocalSizes, ::testing::Range(1, 9));
+
+TEST(Local, AsyncOpsCompleteInOrderAndMatchBlockingOnes) {
+  run_local(4, [](Group& g) {
+    const int64_t E = 10000;
+    std::vector<Host> ins;
+    for (int k = 0; k < 4; ++k) ins.push_back(Host::random(DType::kF32, E, 11, k));
+    std::vector<Host> bufs(6, ins[g.rank()]);
+    std::vector<WorkPtr> works;
+    for (auto& b : bufs) works.push_back(g.all_reduce_async(b.buf()));
+    Host gathered(DType::kF32, 4 * E);
+    auto wg = g.all_gather_async(ins[g.rank()].buf(), gathered.buf());
+    g.barrier();  // a blocking op waits for the async ones queued before it
+    for (auto& w : works) EXPECT_TRUE(w->test());
+    wg->wait();
+    Host expect(DType::kF32, E);
+    for (int64_t i = 0; i < E; ++i)
+      expect.set(i, testing::reference_reduce(ins, i, ReduceOp::kSum));
+    for (auto& b : bufs) EXPECT_EQ(b.raw, expect.raw);
+    for (int k = 0; k < 4; ++k)
+      EXPECT_EQ(0, std::memcmp(gathered.ptr(k * E), ins[k].ptr(), static_cast<size_t>(E * 4)));
+  });
+}
+
+TEST(Local, ResultsAreBitwiseTheSameRunAfterRun) {
+  std::vector<uint8_t> first;
+  for (int run = 0; run < 3; ++run) {
+    std::vector<uint8_t> got;
+    run_local(7, [&](Group& g) {
+      Host h = Host::random(DType::kF32, 12345, 13, g.rank());
+      g.all_reduce(h.buf());
+      if (g.rank() == 3) got = h.raw;
+    });
+    if (run == 0) first = got;
+    EXPECT_EQ(got, first);
+  }
+}
+
+TEST(Local, GroupsOfSeveralMeshDimsUsedAtOnce) {
+  // pp=2 dp=2 cp=1 tp=2 on 8 ranks; the same rank uses tp, dp, {dp,tp} and pp groups,
+  // interleaved, some async.
+  run_local(8, [](Group& world) {
+    MeshShape shape({{"pp", 2}, {"dp", 2}, {"tp", 2}}, world.size());
+    DeviceMesh mesh(world, shape);
+    const int me = world.rank();
+    auto reference = [&](const std::vector<std::string>& dims, uint64_t seed, int64_t E) {
+      std::vector<Host> ins;
+      for (int r : shape.group_ranks(dims, me))
+        ins.push_back(Host::random(DType::kF32, E, seed, r));
+      Host e(DType::kF32, E);
+      for (int64_t i = 0; i < E; ++i) e.set(i, testing::reference_reduce(ins, i, ReduceOp::kSum));
+      return e;
+    };
+    for (int iter = 0; iter < 5; ++iter) {
+      Host tp = Host::random(DType::kF32, 999, 20 + iter, me);
+      Host dp = Host::random(DType::kF32, 501, 40 + iter, me);
+      Host dptp = Host::random(DType::kF32, 77, 60 + iter, me);
+      auto w = mesh.group("tp").all_reduce_async(tp.buf());
+      mesh.group("dp").all_reduce(dp.buf());
+      mesh.group({"dp", "tp"}).all_reduce(dptp.buf());
+      w->wait();
+      EXPECT_EQ(tp.raw, reference({"tp"}, 20 + iter, 999).raw);
+      EXPECT_EQ(dp.raw, reference({"dp"}, 40 + iter, 501).raw);
+      EXPECT_EQ(dptp.raw, reference({"dp", "tp"}, 60 + iter, 77).raw);
+      // pp: send forward along the pipeline.
+      Group& pp = mesh.group("pp");
+      Host act = Host::random(DType::kBF16, 300, 80 + iter, me), got(DType::kBF16, 300);
+      if (pp.rank() == 0)
+        pp.send(act.buf(), 1, iter);
+      else {
+        pp.recv(got.buf(), 0, iter);
+        EXPECT_EQ(got.raw, Host::random(DType::kBF16, 300, 80 + iter, pp.world_ranks()[0]).raw);
+      }
+    }
+    EXPECT_EQ(mesh.group("tp").name(), shape.group_name({"tp"}, me));
+    EXPECT_EQ(mesh.group("tp").size(), 2);
+    EXPECT_EQ(mesh.group({"tp", "dp"}).size(), 4);
+  });
+}
+
+TEST(Local, ByteCountersEqualTheRingFormulas) {
+  for (int n = 1; n <= 8; ++n) {
+    run_local(n, [n](Group& g) {
+      // S divisible by n so that the formulas are integers; both dtypes.
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        const int64_t E = 840 * 3;  // divisible by 1..8
+        const int64_t S = E * dtype_bytes(dt);
+        Host a(dt, E);
+        g.recorder().reset_counters();
+        g.all_reduce(a.buf());
+        g.all_reduce(a.buf(), ReduceOp::kAvg);
+        ByteCount ar = g.recorder().bytes(g.name(), OpType::kAllReduce);
+        // Ring all-reduce: each rank sends and receives 2(n-1)/n * S per call (Patarasuk &
+        // Yuan 2009; NCCL's busbw factor).
+        EXPECT_EQ(ar.sent_bytes, 2 * 2 * (n - 1) * S / n);
+        EXPECT_EQ(ar.recv_bytes, 2 * 2 * (n - 1) * S / n);
+        EXPECT_EQ(ar.ops, 2);
+        Host piece(dt, E / n), full(dt, E);
+        g.all_gather(piece.buf(), full.buf());  // S = output size
+        ByteCount ag = g.recorder().bytes(g.name(), OpType::kAllGather);
+        EXPECT_EQ(ag.sent_bytes, (n - 1) * S / n);
+        EXPECT_EQ(ag.recv_bytes, (n - 1) * S / n);
+        g.reduce_scatter(full.buf(), piece.buf());  // S = input size
+        ByteCount rs = g.recorder().bytes(g.name(), OpType::kReduceScatter);
+        EXPECT_EQ(rs.sent_bytes, (n - 1) * S / n);
+        EXPECT_EQ(rs.recv_bytes, (n - 1) * S / n);
+        Host x(dt, E), y(dt, E);
+        g.all_to_all(x.buf(), y.buf());
+        ByteCount aa = g.recorder().bytes(g.name(), OpType::kAllToAll);
+        EXPECT_EQ(aa.sent_bytes, (n - 1) * S / n);
+        EXPECT_EQ(aa.recv_bytes, (n - 1) * S / n);
+        if (n >= 2) {
+          g.send_recv(x.buf(), (g.rank() + 1) % n, y.buf(), (g.rank() + n - 1) % n);
+          EXPECT_EQ(g.recorder().bytes(g.name(), OpType::kSend).sent_bytes, S);
+          EXPECT_EQ(g.recorder().bytes(g.name(), OpType::kRecv).recv_bytes, S);
+        }
+        g.barrier();
+      }
+    });
+  }
+}
+
+TEST(Local, RecorderKeepsTheLastOpsWithSequenceNumbers) {
+  run_local(3, [](Group& g) {
+    Host a = Host::random(DType::kBF16, 10, 1, g.rank());
+    g.all_reduce(a.buf());
+    g.barrier();
+    auto last = g.recorder().last(2);
+    ASSERT_EQ(last.size(), 2u);
+    EXPECT_EQ(last[0].op, OpType::kAllReduce);
+    EXPECT_EQ(last[0].seq, 1);
+    EXPECT_EQ(last[0].dtype, DType::kBF16);
+    EXPECT_EQ(last[0].elems, 10);
+    EXPECT_EQ(last[0].state, OpState::kDone);
+    EXPECT_GE(last[0].done_s, last[0].started_s);
+    EXPECT_EQ(last[1].op, OpType::kBarrier);
+    EXPECT_EQ(last[1].seq, 2);
+    EXPECT_TRUE(g.recorder().in_flight().empty());
+  });
+}
+
+TEST(Local, ADifferentCollectiveIsReportedNotCorrupting) {
+  try {
+    run_local(4, [](Group& g) {
+      Host a(DType::kF32, 100), b(DType::kF32, 400);
+      if (g.rank() == 3)
+        g.all_gather(a.buf(), b.buf());
+      else
+        g.all_reduce(a.buf());
+    });
+    FAIL() << "expected a mismatch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3 is in all_gather #1 on world, the others in "
+                                         "all_reduce #1"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.exit_code(), 1);
+  }
+}
+
+TEST(Local, MismatchedCountsAndDtypesAreReported) {
+  try {
+    run_local(3, [](Group& g) {
+      Host a(DType::kF32, g.rank() == 1 ? 50 : 100);
+      g.all_reduce(a.buf());
+    });
+    FAIL() << "expected a mismatch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("element count (rank 0: 100, rank 1: 50, rank 2: 100)"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    run_local(2, [](Group& g) {
+      Host a(g.rank() == 1 ? DType::kBF16 : DType::kF32, 100);
+      g.all_reduce(a.buf());
+    });
+    FAIL() << "expected a mismatch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dtype"), std::string::npos) << e.what();
+  }
+  try {
+    run_local(2, [](Group& g) {
+      Host a(DType::kF32, g.rank() == 1 ? 10 : 20);
+      if (g.rank() == 0)
+        g.send(a.buf(), 1);
+      else
+        g.recv(a.buf(), 0);
+    });
+    FAIL() << "expected a mismatch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sends 20 f32 elems"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Local, AnExceptionInOneRankEndsTheJobPromptly) {
+  double t0 = now_s();
+  try {
+    run_local(6, [](Group& g) {
+      if (g.rank() == 4) throw Error("boom", ExitCode::kBadInput);
+      Host a(DType::kF32, 10);
+      g.all_reduce(a.buf());  // the others wait here until the failure aborts them
+      g.barrier();
+    });
+    FAIL() << "expected the failure";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "[rank 4] boom");
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+  EXPECT_LT(now_s() - t0, 5.0);
+}
+
+TEST(Local, BadArgumentsAreRefusedBeforeAnyWork) {
+  run_local(2, [](Group& g) {
+    Host a(DType::kF32, 10), b(DType::kF32, 15);
+    EXPECT_THROW(g.all_gather(a.buf(), b.buf()), Error);
+    EXPECT_THROW(g.all_reduce(a.buf(), b.buf()), Error);
+    EXPECT_THROW(g.send(a.buf(), 2), Error);
+    Host c(DType::kBF16, 10);
+    EXPECT_THROW(g.all_reduce(a.buf(), c.buf()), Error);
+    g.barrier();
+  });
+}
+
+}  // namespace
+}  // namespace mt::comm
