@@ -10,6 +10,7 @@ Modes (run with Debian's /usr/bin/python3, which has torch 1.13):
   train         train on an llm.c token file; last stdout line is JSON with tokens_per_s
   eval          loss of a safetensors model on an llm.c token file; one JSON line {"loss": ...}
   make-weights  write a randomly initialised GPT-2 as safetensors (with shape metadata)
+  blas-coretype measure OpenBLAS's kernels per OPENBLAS_CORETYPE, print the fastest
 
 Exit codes: 0 success, 1 failure while running, 2 bad input or usage.
 """
@@ -404,7 +405,6 @@ def make_optimizer(model, lr):
 def cmd_train(args):
     if args.steps < 3:
         raise UsageError(f"--steps {args.steps}: need at least 3 (the first 2 are warm-up)")
-    torch.set_num_threads(args.threads)
     cfg = cfg_from_args(args)
     tokens = read_tokens(args.data)
     n = args.batch * args.seq
@@ -413,16 +413,47 @@ def cmd_train(args):
                          f"batch needs {n + 1}")
     if int(tokens.max()) >= cfg["vocab"]:
         raise UsageError(f"token {int(tokens.max())} in {args.data} is >= --vocab {cfg['vocab']}")
+    if args.ranks == 1:
+        return train_worker(0, 1, args, cfg, tokens)
+    import torch.multiprocessing as mp
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(train_worker, args=(args.ranks, args, cfg, tokens), nprocs=args.ranks, join=True)
+    return 0
+
+
+def _free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train_worker(rank, world, args, cfg, tokens):
+    """One data-parallel rank (or the whole run when world == 1). Rank r trains on token
+    windows s*world + r; with world > 1 the model is wrapped in DDP over gloo."""
+    torch.set_num_threads(args.threads)
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        if args.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
     model = Gpt(cfg).init_weights(args.seed)
     model.train()
+    net = DistributedDataParallel(model) if world > 1 else model
     opt = make_optimizer(model, args.lr)
+    n = args.batch * args.seq
     windows = (tokens.size - 1) // n
+    log = sys.stderr if rank == 0 else None
     times = []
     for step in range(args.steps):
-        x, y = batch_at(tokens, (step % windows) * n, args.batch, args.seq)
+        x, y = batch_at(tokens, ((step * world + rank) % windows) * n, args.batch, args.seq)
         t0 = time.perf_counter()
-        loss = model(x, y)
+        loss = net(x, y)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -431,15 +462,54 @@ def cmd_train(args):
         dt = time.perf_counter() - t0
         times.append(dt)
         if not math.isfinite(lv):
-            print(f"step {step}: loss is {lv}", file=sys.stderr)
-            return 1
-        print(json.dumps({"step": step, "loss": lv, "grad_norm": float(grad_norm),
-                          "time_s": dt, "tokens_per_s": n / dt}), file=sys.stderr)
+            print(f"[rank {rank}] step {step}: loss is {lv}", file=sys.stderr)
+            sys.exit(1)
+        if log:
+            print(json.dumps({"step": step, "loss": lv, "grad_norm": float(grad_norm),
+                              "time_s": dt, "tokens_per_s": world * n / dt}), file=log)
     timed = times[2:]
-    print(json.dumps({"tokens_per_s": n * len(timed) / sum(timed),
-                      "step_time_s": sum(timed) / len(timed), "steps": args.steps,
-                      "threads": args.threads, "batch": args.batch, "seq": args.seq,
-                      "params": sum(p.numel() for p in model.parameters())}))
+    if world > 1:
+        import torch.distributed as dist
+        slowest = torch.tensor([sum(timed)], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        total = float(slowest)
+        dist.destroy_process_group()
+    else:
+        total = sum(timed)
+    if rank == 0:
+        print(json.dumps({"tokens_per_s": world * n * len(timed) / total,
+                          "step_time_s": total / len(timed), "steps": args.steps,
+                          "ranks": world, "threads": args.threads, "batch": args.batch,
+                          "seq": args.seq, "params": sum(p.numel() for p in model.parameters())}),
+              flush=True)
+    return 0
+
+
+BLAS_CORETYPES = ("unset", "Haswell", "SkylakeX", "Cooperlake")
+
+
+def cmd_blas_coretype(args):
+    """OpenBLAS picks kernels from the CPU model, once, when it loads; so each candidate
+    OPENBLAS_CORETYPE is measured in a fresh process (1 thread, sgemm 1024^3)."""
+    import subprocess
+    probe = ("import time, torch\n"
+             "torch.set_num_threads(1)\n"
+             "a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)\n"
+             "a @ b\n"
+             "t = time.perf_counter()\n"
+             "for _ in range(8):\n"
+             "    a @ b\n"
+             "print(8 * 2 * 1024 ** 3 / (time.perf_counter() - t) / 1e9)\n")
+    gflops = {}
+    for core in BLAS_CORETYPES:
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        env["OPENBLAS_NUM_THREADS"] = "1"
+        if core != "unset":
+            env["OPENBLAS_CORETYPE"] = core
+        r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                           text=True, check=True)
+        gflops[core] = round(float(r.stdout.strip().splitlines()[-1]), 1)
+    print(json.dumps({"best": max(gflops, key=gflops.get), "gflops": gflops}))
     return 0
 
 
@@ -464,6 +534,9 @@ def main(argv=None):
     t.add_argument("--data", required=True)
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--ranks", type=int, default=1,
+                   help="data-parallel processes (DDP over gloo); --batch is per rank")
+    t.add_argument("--pin", action="store_true", help="pin rank r to the r-th allowed CPU")
 
     e = sub.add_parser("eval", help="mean loss of a safetensors model; prints {\"loss\": ...}")
     e.add_argument("--weights", required=True)
@@ -485,14 +558,19 @@ def main(argv=None):
                    help="add N(0, PERTURB) noise to biases and LayerNorm parameters")
     m.add_argument("--out", required=True)
 
+    sub.add_parser("blas-coretype",
+                   help="measure 1-core sgemm for each OPENBLAS_CORETYPE; print the best")
+
     args = ap.parse_args(argv)
-    for name in ("batch", "seq", "batches", "threads", "steps"):
+    for name in ("batch", "seq", "batches", "threads", "steps", "ranks"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) <= 0:
             raise UsageError(f"--{name} must be positive (got {getattr(args, name)})")
     if args.mode == "train":
         return cmd_train(args)
     if args.mode == "eval":
         return cmd_eval(args) or 0
+    if args.mode == "blas-coretype":
+        return cmd_blas_coretype(args)
     return cmd_make_weights(args) or 0
 
 
