@@ -1,0 +1,1 @@
+// placeholder translation unit; replaced as the folder grows
