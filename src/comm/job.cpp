@@ -159,10 +159,7 @@ void Job::watchdog_loop() {
       for (const OpRecord& rec : ctx->recorder.in_flight()) {
         if (rec.state != OpState::kStarted || now - rec.started_s < timeout_s_) continue;
         lock.unlock();
-        std::string diag = diagnose(*ctx, rec);
-        std::fprintf(stderr, "%s\n", diag.c_str());
-        std::fflush(stderr);
-        abort(diag);
+        abort(diagnose(*ctx, rec));
         return;
       }
     }

@@ -1,7 +1,17 @@
 #include "comm/mpi.h"
 
-#include <cstdlib>
+#include <fmt/format.h>
+#include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "comm/job.h"
 #include "core/error.h"
 
 namespace mt::comm {
@@ -12,8 +22,520 @@ int mpi_env_world_size() {
   return 0;
 }
 
-void launch_mpi(const LaunchOptions&, const std::function<void(Group& world)>&) {
-  fail("the mpi backend is not built yet");
+namespace {
+
+constexpr int kTagRequest = 1;
+constexpr int kTagReply = 2;
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(fmt::format("MPI {} failed: {}", what, std::string(msg, static_cast<size_t>(len))),
+              ExitCode::kRunFailure);
+}
+
+int to_int(int64_t v, const char* what) {
+  if (v > INT32_MAX)
+    fail("{} of {} bytes is over MPI's 2 GiB count limit; split it into smaller calls", what, v);
+  return static_cast<int>(v);
+}
+
+// --- the job: one rank per process; abort = MPI_Abort after the diagnosis.
+
+class MpiJob : public Job {
+ public:
+  MpiJob(double timeout_s, int rank) : Job(timeout_s), rank_(rank) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &svc_);
+    service_ = std::thread([this] { serve(); });
+  }
+  ~MpiJob() override {
+    stop_watchdog();
+    stop_ = true;
+    service_.join();
+    MPI_Comm_free(&svc_);
+  }
+  void abort(const std::string& reason) override {
+    std::fprintf(stderr, "%s\n", reason.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRunFailure));
+    std::_Exit(static_cast<int>(ExitCode::kRunFailure));
+  }
+  std::string diagnose(const RankContext& rank, const OpRecord& stuck) override {
+    // Ask every member of the group (or the peer) what it is doing; the others' service
+    // threads answer even while their main threads are blocked in MPI.
+    std::vector<int> members = group_members(stuck.group);
+    if (!is_collective(stuck.op))
+      members = {stuck.peer >= 0 && stuck.peer < static_cast<int>(members.size())
+                     ? members[static_cast<size_t>(stuck.peer)]
+                     : -1};
+    std::string req = fmt::format("{}\n{}\n{}", stuck.group, stuck.seq, static_cast<int>(stuck.op));
+    if (!is_collective(stuck.op)) req = fmt::format("\n0\n{}", static_cast<int>(stuck.op));
+    std::vector<MPI_Request> sends;
+    for (int r : members)
+      if (r >= 0 && r != rank_) {
+        sends.emplace_back();
+        MPI_Isend(req.data(), static_cast<int>(req.size()), MPI_CHAR, r, kTagRequest, svc_,
+                  &sends.back());
+      }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    size_t want = sends.size();
+    while (replies_.size() < want && std::chrono::steady_clock::now() < deadline) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTagReply, svc_, &flag, &st);
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      int len = 0;
+      MPI_Get_count(&st, MPI_CHAR, &len);
+      std::string s(static_cast<size_t>(len), '\0');
+      MPI_Recv(s.data(), len, MPI_CHAR, st.MPI_SOURCE, kTagReply, svc_, MPI_STATUS_IGNORE);
+      replies_[st.MPI_SOURCE] = s;
+    }
+    return base_diagnosis(rank, stuck);
+  }
+
+ protected:
+  std::string rank_activity(int world_rank, const std::string& group, int64_t seq, OpType op,
+                            bool* arrived, bool* differs) override {
+    if (world_rank == rank_)
+      return Job::rank_activity(world_rank, group, seq, op, arrived, differs);
+    *arrived = *differs = false;
+    auto it = replies_.find(world_rank);
+    if (it == replies_.end())
+      return "did not answer within 2 s (its process is dead or not calling MPI)";
+    *arrived = it->second[0] == '1';
+    *differs = it->second[1] == '1';
+    return it->second.substr(2);
+  }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTagRequest, svc_, &flag, &st);
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
+      int len = 0;
+      MPI_Get_count(&st, MPI_CHAR, &len);
+      std::string s(static_cast<size_t>(len), '\0');
+      MPI_Recv(s.data(), len, MPI_CHAR, st.MPI_SOURCE, kTagRequest, svc_, MPI_STATUS_IGNORE);
+      size_t a = s.find('\n'), b = s.find('\n', a + 1);
+      std::string group = s.substr(0, a);
+      int64_t seq = std::stoll(s.substr(a + 1, b - a - 1));
+      auto op = static_cast<OpType>(std::stoi(s.substr(b + 1)));
+      bool arrived = false, differs = false;
+      std::string act = Job::rank_activity(rank_, group, seq, op, &arrived, &differs);
+      std::string reply = std::string(arrived ? "1" : "0") + (differs ? "1" : "0") + act;
+      MPI_Send(reply.data(), static_cast<int>(reply.size()), MPI_CHAR, st.MPI_SOURCE, kTagReply,
+               svc_);
+    }
+  }
+  int rank_;
+  MPI_Comm svc_;
+  std::thread service_;
+  std::atomic<bool> stop_{false};
+  std::map<int, std::string> replies_;
+};
+
+// --- reduction in f32 in rank order: the same arithmetic as the local backend, so both
+// backends give bitwise the same results.
+
+constexpr int64_t kBlock = 2048;
+
+void reduce_pieces(void* out, const std::vector<const void*>& pieces, int64_t len, DType dt,
+                   ReduceOp op) {
+  alignas(64) float acc[kBlock];
+  const int n = static_cast<int>(pieces.size());
+  const int64_t es = dtype_bytes(dt);
+  auto load = [&](float* dst, const void* src, int64_t off, int64_t m) {
+    if (dt == DType::kF32) {
+      std::memcpy(dst, static_cast<const float*>(src) + off, static_cast<size_t>(m) * 4);
+    } else {
+      const uint16_t* p = static_cast<const uint16_t*>(src) + off;
+      for (int64_t i = 0; i < m; ++i) {
+        uint32_t u = static_cast<uint32_t>(p[i]) << 16;
+        std::memcpy(&dst[i], &u, 4);
+      }
+    }
+  };
+  alignas(64) float tmp[kBlock];
+  for (int64_t b = 0; b < len; b += kBlock) {
+    int64_t m = std::min(kBlock, len - b);
+    load(acc, pieces[0], b, m);
+    for (int k = 1; k < n; ++k) {
+      const float* x = tmp;
+      if (dt == DType::kF32)
+        x = static_cast<const float*>(pieces[static_cast<size_t>(k)]) + b;
+      else
+        load(tmp, pieces[static_cast<size_t>(k)], b, m);
+      if (op == ReduceOp::kMax)
+        for (int64_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], x[i]);
+      else
+        for (int64_t i = 0; i < m; ++i) acc[i] += x[i];
+    }
+    if (op == ReduceOp::kAvg)
+      for (int64_t i = 0; i < m; ++i) acc[i] /= static_cast<float>(n);
+    if (dt == DType::kF32) {
+      std::memcpy(static_cast<char*>(out) + b * es, acc, static_cast<size_t>(m) * 4);
+    } else {
+      bf16* p = reinterpret_cast<bf16*>(static_cast<char*>(out) + b * es);
+      for (int64_t i = 0; i < m; ++i) p[i] = f32_to_bf16(acc[i]);
+    }
+  }
+}
+
+class MpiP2pWork : public Work {
+ public:
+  MpiP2pWork(std::shared_ptr<OpCall> call, P2pDone done, MPI_Request req, std::string group)
+      : call_(std::move(call)), done_(std::move(done)), req_(req), group_(std::move(group)) {}
+  bool test() override {
+    if (finished_) return rethrow();
+    int flag = 0;
+    MPI_Status st;
+    check_mpi(MPI_Test(&req_, &flag, &st), "test");
+    if (flag) complete(st);
+    return flag != 0 && rethrow();
+  }
+  void wait() override {
+    if (finished_) {
+      rethrow();
+      return;
+    }
+    // Poll with growing pauses: an oversubscribed host needs the core back.
+    for (int i = 0;; ++i) {
+      int flag = 0;
+      MPI_Status st;
+      check_mpi(MPI_Test(&req_, &flag, &st), "test");
+      if (flag) {
+        complete(st);
+        break;
+      }
+      if (i < 100)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(i < 1000 ? 20 : 200));
+    }
+    rethrow();
+  }
+
+ private:
+  void complete(const MPI_Status& st) {
+    finished_ = true;
+    int64_t es = dtype_bytes(call_->dtype);
+    if (call_->op == OpType::kRecv) {
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      if (count != call_->out_elems * es)
+        error_ = std::make_exception_ptr(Error(
+            fmt::format("send/recv mismatch on {}: recv #{} from {} (tag {}) expects {} bytes but "
+                        "the message has {}",
+                        group_, call_->seq, call_->peer, call_->tag, call_->out_elems * es, count),
+            ExitCode::kRunFailure));
+      else
+        call_->recv_bytes = count;
+    } else {
+      call_->sent_bytes = call_->in_elems * es;
+    }
+    done_(*call_, error_);
+  }
+  bool rethrow() {
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+  std::shared_ptr<OpCall> call_;
+  P2pDone done_;
+  MPI_Request req_;
+  std::string group_;
+  bool finished_ = false;
+  std::exception_ptr error_;
+};
+
+class MpiBackend : public Backend {
+ public:
+  MpiBackend(MPI_Comm comm, std::string name, bool check_headers)
+      : comm_(comm), name_(std::move(name)), check_headers_(check_headers) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~MpiBackend() override {
+    if (scratch_.ptr) mem::release(scratch_);
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  std::string_view kind() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void run(OpCall& c) override;
+  WorkPtr start_p2p(std::shared_ptr<OpCall> call, P2pDone done) override {
+    const int64_t bytes =
+        dtype_bytes(call->dtype) * (call->op == OpType::kSend ? call->in_elems : call->out_elems);
+    MPI_Request req;
+    if (call->op == OpType::kSend)
+      check_mpi(
+          MPI_Isend(call->in, to_int(bytes, "send"), MPI_BYTE, call->peer, call->tag, comm_, &req),
+          "send");
+    else
+      check_mpi(
+          MPI_Irecv(call->out, to_int(bytes, "recv"), MPI_BYTE, call->peer, call->tag, comm_, &req),
+          "recv");
+    return std::make_shared<MpiP2pWork>(call, std::move(done), req, name_);
+  }
+  std::unique_ptr<Backend> split(OpCall& call, int color, int key, const std::string& name,
+                                 std::vector<int>* world_ranks) override {
+    if (check_headers_) check_header(call);
+    MPI_Comm sub;
+    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "comm_split");
+    if (sub == MPI_COMM_NULL) return nullptr;
+    int n = 0, world = 0;
+    MPI_Comm_size(sub, &n);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    world_ranks->assign(static_cast<size_t>(n), 0);
+    check_mpi(MPI_Allgather(&world, 1, MPI_INT, world_ranks->data(), 1, MPI_INT, sub), "allgather");
+    return std::make_unique<MpiBackend>(sub, name, check_headers_);
+  }
+
+ private:
+  void* scratch(int64_t bytes) {
+    if (scratch_.bytes < bytes) {
+      if (scratch_.ptr) mem::release(scratch_);
+      scratch_ = mem::allocate(bytes, mem::Category::kCommunication);
+    }
+    return scratch_.ptr;
+  }
+  void check_header(const OpCall& c);
+  // Reduce-scatter: every rank receives its piece from every other rank and reduces the n
+  // pieces in rank order into `out`.
+  void reduce_scatter_pieces(const OpCall& c, const std::vector<int64_t>& counts, void* out);
+
+  MPI_Comm comm_;
+  std::string name_;
+  bool check_headers_;
+  int rank_ = 0, size_ = 1;
+  mem::Block scratch_;
+};
+
+// Debug mode: every rank shares (seq, op, dtype, reduce, root, count, counts hash) first.
+void MpiBackend::check_header(const OpCall& c) {
+  int64_t h = 1469598103934665603LL;
+  for (int64_t v : c.counts) h = (h ^ v) * 1099511628211LL;
+  int64_t mine[7] = {c.seq,
+                     static_cast<int64_t>(c.op),
+                     static_cast<int64_t>(c.dtype),
+                     static_cast<int64_t>(c.reduce),
+                     c.op == OpType::kBroadcast ? c.peer : 0,
+                     c.op == OpType::kAllReduce || c.op == OpType::kBroadcast ? c.in_elems : 0,
+                     c.op == OpType::kAllToAll ? 0 : h};
+  std::vector<int64_t> all(static_cast<size_t>(7 * size_));
+  check_mpi(MPI_Allgather(mine, 7, MPI_INT64_T, all.data(), 7, MPI_INT64_T, comm_), "allgather");
+  int world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  static const char* kField[7] = {
+      "sequence number", "op", "dtype", "reduction", "root", "element count", "per-rank counts"};
+  for (int r = 0; r < size_; ++r)
+    for (int f = 0; f < 7; ++f)
+      if (all[static_cast<size_t>(7 * r + f)] != mine[f]) {
+        const int64_t* o = &all[static_cast<size_t>(7 * r)];
+        if (f <= 1)
+          throw Error(fmt::format("collective mismatch on {}: group rank {} is in {} #{}, group "
+                                  "rank {} (world rank {}) in {} #{}",
+                                  name_, r, op_name(static_cast<OpType>(o[1])), o[0], rank_, world,
+                                  op_name(c.op), c.seq),
+                      ExitCode::kRunFailure);
+        throw Error(fmt::format("collective mismatch on {}: {} #{}: group ranks {} and {} disagree "
+                                "on the {} ({} vs {})",
+                                name_, op_name(c.op), c.seq, r, rank_, kField[f], o[f], mine[f]),
+                    ExitCode::kRunFailure);
+      }
+  if (c.op == OpType::kAllToAll) {
+    std::vector<int64_t> theirs(static_cast<size_t>(size_));
+    check_mpi(MPI_Alltoall(c.counts.data(), 1, MPI_INT64_T, theirs.data(), 1, MPI_INT64_T, comm_),
+              "alltoall");
+    for (int r = 0; r < size_; ++r)
+      if (theirs[static_cast<size_t>(r)] != c.recv_counts[static_cast<size_t>(r)])
+        throw Error(fmt::format("collective mismatch on {}: all_to_all #{}: group rank {} sends "
+                                "{} elems to group rank {}, which expects {}",
+                                name_, c.seq, r, theirs[static_cast<size_t>(r)], rank_,
+                                c.recv_counts[static_cast<size_t>(r)]),
+                    ExitCode::kRunFailure);
+  }
+}
+
+void MpiBackend::reduce_scatter_pieces(const OpCall& c, const std::vector<int64_t>& counts,
+                                       void* out) {
+  const int n = size_;
+  const int64_t es = dtype_bytes(c.dtype);
+  std::vector<int64_t> off(static_cast<size_t>(n) + 1, 0);
+  for (int r = 0; r < n; ++r)
+    off[static_cast<size_t>(r) + 1] = off[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
+  const int64_t mine = counts[static_cast<size_t>(rank_)];
+  char* buf = static_cast<char*>(scratch(std::max<int64_t>(1, n * mine * es)));
+  std::vector<int> scount(static_cast<size_t>(n)), sdispl(static_cast<size_t>(n)),
+      rcount(static_cast<size_t>(n)), rdispl(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    auto i = static_cast<size_t>(r);
+    scount[i] = r == rank_ ? 0 : to_int(counts[i] * es, "reduce_scatter piece");
+    sdispl[i] = to_int(off[i] * es, "reduce_scatter input");
+    rcount[i] = r == rank_ ? 0 : to_int(mine * es, "reduce_scatter piece");
+    rdispl[i] = to_int(r * mine * es, "reduce_scatter scratch");
+  }
+  check_mpi(MPI_Alltoallv(c.in, scount.data(), sdispl.data(), MPI_BYTE, buf, rcount.data(),
+                          rdispl.data(), MPI_BYTE, comm_),
+            "alltoallv");
+  std::vector<const void*> pieces(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    pieces[static_cast<size_t>(r)] =
+        r == rank_ ? static_cast<const char*>(c.in) + off[static_cast<size_t>(r)] * es
+                   : buf + r * mine * es;
+  reduce_pieces(out, pieces, mine, c.dtype, c.reduce);
+}
+
+void MpiBackend::run(OpCall& c) {
+  if (check_headers_) check_header(c);
+  const int n = size_;
+  const int64_t es = dtype_bytes(c.dtype);
+  auto sz = static_cast<size_t>(n);
+  switch (c.op) {
+    case OpType::kAllReduce: {
+      const int64_t E = c.in_elems;
+      std::vector<int64_t> counts(sz);
+      for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = E * (r + 1) / n - E * r / n;
+      const int64_t lo = E * rank_ / n, mine = counts[static_cast<size_t>(rank_)];
+      char* out = static_cast<char*>(c.out);
+      reduce_scatter_pieces(c, counts, out + lo * es);
+      std::vector<int> rc(sz), rd(sz);
+      for (int r = 0; r < n; ++r) {
+        rc[static_cast<size_t>(r)] = to_int(counts[static_cast<size_t>(r)] * es, "all_reduce");
+        rd[static_cast<size_t>(r)] = to_int(E * r / n * es, "all_reduce");
+      }
+      check_mpi(
+          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
+          "allgatherv");
+      c.recv_bytes = c.sent_bytes = ((n - 1) * mine + (E - mine)) * es;
+      break;
+    }
+    case OpType::kReduceScatter: {
+      reduce_scatter_pieces(c, c.counts, c.out);
+      int64_t total = 0;
+      for (int64_t v : c.counts) total += v;
+      c.recv_bytes = (n - 1) * c.counts[static_cast<size_t>(rank_)] * es;
+      c.sent_bytes = (total - c.counts[static_cast<size_t>(rank_)]) * es;
+      break;
+    }
+    case OpType::kAllGather: {
+      std::vector<int> rc(sz), rd(sz);
+      int64_t total = 0;
+      for (int r = 0; r < n; ++r) {
+        rc[static_cast<size_t>(r)] = to_int(c.counts[static_cast<size_t>(r)] * es, "all_gather");
+        rd[static_cast<size_t>(r)] = to_int(total * es, "all_gather");
+        total += c.counts[static_cast<size_t>(r)];
+      }
+      char* out = static_cast<char*>(c.out);
+      char* own = out + rd[static_cast<size_t>(rank_)];
+      if (c.in != own && c.in_elems > 0)
+        std::memmove(own, c.in, static_cast<size_t>(c.in_elems * es));
+      check_mpi(
+          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
+          "allgatherv");
+      c.recv_bytes = (total - c.in_elems) * es;
+      c.sent_bytes = (n - 1) * c.in_elems * es;
+      break;
+    }
+    case OpType::kBroadcast:
+      check_mpi(MPI_Bcast(c.out, to_int(c.in_elems * es, "broadcast"), MPI_BYTE, c.peer, comm_),
+                "bcast");
+      if (rank_ == c.peer)
+        c.sent_bytes = (n - 1) * c.in_elems * es;
+      else
+        c.recv_bytes = c.in_elems * es;
+      break;
+    case OpType::kAllToAll: {
+      std::vector<int> sc(sz), sd(sz), rc(sz), rd(sz);
+      int64_t so = 0, ro = 0;
+      for (size_t r = 0; r < sz; ++r) {
+        sc[r] = to_int(c.counts[r] * es, "all_to_all");
+        sd[r] = to_int(so * es, "all_to_all");
+        rc[r] = to_int(c.recv_counts[r] * es, "all_to_all");
+        rd[r] = to_int(ro * es, "all_to_all");
+        so += c.counts[r];
+        ro += c.recv_counts[r];
+        if (static_cast<int>(r) != rank_) {
+          c.sent_bytes += c.counts[r] * es;
+          c.recv_bytes += c.recv_counts[r] * es;
+        }
+      }
+      check_mpi(MPI_Alltoallv(c.in, sc.data(), sd.data(), MPI_BYTE, c.out, rc.data(), rd.data(),
+                              MPI_BYTE, comm_),
+                "alltoallv");
+      break;
+    }
+    case OpType::kBarrier:
+      check_mpi(MPI_Barrier(comm_), "barrier");
+      break;
+    default:
+      MT_ASSERT(false);
+  }
+}
+
+void finalize_mpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world)>& fn) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      fail_run("this MPI grants thread level {}, but the mpi backend needs MPI_THREAD_MULTIPLE",
+               provided);
+    std::atexit(finalize_mpi);
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (opts.world_size > 1 && opts.world_size != size)
+    fail("the job asks for {} ranks but mpirun started {}; run mpirun -np {}", opts.world_size,
+         size, opts.world_size);
+  const char* dbg = std::getenv("MESHTRAIN_COMM_DEBUG");
+  bool check = opts.check_headers || (dbg && std::string(dbg) == "1");
+  try {
+    auto job = std::make_unique<MpiJob>(opts.timeout_s, rank);
+    {
+      auto ctx = std::make_shared<RankContext>(rank, size, opts.recorder_capacity, job.get());
+      job->add_rank(ctx);
+      MPI_Comm world_comm;
+      MPI_Comm_dup(MPI_COMM_WORLD, &world_comm);
+      std::vector<int> all(static_cast<size_t>(size));
+      for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
+      Group world(ctx, std::make_unique<MpiBackend>(world_comm, "world", check), "world", all);
+      if (opts.timeout_s > 0) job->start_watchdog();
+      fn(world);
+      world.barrier();  // nobody leaves while others still talk to it
+      job->stop_watchdog();
+    }
+  } catch (const std::exception& e) {
+    auto* err = dynamic_cast<const Error*>(&e);
+    int code = err ? err->exit_code() : static_cast<int>(ExitCode::kRunFailure);
+    std::string what = e.what();
+    if (what.rfind("[rank ", 0) != 0) what = fmt::format("[rank {}] {}", rank, what);
+    std::fprintf(stderr, "error: %s\n", what.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
 }
 
 }  // namespace mt::comm

@@ -1,0 +1,92 @@
+// The mpi backend under mpirun -np 8 --oversubscribe: every collective against the same
+// reference as the local backend (bitwise: both reduce in f32 in rank order), on groups of
+// 1 to 8 ranks split from the world, send/recv both ways, mesh groups, byte counters.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "collective_checks.h"
+#include "comm/launch.h"
+#include "comm/mesh.h"
+#include "core/error.h"
+
+namespace mt::comm {
+namespace {
+
+using testing::Host;
+
+void run_mpi(const std::function<void(Group&)>& fn, bool check_headers = false) {
+  LaunchOptions o;
+  o.backend = BackendKind::kMpi;
+  o.world_size = 0;
+  o.timeout_s = 120;
+  o.check_headers = check_headers;
+  launch(o, fn);
+}
+
+TEST(Mpi, EveryCollectiveOnGroupsOfOneToEightRanks) {
+  run_mpi([](Group& world) {
+    EXPECT_EQ(world.backend_kind(), "mpi");
+    for (int k = 1; k <= world.size(); ++k) {
+      auto sub = world.split(world.rank() < k ? 0 : -1, world.rank(), fmt::format("first{}", k));
+      if (!sub) continue;
+      EXPECT_EQ(sub->size(), k);
+      testing::check_all_collectives(*sub);
+      testing::check_send_recv(*sub);
+    }
+  });
+}
+
+TEST(Mpi, HeaderCheckModeReportsNothingOnGoodCalls) {
+  run_mpi([](Group& world) { testing::check_all_collectives(world); }, true);
+}
+
+TEST(Mpi, AsyncAndMeshGroupsUsedAtOnce) {
+  run_mpi([](Group& world) {
+    if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks";
+    MeshShape shape({{"pp", 2}, {"dp", 2}, {"tp", 2}}, 8);
+    DeviceMesh mesh(world, shape);
+    const int me = world.rank();
+    for (int iter = 0; iter < 3; ++iter) {
+      Host tp = Host::random(DType::kF32, 999, 20 + iter, me);
+      Host dp = Host::random(DType::kBF16, 501, 40 + iter, me);
+      auto w = mesh.group("tp").all_reduce_async(tp.buf());
+      mesh.group({"dp", "tp"}).all_reduce(dp.buf(), ReduceOp::kAvg);
+      w->wait();
+      std::vector<Host> ins;
+      for (int r : shape.group_ranks({"tp"}, me))
+        ins.push_back(Host::random(DType::kF32, 999, 20 + iter, r));
+      Host e(DType::kF32, 999);
+      for (int64_t i = 0; i < 999; ++i) e.set(i, testing::reference_reduce(ins, i, ReduceOp::kSum));
+      EXPECT_EQ(tp.raw, e.raw);
+      ins.clear();
+      for (int r : shape.group_ranks({"dp", "tp"}, me))
+        ins.push_back(Host::random(DType::kBF16, 501, 40 + iter, r));
+      Host e2(DType::kBF16, 501);
+      for (int64_t i = 0; i < 501; ++i)
+        e2.set(i, testing::reference_reduce(ins, i, ReduceOp::kAvg));
+      EXPECT_EQ(dp.raw, e2.raw);
+    }
+  });
+}
+
+TEST(Mpi, ByteCountersEqualTheRingFormulas) {
+  run_mpi([](Group& g) {
+    const int n = g.size();
+    const int64_t E = 840 * 3;
+    const int64_t S = E * 4;
+    Host a(DType::kF32, E), piece(DType::kF32, E / n), y(DType::kF32, E);
+    g.recorder().reset_counters();
+    g.all_reduce(a.buf());
+    g.all_gather(piece.buf(), a.buf());
+    g.reduce_scatter(a.buf(), piece.buf());
+    g.all_to_all(a.buf(), y.buf());
+    EXPECT_EQ(g.recorder().bytes("world", OpType::kAllReduce).sent_bytes, 2 * (n - 1) * S / n);
+    EXPECT_EQ(g.recorder().bytes("world", OpType::kAllReduce).recv_bytes, 2 * (n - 1) * S / n);
+    EXPECT_EQ(g.recorder().bytes("world", OpType::kAllGather).recv_bytes, (n - 1) * S / n);
+    EXPECT_EQ(g.recorder().bytes("world", OpType::kReduceScatter).recv_bytes, (n - 1) * S / n);
+    EXPECT_EQ(g.recorder().bytes("world", OpType::kAllToAll).sent_bytes, (n - 1) * S / n);
+  });
+}
+
+}  // namespace
+}  // namespace mt::comm
