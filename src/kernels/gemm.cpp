@@ -11,23 +11,25 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
 namespace {
 
 struct MatmulKey {
-  int64_t M, N, K, lda, ldb, ldc, sa, sb, sc, batch;
+  int64_t b1, b2, M, N, K;
+  int64_t a[4], b[4], c[4];  // strides (batch1, batch2, row, col) of op(A), op(B), C
   float alpha, beta;
   int32_t threads;
-  uint8_t ta, tb, bf;
-  uint8_t pad = 0;
+  uint8_t bf;
+  uint8_t pad[3] = {0, 0, 0};
   bool operator==(const MatmulKey& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
 };
 
 struct KeyHash {
   size_t operator()(const MatmulKey& k) const {
-    // FNV-1a over the key's bytes (the struct has no uninitialised padding: see make_key).
+    // FNV-1a over the key's bytes (the struct has no uninitialised padding).
     const auto* p = reinterpret_cast<const unsigned char*>(&k);
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < sizeof(k); ++i) h = (h ^ p[i]) * 1099511628211ull;
@@ -57,28 +59,26 @@ ThreadState& state() {
   return s;
 }
 
+// A memory descriptor of dims (b1, b2, rows, cols), dropping batch dims of size 1.
+dnnl::memory::desc strided_md(const MatmulKey& k, int64_t rows, int64_t cols, const int64_t* st,
+                              dnnl::memory::data_type dt) {
+  dnnl::memory::dims dims, strides;
+  if (k.b1 > 1) dims.push_back(k.b1), strides.push_back(st[0]);
+  if (k.b2 > 1) dims.push_back(k.b2), strides.push_back(st[1]);
+  dims.push_back(rows), strides.push_back(st[2]);
+  dims.push_back(cols), strides.push_back(st[3]);
+  return dnnl::memory::desc(dims, dt, strides);
+}
+
 MatmulEntry& matmul_entry(const MatmulKey& k) {
   auto& cache = state().cache;
   auto it = cache.find(k);
   if (it != cache.end()) return *it->second;
   using dt = dnnl::memory::data_type;
   const dt in_dt = k.bf ? dt::bf16 : dt::f32;
-  // op(A)[M,K]: strides (row, col) of the stored matrix seen through the transpose.
-  dnnl::memory::dims a_strides = k.ta ? dnnl::memory::dims{1, k.lda} : dnnl::memory::dims{k.lda, 1};
-  dnnl::memory::dims b_strides = k.tb ? dnnl::memory::dims{1, k.ldb} : dnnl::memory::dims{k.ldb, 1};
-  dnnl::memory::dims c_strides{k.ldc, 1};
-  dnnl::memory::dims a_dims{k.M, k.K}, b_dims{k.K, k.N}, c_dims{k.M, k.N};
-  if (k.batch > 1) {
-    a_dims.insert(a_dims.begin(), k.batch);
-    b_dims.insert(b_dims.begin(), k.batch);
-    c_dims.insert(c_dims.begin(), k.batch);
-    a_strides.insert(a_strides.begin(), k.sa);
-    b_strides.insert(b_strides.begin(), k.sb);
-    c_strides.insert(c_strides.begin(), k.sc);
-  }
-  dnnl::memory::desc a_md(a_dims, in_dt, a_strides);
-  dnnl::memory::desc b_md(b_dims, in_dt, b_strides);
-  dnnl::memory::desc c_md(c_dims, dt::f32, c_strides);
+  auto a_md = strided_md(k, k.M, k.K, k.a, in_dt);
+  auto b_md = strided_md(k, k.K, k.N, k.b, in_dt);
+  auto c_md = strided_md(k, k.M, k.N, k.c, dt::f32);
   dnnl::primitive_attr attr;
   if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
   if (k.beta != 0.0f) {
@@ -94,6 +94,20 @@ MatmulEntry& matmul_entry(const MatmulKey& k) {
   e->b = dnnl::memory(b_md, eng, DNNL_MEMORY_NONE);
   e->c = dnnl::memory(c_md, eng, DNNL_MEMORY_NONE);
   return *cache.emplace(k, std::move(e)).first->second;
+}
+
+void execute(const MatmulKey& k, const void* A, const void* B, float* C) {
+  MatmulEntry& e = matmul_entry(k);
+  e.a.set_data_handle(const_cast<void*>(A));
+  e.b.set_data_handle(const_cast<void*>(B));
+  e.c.set_data_handle(C);
+  // The C API takes a plain array: the C++ execute() would build a hash map per call.
+  dnnl_exec_arg_t args[3] = {
+      {DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
+  auto& st = state().stream;
+  if (dnnl_primitive_execute(e.prim.get(), st.get(), 3, args) != dnnl_success)
+    fail_run("oneDNN matmul failed (M={} N={} K={})", k.M, k.N, k.K);
+  st.wait();
 }
 
 void check_dims(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda,
@@ -115,33 +129,20 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
 void run_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                 int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, float beta,
                 float* C, int64_t ldc, int64_t sc, int64_t batch, bool bf) {
-  MatmulKey k{M,
-              N,
-              K,
-              lda,
-              ldb,
-              ldc,
-              batch > 1 ? sa : 0,
-              batch > 1 ? sb : 0,
-              batch > 1 ? sc : 0,
-              batch,
-              alpha,
-              beta,
-              omp_get_max_threads(),
-              ta,
-              tb,
-              bf};
-  MatmulEntry& e = matmul_entry(k);
-  e.a.set_data_handle(const_cast<void*>(A));
-  e.b.set_data_handle(const_cast<void*>(B));
-  e.c.set_data_handle(C);
-  // The C API takes a plain array: the C++ execute() would build a hash map per call.
-  dnnl_exec_arg_t args[3] = {
-      {DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
-  auto& st = state().stream;
-  if (dnnl_primitive_execute(e.prim.get(), st.get(), 3, args) != dnnl_success)
-    fail_run("oneDNN matmul failed (M={} N={} K={})", M, N, K);
-  st.wait();
+  MatmulKey k{};
+  k.b1 = batch;
+  k.b2 = 1;
+  k.M = M, k.N = N, k.K = K;
+  // op(A)[M,K]: strides (row, col) of the stored matrix seen through the transpose.
+  k.a[0] = batch > 1 ? sa : 0, k.a[1] = 0;
+  k.a[2] = ta ? 1 : lda, k.a[3] = ta ? lda : 1;
+  k.b[0] = batch > 1 ? sb : 0, k.b[1] = 0;
+  k.b[2] = tb ? 1 : ldb, k.b[3] = tb ? ldb : 1;
+  k.c[0] = batch > 1 ? sc : 0, k.c[1] = 0, k.c[2] = ldc, k.c[3] = 1;
+  k.alpha = alpha, k.beta = beta;
+  k.threads = omp_get_max_threads();
+  k.bf = bf;
+  execute(k, A, B, C);
 }
 
 // MT_GEMM=matmul routes f32 GEMMs through the primitive too (for measurements).
@@ -194,4 +195,20 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
              stride_c, batch, false);
 }
 
+namespace detail {
+
+void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, float alpha,
+                    const StridedView& A, const StridedView& B, float beta, float* C,
+                    const int64_t c_strides[4]) {
+  if (M == 0 || N == 0 || K == 0 || b1 == 0 || b2 == 0) fail("strided_matmul: empty problem");
+  MatmulKey k{};
+  k.b1 = b1, k.b2 = b2, k.M = M, k.N = N, k.K = K;
+  for (int i = 0; i < 4; ++i) k.a[i] = A.strides[i], k.b[i] = B.strides[i], k.c[i] = c_strides[i];
+  k.alpha = alpha, k.beta = beta;
+  k.threads = omp_get_max_threads();
+  k.bf = 0;
+  execute(k, A.ptr, B.ptr, C);
+}
+
+}  // namespace detail
 }  // namespace mt::kernels
