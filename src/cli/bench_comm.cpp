@@ -1,5 +1,211 @@
-// Placeholder while the command is being written (replaced in this session).
+// `meshtrain bench comm`: collective bandwidth in the format of nccl-tests (size, time,
+// algorithm bandwidth, bus bandwidth) for our local and mpi backends and for Open MPI called
+// directly (raw-mpi), side by side. busbw = algbw x the ring factor of the op (nccl-tests,
+// doc/PERFORMANCE.md): 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and
+// all_to_all, 1 for send/recv.
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "comm/launch.h"
+#include "comm/mpi.h"
+#include "core/clock.h"
+#include "core/error.h"
+
 namespace mt::cli {
-void register_bench_comm(CLI::App&) {}
+
+namespace {
+
+struct BenchCommOptions {
+  std::string backend = "local";
+  int ranks = 4;
+  bool json = false;
+  int64_t min_bytes = 4096;
+  int64_t max_bytes = 64 << 20;
+  std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                  "send_recv"};
+};
+
+// What one rank does per op, whichever library carries it. Buffers are f32.
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual int rank() = 0;
+  virtual int size() = 0;
+  virtual void run(const std::string& op, float* in, float* out, int64_t elems) = 0;
+  virtual void barrier() = 0;
+  virtual double max(double v) = 0;
+};
+
+class GroupOps : public Ops {
+ public:
+  explicit GroupOps(comm::Group& g) : g_(g) {}
+  int rank() override { return g_.rank(); }
+  int size() override { return g_.size(); }
+  void run(const std::string& op, float* in, float* out, int64_t e) override {
+    const int n = g_.size();
+    if (op == "all_reduce") g_.all_reduce(comm::Buf(in, e), comm::Buf(out, e));
+    if (op == "all_gather") g_.all_gather(comm::Buf(in, e / n), comm::Buf(out, e));
+    if (op == "reduce_scatter") g_.reduce_scatter(comm::Buf(in, e), comm::Buf(out, e / n));
+    if (op == "all_to_all") g_.all_to_all(comm::Buf(in, e), comm::Buf(out, e));
+    if (op == "send_recv")
+      g_.send_recv(comm::Buf(in, e), (g_.rank() + 1) % n, comm::Buf(out, e),
+                   (g_.rank() + n - 1) % n);
+  }
+  void barrier() override { g_.barrier(); }
+  double max(double v) override {
+    float f = static_cast<float>(v);
+    g_.all_reduce(comm::Buf(&f, 1), comm::ReduceOp::kMax);
+    return f;
+  }
+
+ private:
+  comm::Group& g_;
+};
+
+class RawMpiOps : public Ops {
+ public:
+  RawMpiOps() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() override { return rank_; }
+  int size() override { return size_; }
+  void run(const std::string& op, float* in, float* out, int64_t e64) override {
+    const int n = size_;
+    const int e = static_cast<int>(e64);
+    if (op == "all_reduce") MPI_Allreduce(in, out, e, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (op == "all_gather")
+      MPI_Allgather(in, e / n, MPI_FLOAT, out, e / n, MPI_FLOAT, MPI_COMM_WORLD);
+    if (op == "reduce_scatter")
+      MPI_Reduce_scatter_block(in, out, e / n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (op == "all_to_all")
+      MPI_Alltoall(in, e / n, MPI_FLOAT, out, e / n, MPI_FLOAT, MPI_COMM_WORLD);
+    if (op == "send_recv")
+      MPI_Sendrecv(in, e, MPI_FLOAT, (rank_ + 1) % n, 0, out, e, MPI_FLOAT, (rank_ + n - 1) % n, 0,
+                   MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  double max(double v) override {
+    double m = 0;
+    MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return m;
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+double bus_factor(const std::string& op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "send_recv") return 1.0;
+  return static_cast<double>(n - 1) / n;
+}
+
+// Runs the sweep on one rank; rank 0 collects the rows.
+nlohmann::json sweep(Ops& ops, const BenchCommOptions& o, const std::string& backend) {
+  const int n = ops.size();
+  const int64_t max_elems = o.max_bytes / 4;
+  std::vector<float> in(static_cast<size_t>(max_elems), 1.0f), out(static_cast<size_t>(max_elems));
+  nlohmann::json rows = nlohmann::json::array();
+  for (const std::string& op : o.ops) {
+    if (ops.rank() == 0 && !o.json)
+      std::printf("# %s  backend %s  ranks %d\n#%13s %12s %11s %12s %12s\n", op.c_str(),
+                  backend.c_str(), n, "size(B)", "count(elems)", "time(us)", "algbw(GB/s)",
+                  "busbw(GB/s)");
+    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+      int64_t elems = bytes / 4 / n * n;  // divisible by the group size
+      if (elems == 0) continue;
+      const int64_t S = elems * 4;
+      int iters = static_cast<int>(std::clamp<int64_t>((int64_t{512} << 20) / S, 5, 200));
+      for (int w = 0; w < 2; ++w) ops.run(op, in.data(), out.data(), elems);
+      ops.barrier();
+      double t0 = now_s();
+      for (int i = 0; i < iters; ++i) ops.run(op, in.data(), out.data(), elems);
+      double t = ops.max((now_s() - t0) / iters);
+      double algbw = static_cast<double>(S) / t / 1e9;
+      double busbw = algbw * bus_factor(op, n);
+      if (ops.rank() == 0) {
+        rows.push_back({{"op", op},
+                        {"backend", backend},
+                        {"ranks", n},
+                        {"bytes", S},
+                        {"time_s", t},
+                        {"algbw_gbps", algbw},
+                        {"busbw_gbps", busbw}});
+        if (!o.json)
+          std::printf(" %13lld %12lld %11.1f %12.3f %12.3f\n", static_cast<long long>(S),
+                      static_cast<long long>(elems), t * 1e6, algbw, busbw);
+      }
+    }
+    if (ops.rank() == 0 && !o.json) std::fflush(stdout);
+  }
+  return rows;
+}
+
+void run_bench_comm(const BenchCommOptions& o) {
+  if (o.min_bytes < 4 || o.max_bytes < o.min_bytes)
+    fail("--min-bytes {} / --max-bytes {}: need 4 <= min <= max", o.min_bytes, o.max_bytes);
+  nlohmann::json rows;
+  if (o.backend == "raw-mpi") {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    RawMpiOps ops;
+    if (o.ranks > 0 && ops.size() != o.ranks && comm::started_by_mpirun()) {
+      MPI_Finalize();
+      fail("--ranks {} but mpirun started {} processes; run mpirun -np {}", o.ranks, ops.size(),
+           o.ranks);
+    }
+    rows = sweep(ops, o, "raw-mpi");
+    MPI_Finalize();
+  } else {
+    comm::LaunchOptions lo;
+    lo.backend = comm::parse_backend(o.backend);
+    lo.world_size = o.backend == "mpi" ? 0 : o.ranks;
+    if (o.backend == "mpi" && o.ranks > 0 && comm::mpi_env_world_size() != o.ranks)
+      fail("--backend mpi --ranks {}: run it under mpirun -np {} (mpirun started {})", o.ranks,
+           o.ranks, comm::mpi_env_world_size());
+    std::mutex mu;
+    comm::launch(lo, [&](comm::Group& world) {
+      GroupOps ops(world);
+      auto r = sweep(ops, o, o.backend);
+      if (world.rank() == 0) {
+        std::lock_guard lock(mu);
+        rows = r;
+      }
+    });
+    if (o.backend == "mpi" && comm::mpi_env_world_size() > 0) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (rank != 0) return;
+    }
+  }
+  if (o.json) std::printf("%s\n", rows.dump(2).c_str());
+}
+
+}  // namespace
+
+void register_bench_comm(CLI::App& bench) {
+  auto o = std::make_shared<BenchCommOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "comm", "collective bandwidth (nccl-tests format): local, mpi, or Open MPI directly");
+  cmd->add_option("--backend", o->backend, "local, mpi (under mpirun) or raw-mpi (under mpirun)")
+      ->check(CLI::IsMember({"local", "mpi", "raw-mpi"}));
+  cmd->add_option("--ranks", o->ranks, "ranks (local: threads; mpi: must match mpirun -np)");
+  cmd->add_flag("--json", o->json, "print a JSON list of rows instead of the table");
+  cmd->add_option("--min-bytes", o->min_bytes, "smallest size (default 4 KiB)");
+  cmd->add_option("--max-bytes", o->max_bytes, "largest size (default 64 MiB), x4 steps");
+  cmd->add_option("--ops", o->ops, "ops to run")
+      ->check(
+          CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}));
+  cmd->callback([o] { run_bench_comm(*o); });
+}
+
 }  // namespace mt::cli

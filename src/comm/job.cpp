@@ -157,7 +157,8 @@ void Job::watchdog_loop() {
     double now = now_s();
     for (auto& ctx : ranks) {
       for (const OpRecord& rec : ctx->recorder.in_flight()) {
-        if (rec.state != OpState::kStarted || now - rec.started_s < timeout_s_) continue;
+        if (rec.state != OpState::kStarted || now - rec.started_s < timeout_s_ + watchdog_delay_s())
+          continue;
         lock.unlock();
         abort(diagnose(*ctx, rec));
         return;

@@ -36,6 +36,9 @@ class Job {
   virtual std::string diagnose(const RankContext& rank, const OpRecord& stuck);
   // Called with the job's mutex free whenever abort() fires (wake waiters).
   virtual void on_abort() {}
+  // Extra wait before this process's watchdog fires, so that with one process per rank the
+  // lowest stuck rank speaks first and the others do not repeat the diagnosis.
+  virtual double watchdog_delay_s() const { return 0; }
 
   void start_watchdog();
   void stop_watchdog();
