@@ -30,7 +30,7 @@ data/demo.bin: | build
 	$(MT) prepare $(DEMO_TEXT) -o $@
 
 demo: build data/demo.bin
-	$(MT) train --model tiny --data data/demo.bin --steps 300 --eval-every 50
+	$(MT) train --model tiny --data data/demo.bin --steps 300 --lr 2e-3 --eval-every 50
 
 bench: build
 	bench/run-all.sh $(BUILD)
