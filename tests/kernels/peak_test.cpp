@@ -1,0 +1,51 @@
+#include "kernels/peak.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace mt::kernels {
+namespace {
+
+// A private cache directory for the process.
+class PeakCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("mt_peak_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    ::setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(PeakCache, StoredValueIsReturnedAndWrittenToTheFile) {
+  EXPECT_EQ(peak_cache_path(), (dir_ / "meshtrain" / "peak.json").string());
+  store_peak_flops(DType::kBF16, 97, 1.5e12);
+  EXPECT_EQ(peak_flops(DType::kBF16, 97), 1.5e12);  // no measurement: the stored value
+  std::ifstream in(peak_cache_path());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"bf16\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"97\""), std::string::npos) << text;
+}
+
+TEST_F(PeakCache, ReadsAValueAnotherProcessCached) {
+  std::filesystem::create_directories(dir_ / "meshtrain");
+  std::ofstream(dir_ / "meshtrain" / "peak.json") << R"({"f32": {"93": 2.5e11}})";
+  EXPECT_EQ(peak_flops(DType::kF32, 93), 2.5e11);
+}
+
+TEST(Peak, TimedGemmIsPositive) {
+  double t = 0;
+  const double f = time_gemm_flops(DType::kF32, false, true, 64, 48, 32, 1, &t);
+  EXPECT_GT(f, 0);
+  EXPECT_GT(t, 0);
+  EXPECT_GT(time_gemm_flops(DType::kBF16, true, false, 64, 48, 32, 1), 0);
+}
+
+}  // namespace
+}  // namespace mt::kernels
