@@ -16,14 +16,18 @@ struct TrainFlags {
   std::optional<int64_t> batch, microbatch, steps, seed, threads, warmup, eval_every, eval_batches;
   std::optional<float> lr, min_lr_ratio, weight_decay, grad_clip;
   std::optional<std::string> data, val_data, metrics, export_path;
-  std::optional<double> peak_gflops;
+  std::optional<double> peak_gflops, bucket_mb, comm_timeout;
+  std::optional<int> dp, zero;
+  std::optional<std::string> backend;
   bool profile = false;
 };
 
 const std::vector<std::string> kConfigKeys = {
-    "model", "n_layer", "n_head", "d_model", "d_ff", "vocab", "seq", "bias", "tied",
-    "batch", "microbatch", "steps", "lr", "min_lr_ratio", "warmup", "weight_decay",
-    "grad_clip", "seed", "data", "val_data", "eval_every", "eval_batches", "threads"};
+    "model", "n_layer",      "n_head",     "d_model",      "d_ff",       "vocab",
+    "seq",   "bias",         "tied",       "batch",        "microbatch", "steps",
+    "lr",    "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
+    "data",  "val_data",     "eval_every", "eval_batches", "threads",    "dp",
+    "zero",  "bucket_mb",    "backend"};
 
 train::TrainOptions to_options(const TrainFlags& f) {
   const nlohmann::json j = read_config_file(f.config, kConfigKeys);
@@ -49,12 +53,17 @@ train::TrainOptions to_options(const TrainFlags& f) {
     take("eval_every", o.eval_every, f.eval_every);
     take("eval_batches", o.eval_batches, f.eval_batches);
     take("threads", o.threads, f.threads);
+    take("dp", o.dp, f.dp);
+    take("zero", o.zero, f.zero);
+    take("bucket_mb", o.bucket_mb, f.bucket_mb);
+    take("backend", o.backend, f.backend);
   } catch (const nlohmann::json::exception& e) {
     fail("config file '{}' has a value of the wrong type: {}", f.config, e.what());
   }
   if (f.metrics) o.metrics = *f.metrics;
   if (f.export_path) o.export_path = *f.export_path;
   if (f.peak_gflops) o.peak_flops = *f.peak_gflops * 1e9;
+  if (f.comm_timeout) o.comm_timeout_s = *f.comm_timeout;
   o.profile = f.profile;
   return o;
 }
@@ -67,7 +76,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--config", f->config, "JSON file with any of the fields below (flags win)");
   f->model.add_to(*cmd);
   cmd->add_option("--batch", f->batch, "global batch, in sequences");
-  cmd->add_option("--microbatch", f->microbatch, "sequences per forward/backward (gradient accumulation)");
+  cmd->add_option("--microbatch", f->microbatch,
+                  "sequences per forward/backward (gradient accumulation)");
   cmd->add_option("--steps", f->steps, "optimizer steps");
   cmd->add_option("--lr", f->lr, "peak learning rate");
   cmd->add_option("--min-lr-ratio", f->min_lr_ratio, "cosine decays to this fraction of --lr");
@@ -79,9 +89,19 @@ void register_train(CLI::App& app) {
   cmd->add_option("--val-data", f->val_data, "held-out tokens (default: last 5% of --data)");
   cmd->add_option("--eval-every", f->eval_every, "validation loss every N steps (and at the end)");
   cmd->add_option("--eval-batches", f->eval_batches, "microbatches per validation");
-  cmd->add_option("--threads", f->threads, "intra-op threads (default: cores / ranks on the host)");
+  cmd->add_option("--threads", f->threads,
+                  "intra-op threads per rank (default: cores / ranks on the host)");
+  cmd->add_option("--dp", f->dp, "data-parallel ranks (local: threads; under mpirun: -np)");
+  cmd->add_option("--zero", f->zero,
+                  "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters");
+  cmd->add_option("--bucket-mb", f->bucket_mb,
+                  "DDP / ZeRO-1 gradient bucket size in MiB (default 25)");
+  cmd->add_option("--backend", f->backend, "communication: auto (mpi under mpirun), local, mpi");
+  cmd->add_option("--comm-timeout", f->comm_timeout,
+                  "seconds a collective may wait before the job aborts");
   cmd->add_option("--metrics", f->metrics, "write one JSON object per step to FILE");
-  cmd->add_option("--export", f->export_path, "write final weights as safetensors (HF GPT-2 names)");
+  cmd->add_option("--export", f->export_path,
+                  "write final weights as safetensors (HF GPT-2 names)");
   cmd->add_option("--peak-gflops", f->peak_gflops, "GEMM peak for MFU (default: measured, cached)");
   cmd->add_flag("--profile", f->profile, "print where the time went, by kernel");
   cmd->callback([f] { train::run_training(to_options(*f)); });

@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "parallel/unit_hooks.h"
 
 namespace mt::model {
 
@@ -23,19 +24,32 @@ struct Activations {
   Tensor losses, lse;              // [N]
 };
 
+// The model's units, in forward order, are what data parallelism gathers and reduces
+// (parallel/unit_hooks.h): unit 0 the embeddings (wte, wpe), units 1..L the blocks, unit
+// L + 1 the head (final norm, and lm_head when untied). Each unit is a consecutive range
+// of parameters.
 class Gpt {
  public:
-  Gpt(const GptConfig& config, uint64_t seed);
+  Gpt(const GptConfig& config, uint64_t seed, StoreOptions store = {});
 
   const GptConfig& config() const { return config_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
+
+  int num_units() const { return static_cast<int>(config_.n_layer) + 2; }
+  // n_units + 1 entries: unit u is parameters [v[u], v[u + 1]).
+  std::vector<int> unit_first_params() const;
+  // Called around every unit's forward and backward (null: none).
+  void set_hooks(parallel::UnitHooks* hooks) { hooks_ = hooks; }
 
   Activations make_activations(int64_t B, int64_t T) const;
   // Mean loss over the B*T tokens; keeps in `a` what backward needs.
   float forward(Activations& a, const int32_t* inputs, const int32_t* targets);
   // Accumulates into the gradients d(sum_i dloss * loss_i)/d(params), i over the tokens of
   // the microbatch. dloss = 1 / (tokens in the whole step) gives the mean over a step.
+  // With tied embeddings the LM head's weight gradient is added at the end, with the
+  // embedding's, so that after each unit's backward every gradient of that unit and of the
+  // later units is final (what UnitHooks::after_backward promises).
   void backward(Activations& a, float dloss);
 
  private:
@@ -51,6 +65,8 @@ class Gpt {
   BlockScratch scratch_;
   Tensor dres_;  // [N, C] gradient of the residual stream
   int64_t scratch_tokens_ = 0;
+  parallel::UnitHooks* hooks_ = nullptr;
+  parallel::UnitHooks no_hooks_;
 };
 
 // Training FLOPs per token (forward + backward, no recomputation): see docs/flops.md.

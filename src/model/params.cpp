@@ -1,5 +1,6 @@
 #include "model/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -13,8 +14,8 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
   // GPT-2 scales the residual output projections by 1/sqrt(2 * n_layer).
   const float residual_std = kStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
   std::vector<ParamSpec> s;
-  auto add = [&](std::string name, Shape shape, Init init, float std, TpSplit split,
-                 int layer, bool transposed = false) {
+  auto add = [&](std::string name, Shape shape, Init init, float std, TpSplit split, int layer,
+                 bool transposed = false) {
     ParamSpec p;
     p.name = std::move(name);
     p.weight_decay = shape.size() == 2;
@@ -59,8 +60,7 @@ int64_t count_params(const std::vector<ParamSpec>& specs) {
   return n;
 }
 
-void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n,
-                      float* out) {
+void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n, float* out) {
   switch (spec.init) {
     case Init::kZeros:
       for (int64_t i = 0; i < n; ++i) out[i] = 0.f;
@@ -80,16 +80,22 @@ void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64
   }
 }
 
-ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype) {
-  const int64_t total = count_params(specs);
-  flat_values_ = Tensor::empty({total}, dtype, mem::Category::kParameters);
-  flat_grads_ = Tensor::zeros({total}, DType::kF32, mem::Category::kGradients);
+ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype, StoreOptions options) {
+  numel_ = count_params(specs);
+  const int64_t m = std::max<int64_t>(1, options.pad_multiple);
+  padded_numel_ = (numel_ + m - 1) / m * m;
+  if (options.full_values) {
+    flat_values_ = Tensor::empty({padded_numel_}, dtype, mem::Category::kParameters);
+    if (padded_numel_ > numel_) flat_values_.view(numel_, {padded_numel_ - numel_}).zero_();
+  }
+  if (options.full_grads)
+    flat_grads_ = Tensor::zeros({padded_numel_}, DType::kF32, mem::Category::kGradients);
   int64_t offset = 0;
   for (auto& spec : specs) {
     Param p;
     const int64_t n = shape_numel(spec.shape);
-    p.value = flat_values_.view(offset, spec.shape);
-    p.grad = flat_grads_.view(offset, spec.shape);
+    if (options.full_values) p.value = flat_values_.view(offset, spec.shape);
+    if (options.full_grads) p.grad = flat_grads_.view(offset, spec.shape);
     p.offset_elems = offset;
     p.spec = std::move(spec);
     offset += n;
@@ -98,7 +104,36 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype) {
 }
 
 void ParamStore::initialize(uint64_t seed) {
+  if (!flat_values_.defined()) return;
   for (auto& p : params_) init_param_range(p.spec, seed, 0, p.value.numel(), p.value.f32());
+}
+
+void ParamStore::initialize_range(uint64_t seed, int64_t first, int64_t n, float* out) const {
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.f;  // padding
+  for (const auto& p : params_) {
+    const int64_t lo = std::max(first, p.offset_elems);
+    const int64_t hi = std::min(first + n, p.offset_elems + shape_numel(p.spec.shape));
+    if (lo < hi) init_param_range(p.spec, seed, lo - p.offset_elems, hi - lo, out + (lo - first));
+  }
+}
+
+namespace {
+void bind(std::vector<Param>& params, int first, int end, const Tensor& buffer, bool values) {
+  const int64_t base = params[static_cast<size_t>(first)].offset_elems;
+  for (int i = first; i < end; ++i) {
+    Param& p = params[static_cast<size_t>(i)];
+    Tensor v = buffer.view(p.offset_elems - base, p.spec.shape);
+    (values ? p.value : p.grad) = v;
+  }
+}
+}  // namespace
+
+void ParamStore::bind_values(int first, int end, const Tensor& buffer) {
+  bind(params_, first, end, buffer, true);
+}
+
+void ParamStore::bind_grads(int first, int end, const Tensor& buffer) {
+  bind(params_, first, end, buffer, false);
 }
 
 Param& ParamStore::get(const std::string& name) {

@@ -30,7 +30,7 @@ struct ParamSpec {
   float init_std = 0.f;
   int64_t real_rows = -1;  // rows >= real_rows are padding, initialised to 0 (-1: none)
   TpSplit tp_split = TpSplit::kReplicated;
-  bool weight_decay = false;  // matrices only
+  bool weight_decay = false;   // matrices only
   bool hf_transposed = false;  // stored [out, in]; HF Conv1D stores [in, out]
   int layer = -1;              // block index, -1 for embeddings and the final norm
 };
@@ -46,14 +46,31 @@ struct Param {
   int64_t offset_elems = 0;  // into the flat buffers
 };
 
+// How a ParamStore holds its buffers. Data parallelism pads the flat buffers to a multiple
+// of the DP size (every rank's ZeRO shard the same length; the padding stays zero), and
+// ZeRO-2/3 keep no full-size gradient (and, stage 3, value) buffer: the views are bound
+// later into per-unit buffers (parallel/zero.h).
+struct StoreOptions {
+  int64_t pad_multiple = 1;
+  bool full_values = true;
+  bool full_grads = true;
+};
+
 // All parameters of a rank in two contiguous buffers (values, gradients), in spec order,
 // so that gradient buckets and optimizer shards are plain ranges.
 class ParamStore {
  public:
-  ParamStore(std::vector<ParamSpec> specs, DType dtype);
-  // Fills every value from Philox by global element index.
+  ParamStore(std::vector<ParamSpec> specs, DType dtype, StoreOptions options = {});
+  // Fills every value from Philox by global element index (skipped without full values).
   void initialize(uint64_t seed);
+  // Draws flat elements [first, first + n) (across parameters; padding is 0) into out: the
+  // same numbers as initialize() puts there, so a ZeRO-3 shard initialises alone.
+  void initialize_range(uint64_t seed, int64_t first, int64_t n, float* out) const;
   void zero_grads() { flat_grads_.zero_(); }
+  // Points the value (or gradient) views of parameters [first, end) into `buffer`, whose
+  // element 0 is the first one's element 0 (they are consecutive, as in the flat buffer).
+  void bind_values(int first, int end, const Tensor& buffer);
+  void bind_grads(int first, int end, const Tensor& buffer);
 
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
@@ -61,16 +78,17 @@ class ParamStore {
   const Param* find(const std::string& name) const;
   Tensor& flat_values() { return flat_values_; }
   Tensor& flat_grads() { return flat_grads_; }
-  int64_t numel() const { return flat_values_.numel(); }
+  int64_t numel() const { return numel_; }                // real parameters (Ψ)
+  int64_t padded_numel() const { return padded_numel_; }  // the flat buffers' length
 
  private:
   std::vector<Param> params_;
+  int64_t numel_ = 0, padded_numel_ = 0;
   Tensor flat_values_;
   Tensor flat_grads_;
 };
 
 // Draws a parameter's global elements [first, first + n) into out.
-void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n,
-                      float* out);
+void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n, float* out);
 
 }  // namespace mt::model

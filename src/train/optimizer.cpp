@@ -1,5 +1,6 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/profile.h"
@@ -8,25 +9,38 @@
 namespace mt::train {
 
 AdamW::AdamW(model::ParamStore& params, AdamWConfig config)
+    : AdamW(params, config, 0, params.numel()) {}
+
+AdamW::AdamW(model::ParamStore& params, AdamWConfig config, int64_t lo, int64_t hi)
     : params_(&params),
       config_(config),
-      m_(Tensor::zeros({params.numel()}, DType::kF32, mem::Category::kOptimizer)),
-      v_(Tensor::zeros({params.numel()}, DType::kF32, mem::Category::kOptimizer)) {}
+      lo_(lo),
+      hi_(hi),
+      m_(Tensor::zeros({hi - lo}, DType::kF32, mem::Category::kOptimizer)),
+      v_(Tensor::zeros({hi - lo}, DType::kF32, mem::Category::kOptimizer)) {}
 
 void AdamW::step(float lr) {
+  step(lr, params_->flat_values().f32() + lo_, params_->flat_grads().f32() + lo_);
+}
+
+void AdamW::step(float lr, float* values, const float* grads) {
   profile::Scope p("optimizer");
   ++t_;
   for (auto& prm : params_->params()) {
-    const int64_t off = prm.offset_elems, n = prm.value.numel();
-    kernels::adamw_update(prm.value.f32(), prm.grad.f32(), m_.f32() + off, v_.f32() + off, n,
-                          lr, config_.beta1, config_.beta2, config_.eps,
+    const int64_t a = std::max(lo_, prm.offset_elems);
+    const int64_t b = std::min(hi_, prm.offset_elems + shape_numel(prm.spec.shape));
+    if (a >= b) continue;  // not in this range (padding beyond the last is never updated)
+    const int64_t i = a - lo_;
+    kernels::adamw_update(values + i, grads + i, m_.f32() + i, v_.f32() + i, b - a, lr,
+                          config_.beta1, config_.beta2, config_.eps,
                           prm.spec.weight_decay ? config_.weight_decay : 0.f, t_);
   }
 }
 
 float lr_at(int64_t step, int64_t warmup_steps, int64_t total_steps, float lr_max,
             float min_ratio) {
-  if (step < warmup_steps) return lr_max * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+  if (step < warmup_steps)
+    return lr_max * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
   const int64_t decay_steps = std::max<int64_t>(1, total_steps - warmup_steps);
   const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / decay_steps);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));

@@ -14,11 +14,17 @@ struct AdamWConfig {
   float weight_decay = 0.1f;  // applied to matrices only (ParamSpec::weight_decay)
 };
 
+// AdamW over elements [lo, hi) of the flat parameter buffer: all of it (one rank, DDP) or
+// one rank's ZeRO shard, which may begin and end inside parameters; weight decay is chosen
+// per parameter for each piece. The moments cover exactly [lo, hi).
 class AdamW {
  public:
-  AdamW(model::ParamStore& params, AdamWConfig config);
+  AdamW(model::ParamStore& params, AdamWConfig config);  // every element
+  AdamW(model::ParamStore& params, AdamWConfig config, int64_t lo, int64_t hi);
   // One update of every parameter with learning rate lr; the step count t starts at 1.
   void step(float lr);
+  // The same on explicit buffers: values and grads point at flat element lo.
+  void step(float lr, float* values, const float* grads);
   int64_t steps_taken() const { return t_; }
   model::ParamStore& params() { return *params_; }
   Tensor& m() { return m_; }
@@ -27,14 +33,14 @@ class AdamW {
  private:
   model::ParamStore* params_;
   AdamWConfig config_;
-  Tensor m_, v_;  // first and second moments, flat like the parameters
+  int64_t lo_ = 0, hi_ = 0;
+  Tensor m_, v_;  // first and second moments of elements [lo, hi)
   int64_t t_ = 0;
 };
 
 // Linear warmup to lr_max over warmup steps, then cosine decay to min_ratio * lr_max at
 // total_steps. step counts from 0.
-float lr_at(int64_t step, int64_t warmup_steps, int64_t total_steps, float lr_max,
-            float min_ratio);
+float lr_at(int64_t step, int64_t warmup_steps, int64_t total_steps, float lr_max, float min_ratio);
 
 // The global L2 norm of all gradients (summed in double, in parameter order).
 double grad_norm(model::ParamStore& params);

@@ -1,11 +1,14 @@
-// The training loop of one rank: data -> microbatches -> forward/backward -> clip ->
-// AdamW -> metrics. Everything it allocates is allocated before the first step.
+// The training loop, SPMD: run_training launches the ranks (threads of this process with
+// the `local` backend, or this process under mpirun) and each runs data -> microbatches ->
+// forward/backward (gradients reduced over dp as backward goes) -> clip -> AdamW (on its
+// ZeRO shard) -> metrics. Everything a rank allocates is allocated before the first step.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "model/config.h"
 #include "train/optimizer.h"
 
@@ -13,8 +16,13 @@ namespace mt::train {
 
 struct TrainOptions {
   model::GptConfig model = model::preset("tiny");
-  int64_t batch = 16;      // global batch, in sequences
-  int64_t microbatch = 0;  // sequences per forward/backward; 0 = the whole batch
+  int64_t batch = 16;            // global batch, in sequences (the same whatever the layout)
+  int64_t microbatch = 0;        // sequences per forward/backward on a rank; 0 = batch / dp
+  int dp = 1;                    // data-parallel ranks
+  int zero = 0;                  // ZeRO stage: 0 DDP, 1 optimizer state, 2 + gradients, 3 + params
+  double bucket_mb = 25;         // DDP / ZeRO-1 gradient bucket (MiB, PyTorch DDP's default)
+  std::string backend = "auto";  // auto (mpi under mpirun, else local), local, mpi
+  double comm_timeout_s = 300;
   int64_t steps = 100;
   float lr = 1e-3f;
   float min_lr_ratio = 0.1f;  // cosine decays to this fraction of lr
@@ -23,19 +31,19 @@ struct TrainOptions {
   float grad_clip = 1.0f;  // 0: off
   uint64_t seed = 1337;
   std::string data;
-  std::string val_data;        // "": hold out the last val_fraction of `data`
+  std::string val_data;  // "": hold out the last val_fraction of `data`
   double val_fraction = 0.05;
-  int64_t eval_every = 0;      // 0: only at the end
+  int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batches = 4;
-  int threads = 0;             // 0: cores on the host / ranks on the host
-  std::string metrics;         // JSON lines, one per step
-  std::string export_path;     // safetensors of the final weights
-  bool profile = false;        // per-kernel time breakdown at the end
-  double peak_flops = 0;       // 0: measured GEMM peak (`meshtrain bench peak`)
-  bool quiet = false;          // no per-step lines (tests)
+  int threads = 0;                 // per rank; 0: cores on the host / ranks on the host
+  std::string metrics;             // JSON lines, one per step
+  std::string export_path;         // safetensors of the final weights
+  bool profile = false;            // per-kernel time breakdown at the end
+  double peak_flops = 0;           // 0: measured GEMM peak (`meshtrain bench peak`)
+  bool quiet = false;              // no per-step lines (tests)
   bool keep_final_params = false;  // copy the final weights into TrainResult
 
-  int64_t microbatch_size() const { return microbatch > 0 ? microbatch : batch; }
+  int64_t microbatch_size() const { return microbatch > 0 ? microbatch : batch / dp; }
   void validate() const;
 };
 
@@ -44,17 +52,31 @@ struct StepRecord {
   float loss = 0;
   float lr = 0;
   double grad_norm = 0;
-  double tokens_per_s = 0;
-  double mfu = 0;
-  int64_t peak_bytes = 0;
+  double tokens_per_s = 0;  // of the whole job (global batch tokens / step time)
+  double mfu = 0;           // per rank: tokens_per_s / dp against one rank's peak
+  int64_t peak_bytes = 0;   // the worst rank's peak so far
   double time_s = 0;
+  int64_t comm_bytes = 0;  // bytes rank 0 received over the dp group in this step
+};
+
+// What each rank saw (the local backend fills every rank's; under mpirun only this
+// process's own, the others keep rank = -1).
+struct RankRecord {
+  int rank = -1;
+  mem::Snapshot memory;  // at the end of the last step (peaks over the whole run)
+  std::vector<int64_t> step_sent_bytes, step_recv_bytes;  // over the dp group, per step
+  int64_t allocations_after_first_step = 0;
 };
 
 struct TrainResult {
   std::vector<StepRecord> steps;
   std::vector<std::pair<int64_t, float>> val_losses;  // (step, loss)
-  int64_t allocations_after_first_step = 0;  // allocations made by steps 2..N (should be 0)
-  std::vector<float> final_params;           // flat, for equivalence checks
+  int64_t allocations_after_first_step = 0;           // by steps 2..N, worst rank (should be 0)
+  std::vector<float> final_params;                    // flat, full (gathered under ZeRO-3)
+  std::vector<RankRecord> ranks;
+  int64_t padded_params = 0;         // Ψ rounded up to a multiple of dp
+  int64_t gathered_param_elems = 0;  // ZeRO-3 parameter pool (unit buffers)
+  int64_t gradient_pool_elems = 0;   // ZeRO-2/3 gradient pool (unit buffers)
 };
 
 TrainResult run_training(const TrainOptions& opts);

@@ -1,1 +1,0 @@
-// placeholder translation unit; replaced as the folder grows

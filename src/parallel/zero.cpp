@@ -1,0 +1,156 @@
+#include "parallel/zero.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/profile.h"
+#include "kernels/kernels.h"
+
+namespace mt::parallel {
+
+namespace {
+constexpr int kSlots = 4;
+}
+
+int UnitBuffers::slot_of(int unit, int num_units) {
+  if (unit == 0) return 0;
+  if (unit == num_units - 1) return 1;
+  return 2 + (unit - 1) % 2;
+}
+
+UnitBuffers::UnitBuffers(const FlatLayout& layout, mem::Category category) : layout_(layout) {
+  std::vector<int64_t> elems(kSlots, 0);
+  const int U = layout.num_units();
+  for (int u = 0; u < U; ++u) {
+    auto& e = elems[static_cast<size_t>(slot_of(u, U))];
+    e = std::max(e, layout.unit_hi(u) - layout.unit_lo(u));
+  }
+  for (int64_t e : elems)
+    slots_.push_back(e > 0 ? Tensor::zeros({e}, DType::kF32, category) : Tensor());
+}
+
+Tensor UnitBuffers::of(int unit) const {
+  const Tensor& s = slots_[static_cast<size_t>(slot_of(unit, layout_.num_units()))];
+  return s.view(0, {layout_.unit_hi(unit) - layout_.unit_lo(unit)});
+}
+
+int64_t UnitBuffers::total_elems() const {
+  int64_t n = 0;
+  for (const auto& s : slots_) n += s.defined() ? s.numel() : 0;
+  return n;
+}
+
+// ---- ShardedGrads -----------------------------------------------------------------------
+
+ShardedGrads::ShardedGrads(comm::Group& dp, const FlatLayout& layout)
+    : dp_(dp),
+      layout_(layout),
+      shard_range_(dp.rank(), dp.size(), layout.padded_elems),
+      buffers_(layout, mem::Category::kGradients),
+      shard_(Tensor::zeros({shard_range_.shard_elems}, DType::kF32, mem::Category::kGradients)),
+      in_flight_(kSlots) {
+  for (int u = 0; u < layout.num_units(); ++u)
+    counts_.push_back(shard_range_.counts(layout.unit_lo(u), layout.unit_hi(u)));
+}
+
+void ShardedGrads::settle(int slot) {
+  InFlight& f = in_flight_[static_cast<size_t>(slot)];
+  if (!f.work) return;
+  {
+    profile::Scope p("dp.wait");
+    f.work->wait();
+  }
+  f.work.reset();
+  const int64_t lo = layout_.unit_lo(f.unit);
+  const int64_t mine = counts_[static_cast<size_t>(f.unit)][static_cast<size_t>(dp_.rank())];
+  if (mine > 0) {
+    const int64_t begin = shard_range_.my_begin(lo);
+    kernels::accumulate(shard_.f32() + (begin - shard_range_.lo()),
+                        unit_grads(f.unit).f32() + (begin - lo), mine);
+  }
+  f.unit = -1;
+}
+
+void ShardedGrads::before_backward(int unit) {
+  settle(UnitBuffers::slot_of(unit, layout_.num_units()));
+  unit_grads(unit).zero_();
+}
+
+void ShardedGrads::after_backward(int unit) {
+  const auto& counts = counts_[static_cast<size_t>(unit)];
+  const int64_t lo = layout_.unit_lo(unit);
+  const int64_t mine = counts[static_cast<size_t>(dp_.rank())];
+  Tensor g = unit_grads(unit);
+  // In place: this rank's piece is reduced where it lies in the slot.
+  const comm::Buf out(g.f32() + (mine > 0 ? shard_range_.my_begin(lo) - lo : 0), mine);
+  InFlight& f = in_flight_[static_cast<size_t>(UnitBuffers::slot_of(unit, layout_.num_units()))];
+  MT_ASSERT(!f.work);
+  f.work = dp_.reduce_scatter_async(comm::Buf(g), out, counts);
+  f.unit = unit;
+}
+
+void ShardedGrads::finish() {
+  for (int s = 0; s < kSlots; ++s) settle(s);
+}
+
+// ---- ShardedParams ----------------------------------------------------------------------
+
+ShardedParams::ShardedParams(comm::Group& dp, const FlatLayout& layout)
+    : dp_(dp),
+      layout_(layout),
+      shard_range_(dp.rank(), dp.size(), layout.padded_elems),
+      buffers_(layout, mem::Category::kParameters),
+      shard_(Tensor::zeros({shard_range_.shard_elems}, DType::kF32, mem::Category::kParameters)),
+      pending_(static_cast<size_t>(layout.num_units())) {
+  for (int u = 0; u < layout.num_units(); ++u)
+    counts_.push_back(shard_range_.counts(layout.unit_lo(u), layout.unit_hi(u)));
+}
+
+void ShardedParams::start(int unit) {
+  auto& w = pending_[static_cast<size_t>(unit)];
+  if (w) wait(unit);
+  const int64_t lo = layout_.unit_lo(unit);
+  const auto& counts = counts_[static_cast<size_t>(unit)];
+  const int64_t mine = counts[static_cast<size_t>(dp_.rank())];
+  const float* src = shard_.f32() + (mine > 0 ? shard_range_.my_begin(lo) - shard_range_.lo() : 0);
+  w = dp_.all_gather_async(comm::Buf(const_cast<float*>(src), mine), comm::Buf(unit_values(unit)),
+                           counts);
+}
+
+void ShardedParams::wait(int unit) {
+  auto& w = pending_[static_cast<size_t>(unit)];
+  if (!w) start(unit);
+  profile::Scope p("dp.wait");
+  w->wait();
+  w.reset();
+}
+
+void ShardedParams::before_forward(int unit) {
+  wait(unit);  // started by the previous unit's prefetch, or now
+  if (unit + 1 < layout_.num_units()) start(unit + 1);
+}
+
+void ShardedParams::before_backward(int unit) {
+  const int last = layout_.num_units() - 1;
+  if (unit == last) {
+    // The head reads wte (unit 0) for the input gradient of the tied LM head, and the
+    // embedding backward at the very end needs no values: gather unit 0 with the head and
+    // keep it; prefetch the last block.
+    start(last);
+    start(0);
+    if (last - 1 > 0) start(last - 1);
+    wait(last);
+    wait(0);
+    return;
+  }
+  if (unit == 0) return;  // still gathered since the head's backward
+  wait(unit);
+  if (unit - 1 > 0) start(unit - 1);
+}
+
+void ShardedParams::gather_all(Tensor& full) {
+  MT_ASSERT(full.numel() == layout_.padded_elems);
+  dp_.all_gather(comm::Buf(shard_), comm::Buf(full));
+}
+
+}  // namespace mt::parallel
