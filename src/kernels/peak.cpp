@@ -119,12 +119,18 @@ double measure_peak_flops(DType dtype, int threads_n) {
   return best;
 }
 
-void store_peak_flops(DType dtype, int threads_n, double flops) {
+double store_peak_flops(DType dtype, int threads_n, double flops) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_known[{dtype, threads_n}] = flops;
   auto j = read_cache();
-  j[std::string(dtype_name(dtype))][std::to_string(threads_n)] = flops;
+  const std::string d(dtype_name(dtype)), t = std::to_string(threads_n);
+  // A peak is the best rate seen: a measurement taken while the host was busy (two cores
+  // shared with compilers and tests) must not lower it, or MFU would be inflated.
+  if (j.contains(d) && j[d].is_object() && j[d].contains(t) && j[d][t].is_number())
+    flops = std::max(flops, j[d][t].get<double>());
+  g_known[{dtype, threads_n}] = flops;
+  j[d][t] = flops;
   write_cache(j);
+  return flops;
 }
 
 double peak_flops(DType dtype, int threads_n) {

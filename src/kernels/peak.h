@@ -17,8 +17,10 @@ double peak_flops(DType dtype, int threads);
 // Measures now (ignores and does not touch the cache).
 double measure_peak_flops(DType dtype, int threads);
 
-// Writes a measured value into the cache file (and the in-process cache).
-void store_peak_flops(DType dtype, int threads, double flops);
+// Records a measured value in the cache file (and the in-process cache), keeping the
+// larger of it and what was cached (a peak is the best rate seen); returns the value kept.
+// To forget a value, delete the file.
+double store_peak_flops(DType dtype, int threads, double flops);
 
 // Where the cache lives.
 std::string peak_cache_path();

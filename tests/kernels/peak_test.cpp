@@ -33,6 +33,13 @@ TEST_F(PeakCache, StoredValueIsReturnedAndWrittenToTheFile) {
   EXPECT_NE(text.find("\"97\""), std::string::npos) << text;
 }
 
+TEST_F(PeakCache, AStoredPeakIsNeverLowered) {
+  EXPECT_EQ(store_peak_flops(DType::kF32, 95, 3e11), 3e11);
+  EXPECT_EQ(store_peak_flops(DType::kF32, 95, 1e11), 3e11);  // measured on a busy host
+  EXPECT_EQ(peak_flops(DType::kF32, 95), 3e11);
+  EXPECT_EQ(store_peak_flops(DType::kF32, 95, 4e11), 4e11);
+}
+
 TEST_F(PeakCache, ReadsAValueAnotherProcessCached) {
   std::filesystem::create_directories(dir_ / "meshtrain");
   std::ofstream(dir_ / "meshtrain" / "peak.json") << R"({"f32": {"93": 2.5e11}})";
