@@ -60,6 +60,14 @@ TEST_F(TrainerTest, SameSeedGivesBitwiseSameLossesAndWeights) {
 TEST_F(TrainerTest, SteadyStateAllocatesNothing) {
   const TrainResult r = run_training(tiny(4));
   EXPECT_EQ(r.allocations_after_first_step, 0);
+  // And with data parallelism, in every ZeRO stage (the worst rank counts).
+  for (int zero = 0; zero <= 3; ++zero) {
+    TrainOptions o = tiny(4);
+    o.dp = 2;
+    o.zero = zero;
+    o.backend = "local";
+    EXPECT_EQ(run_training(o).allocations_after_first_step, 0) << "zero " << zero;
+  }
 }
 
 TEST_F(TrainerTest, GradientAccumulationMatchesOneBigBatch) {

@@ -1,0 +1,43 @@
+// Shared by the data-parallel tests: a small `tiny` (2 layers, seq 32, batch 8: the whole
+// suite runs in minutes on 2 cores) trained on the demo text.
+#pragma once
+
+#include <string>
+
+#include "test_util.h"
+#include "train/trainer.h"
+
+namespace mt::test {
+
+inline const std::string& dp_demo_data() {
+  static const std::string path = demo_tokens(scratch_dir("dp"));
+  return path;
+}
+
+inline train::TrainOptions dp_options(int dp, int zero, int64_t steps) {
+  train::TrainOptions o;
+  o.model = model::preset("tiny");
+  o.model.n_layer = 2;
+  o.model.seq_len = 32;
+  o.batch = 8;
+  o.steps = steps;
+  o.data = dp_demo_data();
+  o.threads = 1;
+  o.quiet = true;
+  o.peak_flops = 1e11;  // MFU is not under test; skip measuring the peak
+  o.dp = dp;
+  o.zero = zero;
+  o.bucket_mb = 0.25;  // 64 Ki elements: about 7 buckets, so bucketing is exercised
+  o.keep_final_params = true;
+  o.backend = "local";
+  return o;
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+}  // namespace mt::test
