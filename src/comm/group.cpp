@@ -203,6 +203,13 @@ void Group::check_peer(int peer, const char* what) const {
 }
 
 namespace {
+// Marks the calls made while it lives as the equal-pieces forms (backends may use MPI's
+// equal-count calls: every rank of the group made the same kind of call).
+struct EqualPieces {
+  bool& flag;
+  explicit EqualPieces(bool& f) : flag(f) { flag = true; }
+  ~EqualPieces() { flag = false; }
+};
 int64_t sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
 }
@@ -222,6 +229,7 @@ WorkPtr Group::all_reduce_async(Buf in, Buf out, ReduceOp op) {
 }
 
 WorkPtr Group::reduce_scatter_async(Buf in, Buf out, ReduceOp op) {
+  EqualPieces mark(equal_pieces_);
   if (in.elems != out.elems * size_)
     fail("reduce_scatter on {}: input has {} elems but must have size {} x output {} = {}", name_,
          in.elems, size_, out.elems, out.elems * size_);
@@ -240,10 +248,12 @@ WorkPtr Group::reduce_scatter_async(Buf in, Buf out, const std::vector<int64_t>&
   auto c = make_call(OpType::kReduceScatter, in, out);
   c->reduce = op;
   c->counts = counts;
+  c->equal_pieces = equal_pieces_;
   return submit(std::move(c), true);
 }
 
 WorkPtr Group::all_gather_async(Buf in, Buf out) {
+  EqualPieces mark(equal_pieces_);
   if (out.elems != in.elems * size_)
     fail("all_gather on {}: output has {} elems but must have size {} x input {} = {}", name_,
          out.elems, size_, in.elems, in.elems * size_);
@@ -260,6 +270,7 @@ WorkPtr Group::all_gather_async(Buf in, Buf out, const std::vector<int64_t>& cou
         name_, sum(counts), out.elems, counts[rank_], in.elems);
   auto c = make_call(OpType::kAllGather, in, out);
   c->counts = counts;
+  c->equal_pieces = equal_pieces_;
   return submit(std::move(c), true);
 }
 
@@ -271,6 +282,7 @@ WorkPtr Group::broadcast_async(Buf data, int root) {
 }
 
 WorkPtr Group::all_to_all_async(Buf in, Buf out) {
+  EqualPieces mark(equal_pieces_);
   if (in.elems != out.elems || in.elems % size_ != 0)
     fail(
         "all_to_all on {}: input ({} elems) and output ({} elems) must be equal and divisible "
@@ -294,6 +306,7 @@ WorkPtr Group::all_to_all_async(Buf in, Buf out, const std::vector<int64_t>& sen
   auto c = make_call(OpType::kAllToAll, in, out);
   c->counts = send_counts;
   c->recv_counts = recv_counts;
+  c->equal_pieces = equal_pieces_;
   return submit(std::move(c), true);
 }
 
@@ -329,6 +342,7 @@ void Group::all_reduce(Buf in, Buf out, ReduceOp op) {
 }
 
 void Group::reduce_scatter(Buf in, Buf out, ReduceOp op) {
+  EqualPieces mark(equal_pieces_);
   if (in.elems != out.elems * size_)
     fail("reduce_scatter on {}: input has {} elems but must have size {} x output {} = {}", name_,
          in.elems, size_, out.elems, out.elems * size_);
@@ -346,10 +360,12 @@ void Group::reduce_scatter(Buf in, Buf out, const std::vector<int64_t>& counts, 
   auto c = make_call(OpType::kReduceScatter, in, out);
   c->reduce = op;
   c->counts = counts;
+  c->equal_pieces = equal_pieces_;
   submit(std::move(c), false);
 }
 
 void Group::all_gather(Buf in, Buf out) {
+  EqualPieces mark(equal_pieces_);
   if (out.elems != in.elems * size_)
     fail("all_gather on {}: output has {} elems but must have size {} x input {} = {}", name_,
          out.elems, size_, in.elems, in.elems * size_);
@@ -366,6 +382,7 @@ void Group::all_gather(Buf in, Buf out, const std::vector<int64_t>& counts) {
         name_, sum(counts), out.elems, counts[rank_], in.elems);
   auto c = make_call(OpType::kAllGather, in, out);
   c->counts = counts;
+  c->equal_pieces = equal_pieces_;
   submit(std::move(c), false);
 }
 
@@ -377,6 +394,7 @@ void Group::broadcast(Buf data, int root) {
 }
 
 void Group::all_to_all(Buf in, Buf out) {
+  EqualPieces mark(equal_pieces_);
   if (in.elems != out.elems || in.elems % size_ != 0)
     fail(
         "all_to_all on {}: input ({} elems) and output ({} elems) must be equal and divisible "
@@ -400,6 +418,7 @@ void Group::all_to_all(Buf in, Buf out, const std::vector<int64_t>& send_counts,
   auto c = make_call(OpType::kAllToAll, in, out);
   c->counts = send_counts;
   c->recv_counts = recv_counts;
+  c->equal_pieces = equal_pieces_;
   submit(std::move(c), false);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "comm/local.h"
@@ -48,6 +49,14 @@ int launch_world_size(const LaunchOptions& opts) {
   return opts.world_size;
 }
 
+mem::Tracker* tracker_for_rank(const LaunchOptions& opts, int rank) {
+  if (opts.rank_trackers.empty()) return nullptr;
+  if (opts.rank_trackers.size() == 1) return opts.rank_trackers[0];
+  if (rank < 0 || rank >= static_cast<int>(opts.rank_trackers.size()))
+    fail("{} trackers given for rank {}; give one per rank", opts.rank_trackers.size(), rank);
+  return opts.rank_trackers[static_cast<size_t>(rank)];
+}
+
 namespace {
 
 void launch_local(const LaunchOptions& opts, const std::function<void(Group& world)>& fn) {
@@ -85,6 +94,8 @@ void launch_local(const LaunchOptions& opts, const std::function<void(Group& wor
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
+        std::optional<mem::ScopedTracker> scope;
+        if (mem::Tracker* t = tracker_for_rank(opts, r)) scope.emplace(*t);
         auto ctx = std::make_shared<RankContext>(r, n, opts.recorder_capacity, job.get());
         job->add_rank(ctx);
         Group world(ctx, make_local_backend(*job, world_shared, r), "world", all);

@@ -23,6 +23,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/group.h"
 
@@ -44,7 +45,13 @@ struct LaunchOptions {
   // After abort, how long launch() waits for rank threads to unwind before ending the
   // process with the diagnosis (a rank stuck in computation cannot be interrupted).
   double grace_s = 3;
+  // Optional accounting trackers, one per rank: before fn, rank r's thread installs
+  // rank_trackers[r] with mem::ScopedTracker (mpi: this process's rank; a single entry
+  // serves every rank of a process). Empty: fn installs its own tracker if it wants one.
+  std::vector<mem::Tracker*> rank_trackers;
 };
+// The tracker `opts` gives rank `rank`, or nullptr.
+mem::Tracker* tracker_for_rank(const LaunchOptions& opts, int rank);
 
 // True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK in the environment).

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "comm/job.h"
@@ -416,9 +417,13 @@ void MpiBackend::run(OpCall& c) {
         rc[static_cast<size_t>(r)] = to_int(counts[static_cast<size_t>(r)] * es, "all_reduce");
         rd[static_cast<size_t>(r)] = to_int(E * r / n * es, "all_reduce");
       }
-      check_mpi(
-          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
-          "allgatherv");
+      if (E % n == 0)  // the same on every rank: equal chunks, MPI's equal-count call
+        check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, out, rc[0], MPI_BYTE, comm_),
+                  "allgather");
+      else
+        check_mpi(
+            MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
+            "allgatherv");
       c.recv_bytes = c.sent_bytes = ((n - 1) * mine + (E - mine)) * es;
       break;
     }
@@ -440,11 +445,17 @@ void MpiBackend::run(OpCall& c) {
       }
       char* out = static_cast<char*>(c.out);
       char* own = out + rd[static_cast<size_t>(rank_)];
-      if (c.in != own && c.in_elems > 0)
-        std::memmove(own, c.in, static_cast<size_t>(c.in_elems * es));
-      check_mpi(
-          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
-          "allgatherv");
+      if (c.equal_pieces) {
+        check_mpi(MPI_Allgather(c.in == own ? MPI_IN_PLACE : c.in, rc[0], MPI_BYTE, out, rc[0],
+                                MPI_BYTE, comm_),
+                  "allgather");
+      } else {
+        if (c.in != own && c.in_elems > 0)
+          std::memmove(own, c.in, static_cast<size_t>(c.in_elems * es));
+        check_mpi(
+            MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
+            "allgatherv");
+      }
       c.recv_bytes = (total - c.in_elems) * es;
       c.sent_bytes = (n - 1) * c.in_elems * es;
       break;
@@ -472,9 +483,12 @@ void MpiBackend::run(OpCall& c) {
           c.recv_bytes += c.recv_counts[r] * es;
         }
       }
-      check_mpi(MPI_Alltoallv(c.in, sc.data(), sd.data(), MPI_BYTE, c.out, rc.data(), rd.data(),
-                              MPI_BYTE, comm_),
-                "alltoallv");
+      if (c.equal_pieces)
+        check_mpi(MPI_Alltoall(c.in, sc[0], MPI_BYTE, c.out, rc[0], MPI_BYTE, comm_), "alltoall");
+      else
+        check_mpi(MPI_Alltoallv(c.in, sc.data(), sd.data(), MPI_BYTE, c.out, rc.data(), rd.data(),
+                                MPI_BYTE, comm_),
+                  "alltoallv");
       break;
     }
     case OpType::kBarrier:
@@ -513,6 +527,8 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world
   const char* dbg = std::getenv("MESHTRAIN_COMM_DEBUG");
   bool check = opts.check_headers || (dbg && std::string(dbg) == "1");
   try {
+    std::optional<mem::ScopedTracker> scope;
+    if (mem::Tracker* t = tracker_for_rank(opts, rank)) scope.emplace(*t);
     auto job = std::make_unique<MpiJob>(opts.timeout_s, rank);
     {
       auto ctx = std::make_shared<RankContext>(rank, size, opts.recorder_capacity, job.get());

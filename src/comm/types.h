@@ -67,7 +67,8 @@ struct OpCall {
   // all_to_all: elements this rank sends to each rank.
   std::vector<int64_t> counts;
   std::vector<int64_t> recv_counts;  // all_to_all: elements this rank receives from each rank
-  int peer = -1;                     // broadcast: root; send/recv: the other rank (group rank)
+  bool equal_pieces = false;  // all_gather / reduce_scatter / all_to_all called without counts
+  int peer = -1;              // broadcast: root; send/recv: the other rank (group rank)
   int tag = 0;
   int64_t seq = 0;  // per group (collectives) or per (peer, direction) (send/recv)
   // Filled in by the backend: bytes this rank moved, counted as the ring algorithm moves

@@ -254,3 +254,25 @@ TEST(Local, BadArgumentsAreRefusedBeforeAnyWork) {
 
 }  // namespace
 }  // namespace mt::comm
+
+namespace mt::comm {
+namespace {
+
+TEST(Local, EachRankThreadInstallsItsOwnTracker) {
+  std::vector<mem::Tracker> trackers(3);
+  LaunchOptions o;
+  o.backend = BackendKind::kLocal;
+  o.world_size = 3;
+  o.rank_trackers = {&trackers[0], &trackers[1], &trackers[2]};
+  launch(o, [](Group& g) {
+    Tensor t = Tensor::empty({(g.rank() + 1) * 100}, DType::kF32, mem::Category::kActivations);
+    g.barrier();
+    EXPECT_EQ(mem::current_tracker().snapshot().of(mem::Category::kActivations),
+              (g.rank() + 1) * 400);
+  });
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(trackers[r].snapshot().peak_of(mem::Category::kActivations), (r + 1) * 400);
+}
+
+}  // namespace
+}  // namespace mt::comm
