@@ -34,6 +34,9 @@ void TrainOptions::validate() const {
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
   // Each dp rank takes batch / dp consecutive samples of the global batch, in microbatches.
   if (batch % dp != 0 || microbatch_size() < 1 || batch % (dp * microbatch_size()) != 0) {
+    if (dp == 1)
+      fail("--microbatch {} does not divide --batch {} (choose a divisor of {})", microbatch_size(),
+           batch, batch);
     if (microbatch > 0)
       fail(
           "--batch {} is not divisible by --dp {} x --microbatch {} = {} (use a --batch that "
