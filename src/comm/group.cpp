@@ -124,6 +124,9 @@ int64_t Group::record(const OpCall& c) {
 void Group::execute(Pending& p) {
   ctx_->recorder.on_started(p.record_id);
   try {
+    // An op still queued when the job aborted never starts (its buffers may be gone).
+    if (ctx_->job && ctx_->job->aborted())
+      throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
     backend_->run(*p.call);
   } catch (...) {
     ctx_->recorder.on_failed(p.record_id);
