@@ -111,7 +111,7 @@ std::string Job::base_diagnosis(const RankContext& rank, const OpRecord& stuck) 
     else
       missing.push_back(r);
     if (df) differing.push_back(r);
-    if (!a) activity.push_back(fmt::format("  rank {} {}", r, act));
+    if (!a && !df) activity.push_back(fmt::format("  rank {} {}", r, act));
     if (df) {
       // "rank 3 is in all_gather #812 on tp[1], the others in all_reduce #812"
       d +=

@@ -25,7 +25,7 @@ TEST(MpiChild, Run) {
   o.backend = BackendKind::kMpi;
   o.world_size = 0;
   o.timeout_s = kTimeoutS;
-  o.check_headers = fault == "different";
+  o.check_headers = fault == "different";  // "different-nocheck": the watchdog's case
   launch(o, [&](Group& world) {
     std::vector<float> x(1000, 1.0f), y(4000);
     world.all_reduce(Buf(x.data(), 1000));  // #1
@@ -37,7 +37,7 @@ TEST(MpiChild, Run) {
         std::this_thread::sleep_for(std::chrono::seconds(60));
       else
         world.all_reduce(Buf(x.data(), 1000));  // #2
-    } else if (fault == "different") {
+    } else if (fault == "different" || fault == "different-nocheck") {
       if (world.rank() == 3)
         world.all_gather(Buf(x.data(), 1000), Buf(y.data(), 4000));
       else
@@ -70,6 +70,14 @@ TEST(MpiFault, WatchdogEndsEveryProcessWithTheDiagnosis) {
   expect_has(r.output, "comm watchdog: all_reduce #2 on world");
   expect_has(r.output, "not arrived: ranks [2]");
   expect_has(r.output, "rank 2 has no op in flight; its last op was all_reduce #1 on world");
+}
+
+TEST(MpiFault, WatchdogCatchesADifferentCollectiveWithoutTheHeaderCheck) {
+  auto r = run_fault("different-nocheck");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.time_s, kTimeoutS + 8);
+  expect_has(r.output, "rank 3 is in all_gather #2 on world");
+  expect_has(r.output, "the others in all_reduce #2");
 }
 
 TEST(MpiFault, HeaderCheckReportsADifferentCollective) {
