@@ -53,8 +53,8 @@ struct LaunchOptions {
 // The tracker `opts` gives rank `rank`, or nullptr.
 mem::Tracker* tracker_for_rank(const LaunchOptions& opts, int rank);
 
-// True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
-// PMIX_RANK in the environment).
+// True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE or PMI_SIZE in the
+// environment).
 bool started_by_mpirun();
 // The backend `opts` resolves to (kAuto -> kMpi under mpirun, else kLocal).
 BackendKind resolve_backend(const LaunchOptions& opts);

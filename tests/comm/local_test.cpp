@@ -223,6 +223,33 @@ TEST(Local, MismatchedCountsAndDtypesAreReported) {
   }
 }
 
+TEST(Local, MismatchedAllToAllCountsAreReported) {
+  try {
+    run_local(3, [](Group& g) {
+      // Rank 1 expects 2 elements from rank 0, which sends it 1.
+      std::vector<int64_t> send = {1, 1, 1}, recv = {1, 1, 1};
+      if (g.rank() == 1) recv = {2, 1, 1};
+      int64_t in_elems = 3, out_elems = g.rank() == 1 ? 4 : 3;
+      Host in(DType::kF32, in_elems), out(DType::kF32, out_elems);
+      g.all_to_all(in.buf(), out.buf(), send, recv);
+    });
+    FAIL() << "expected a mismatch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 sends 1 elems to rank 1, but rank 1 expects 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Local, TensorsAreBuffers) {
+  run_local(2, [](Group& g) {
+    Tensor t = Tensor::zeros({4, 8}, DType::kBF16, mem::Category::kGradients);
+    for (int64_t i = 0; i < t.numel(); ++i) t.bf16p()[i] = f32_to_bf16(float(g.rank() + 1));
+    g.all_reduce(t, ReduceOp::kAvg);
+    EXPECT_EQ(bf16_to_f32(t.bf16p()[31]), 1.5f);
+  });
+}
+
 TEST(Local, AnExceptionInOneRankEndsTheJobPromptly) {
   double t0 = now_s();
   try {
