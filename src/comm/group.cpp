@@ -43,10 +43,11 @@ struct Group::Pending : Work {
     std::unique_lock lock(mu);
     while (state.load(std::memory_order_acquire) == 0) {
       if (job && job->aborted() && state.load() == 0) {
-        // The op is stuck in a backend that will notice the abort and fail it; give it a
-        // moment, then give up waiting.
-        cv.wait_for(lock, std::chrono::milliseconds(200));
+        // The backend notices the abort and fails the op within milliseconds; wait for
+        // that (so its buffers are no longer in use), but not forever.
+        cv.wait_for(lock, std::chrono::seconds(2), [&] { return state.load() != 0; });
         if (state.load() == 0) throw Error(job->abort_reason(), ExitCode::kRunFailure);
+        break;
       }
       cv.wait_for(lock, std::chrono::milliseconds(50));
     }
