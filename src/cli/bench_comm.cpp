@@ -162,6 +162,8 @@ void run_bench_comm(const BenchCommOptions& o) {
   if (o.min_bytes < 4 || o.max_bytes < o.min_bytes)
     fail("--min-bytes {} / --max-bytes {}: need 4 <= min <= max", o.min_bytes, o.max_bytes);
   nlohmann::json rows;
+  if (o.backend != "local" && o.ranks > 1 && !comm::started_by_mpirun())
+    fail("--backend {} --ranks {}: run it under mpirun -np {}", o.backend, o.ranks, o.ranks);
   if (o.backend == "raw-mpi") {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
