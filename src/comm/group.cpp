@@ -307,6 +307,11 @@ WorkPtr Group::all_to_all_async(Buf in, Buf out, const std::vector<int64_t>& sen
         "all_to_all on {}: send counts sum to {} (input has {}), recv counts to {} (output has "
         "{})",
         name_, sum(send_counts), in.elems, sum(recv_counts), out.elems);
+  if (in.ptr && in.ptr == out.ptr && size_ > 1)
+    fail(
+        "all_to_all on {}: input and output are the same buffer; in place is not supported, "
+        "use two buffers",
+        name_);
   auto c = make_call(OpType::kAllToAll, in, out);
   c->counts = send_counts;
   c->recv_counts = recv_counts;
@@ -419,6 +424,11 @@ void Group::all_to_all(Buf in, Buf out, const std::vector<int64_t>& send_counts,
         "all_to_all on {}: send counts sum to {} (input has {}), recv counts to {} (output has "
         "{})",
         name_, sum(send_counts), in.elems, sum(recv_counts), out.elems);
+  if (in.ptr && in.ptr == out.ptr && size_ > 1)
+    fail(
+        "all_to_all on {}: input and output are the same buffer; in place is not supported, "
+        "use two buffers",
+        name_);
   auto c = make_call(OpType::kAllToAll, in, out);
   c->counts = send_counts;
   c->recv_counts = recv_counts;

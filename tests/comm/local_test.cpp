@@ -269,12 +269,13 @@ TEST(Local, AnExceptionInOneRankEndsTheJobPromptly) {
 
 TEST(Local, BadArgumentsAreRefusedBeforeAnyWork) {
   run_local(2, [](Group& g) {
-    Host a(DType::kF32, 10), b(DType::kF32, 15);
+    Host a(DType::kF32, 10), b(DType::kF32, 15);  // 10: divisible by 2 ranks
     EXPECT_THROW(g.all_gather(a.buf(), b.buf()), Error);
     EXPECT_THROW(g.all_reduce(a.buf(), b.buf()), Error);
     EXPECT_THROW(g.send(a.buf(), 2), Error);
     Host c(DType::kBF16, 10);
     EXPECT_THROW(g.all_reduce(a.buf(), c.buf()), Error);
+    EXPECT_THROW(g.all_to_all(a.buf(), a.buf()), Error);
     g.barrier();
   });
 }
