@@ -8,6 +8,7 @@ namespace mt::cli {
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_prepare(CLI::App& app);
+void register_schedule(CLI::App& app);  // pipeline schedules: print and verify
 // `meshtrain bench NAME`: each benchmark of meshtrain itself prints a table, or with
 // --json one JSON document.
 void register_bench_kernels(CLI::App& bench);  // gemm, peak

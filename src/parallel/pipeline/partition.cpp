@@ -1,0 +1,117 @@
+#include "parallel/pipeline/partition.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace mt::parallel::pp {
+
+namespace {
+
+Partition finish(std::vector<int> layers, const std::vector<double>& layer_cost, double first_extra,
+                 double last_extra) {
+  Partition p;
+  p.layers = std::move(layers);
+  p.first.push_back(0);
+  for (int n : p.layers) p.first.push_back(p.first.back() + n);
+  for (size_t c = 0; c < p.layers.size(); ++c) {
+    double sum = 0;
+    for (int l = p.first[c]; l < p.first[c + 1]; ++l) sum += layer_cost[l];
+    p.cost.push_back(sum);
+  }
+  p.cost.front() += first_extra;
+  p.cost.back() += last_extra;
+  return p;
+}
+
+}  // namespace
+
+Partition balanced_partition(const std::vector<double>& layer_cost, double first_extra,
+                             double last_extra, int chunks) {
+  const int L = static_cast<int>(layer_cost.size());
+  if (chunks < 1) fail("{} pipeline chunks: need at least 1", chunks);
+  if (L < chunks)
+    fail(
+        "n_layer {} is fewer than the {} pipeline chunks (pp x virtual stages): every chunk "
+        "needs at least one layer (use a smaller --pp / --virtual-stages or more layers)",
+        L, chunks);
+  std::vector<double> prefix(L + 1, 0);
+  for (int l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + layer_cost[l];
+  auto range_cost = [&](int c, int lo, int hi) {
+    double v = prefix[hi] - prefix[lo];
+    if (c == 0) v += first_extra;
+    if (c == chunks - 1) v += last_extra;
+    return v;
+  };
+  // best[c][l]: the smallest possible max cost of chunks 0..c covering layers [0, l).
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(chunks, std::vector<double>(L + 1, kInf));
+  std::vector<std::vector<int>> cut(chunks, std::vector<int>(L + 1, -1));
+  for (int l = 1; l <= L; ++l) best[0][l] = range_cost(0, 0, l);
+  for (int c = 1; c < chunks; ++c)
+    for (int l = c + 1; l <= L; ++l)
+      for (int k = c; k < l; ++k) {
+        const double v = std::max(best[c - 1][k], range_cost(c, k, l));
+        if (v < best[c][l] - 1e-12) {  // strict: the earliest cut wins ties
+          best[c][l] = v;
+          cut[c][l] = k;
+        }
+      }
+  std::vector<int> layers(chunks);
+  int hi = L;
+  for (int c = chunks - 1; c > 0; --c) {
+    const int k = cut[c][hi];
+    layers[c] = hi - k;
+    hi = k;
+  }
+  layers[0] = hi;
+  return finish(std::move(layers), layer_cost, first_extra, last_extra);
+}
+
+Partition explicit_partition(const std::vector<int>& layers, const std::vector<double>& layer_cost,
+                             double first_extra, double last_extra, int chunks) {
+  const int L = static_cast<int>(layer_cost.size());
+  const std::string given = fmt::format("{}", fmt::join(layers, ","));
+  if (static_cast<int>(layers.size()) != chunks)
+    fail("--pp-layers {} has {} entries but the pipeline has {} chunks (pp x virtual stages)",
+         given, layers.size(), chunks);
+  for (int n : layers)
+    if (n < 1) fail("--pp-layers {}: every chunk needs at least one layer", given);
+  const int sum = std::accumulate(layers.begin(), layers.end(), 0);
+  if (sum != L)
+    fail(
+        "--pp-layers {} covers {} layers but the model has n_layer {}: {} (every layer must be "
+        "in exactly one chunk)",
+        given, sum, L,
+        sum < L ? fmt::format("{} layer(s) would be dropped", L - sum)
+                : fmt::format("{} layer(s) would be repeated or invented", sum - L));
+  return finish(layers, layer_cost, first_extra, last_extra);
+}
+
+std::vector<int> parse_layer_counts(const std::string& text) {
+  std::vector<int> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t j = std::min(text.find(',', i), text.size());
+    const std::string item = text.substr(i, j - i);
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size())
+      fail("--pp-layers '{}' must be comma-separated layer counts, e.g. 5,7,7,5", text);
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace mt::parallel::pp

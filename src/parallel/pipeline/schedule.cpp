@@ -1,0 +1,272 @@
+#include "parallel/pipeline/schedule.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace mt::parallel::pp {
+
+std::vector<int> Schedule::chunks_of_rank(int rank) const {
+  std::vector<int> c;
+  for (int k = 0; k < virtual_stages; ++k) c.push_back(k * pp + rank);
+  return c;
+}
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGPipe;
+  if (name == "1f1b") return ScheduleKind::k1F1B;
+  if (name == "interleaved" || name == "interleaved1f1b") return ScheduleKind::kInterleaved1F1B;
+  if (name == "zb1" || name == "zbh1" || name == "zb-h1") return ScheduleKind::kZbH1;
+  fail("unknown --schedule '{}' (choose gpipe, 1f1b, interleaved or zb1)", name);
+}
+
+const char* schedule_kind_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved";
+    case ScheduleKind::kZbH1:
+      return "zb1";
+  }
+  return "?";
+}
+
+const char* action_kind_name(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return "F";
+    case ActionKind::kBackward:
+      return "B";
+    case ActionKind::kBackwardInput:
+      return "I";
+    case ActionKind::kBackwardWeight:
+      return "W";
+    case ActionKind::kSendAct:
+      return "sa";
+    case ActionKind::kRecvAct:
+      return "ra";
+    case ActionKind::kSendGrad:
+      return "sg";
+    case ActionKind::kRecvGrad:
+      return "rg";
+  }
+  return "?";
+}
+
+std::string format_action(const Action& a) {
+  std::string s = fmt::format("{}{}.{}", action_kind_name(a.kind), a.microbatch, a.chunk);
+  if (!a.is_compute()) {
+    const bool send = a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad;
+    s += fmt::format("{}{}", send ? ">" : "<", a.peer);
+  }
+  return s;
+}
+
+void check_schedule_args(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
+  if (pp < 1) fail("--pp {} must be at least 1", pp);
+  if (microbatches < 1) fail("--microbatches {} must be at least 1", microbatches);
+  if (virtual_stages < 1) fail("--virtual-stages {} must be at least 1", virtual_stages);
+  if (virtual_stages > 1 && kind != ScheduleKind::kInterleaved1F1B)
+    fail("--virtual-stages {} needs --schedule interleaved ({} runs one chunk per rank)",
+         virtual_stages, schedule_kind_name(kind));
+  if (microbatches < pp)
+    fail(
+        "--microbatches {} is fewer than --pp {}: at least one pipeline rank would never have "
+        "work in flight (use --microbatches {} or more, or a smaller --pp)",
+        microbatches, pp, pp);
+  if (kind == ScheduleKind::kInterleaved1F1B && microbatches % pp != 0)
+    fail(
+        "the interleaved schedule needs --microbatches divisible by --pp (microbatches go "
+        "through the chunks in groups of pp): {} is not a multiple of {} (use {} or {})",
+        microbatches, pp, microbatches / pp * pp, (microbatches / pp + 1) * pp);
+}
+
+namespace {
+
+Action compute(ActionKind k, int mb, int chunk) { return Action{k, mb, chunk, -1}; }
+
+std::vector<std::vector<Action>> gpipe_order(int pp, int m) {
+  std::vector<std::vector<Action>> out(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    for (int mb = 0; mb < m; ++mb) out[r].push_back(compute(ActionKind::kForward, mb, r));
+    for (int mb = 0; mb < m; ++mb) out[r].push_back(compute(ActionKind::kBackward, mb, r));
+  }
+  return out;
+}
+
+std::vector<std::vector<Action>> one_f_one_b_order(int pp, int m) {
+  std::vector<std::vector<Action>> out(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    const int warmup = std::min(pp - r - 1, m);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) out[r].push_back(compute(ActionKind::kForward, f, r));
+    while (f < m) {
+      out[r].push_back(compute(ActionKind::kForward, f++, r));
+      out[r].push_back(compute(ActionKind::kBackward, b++, r));
+    }
+    while (b < m) out[r].push_back(compute(ActionKind::kBackward, b++, r));
+  }
+  return out;
+}
+
+// Megatron-LM's interleaved order (forward_backward_pipelining_with_interleaving): forward
+// unit k of a rank is microbatch (k / (pp·v))·pp + k mod pp on its local chunk
+// (k mod (pp·v)) / pp; backward unit k walks the local chunks the other way.
+std::vector<std::vector<Action>> interleaved_order(int pp, int m, int v) {
+  std::vector<std::vector<Action>> out(static_cast<size_t>(pp));
+  const int total = m * v, group = pp * v;
+  for (int r = 0; r < pp; ++r) {
+    auto unit = [&](int k, bool forward) {
+      const int local = (k % group) / pp;
+      const int mb = (k / group) * pp + k % pp;
+      const int chunk = (forward ? local : v - 1 - local) * pp + r;
+      return compute(forward ? ActionKind::kForward : ActionKind::kBackward, mb, chunk);
+    };
+    const int warmup = std::min((pp - r - 1) * 2 + (v - 1) * pp, total);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) out[r].push_back(unit(f, true));
+    while (f < total) {
+      out[r].push_back(unit(f++, true));
+      out[r].push_back(unit(b++, false));
+    }
+    while (b < total) out[r].push_back(unit(b++, false));
+  }
+  return out;
+}
+
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1, Fig. 3): 1F1B's
+// order of forwards and backward-inputs, with rank r's W of microbatch j placed right after
+// its backward-input of microbatch j + r (the first rank does W at once, the last defers
+// pp − 1 of them), the rest at the end. So the W's fill the slots where 1F1B's later ranks
+// wait in the cool-down, and every rank holds at most pp microbatches (F done, W not yet):
+// 1F1B's peak, that of its first rank ("the maximum peak memory over all workers does not
+// exceed 1F1B's").
+std::vector<std::vector<Action>> zb_h1_order(int pp, int m) {
+  std::vector<std::vector<Action>> out = one_f_one_b_order(pp, m);
+  for (int r = 0; r < pp; ++r) {
+    std::vector<Action> list;
+    int next_w = 0;
+    for (Action a : out[r]) {
+      if (a.kind != ActionKind::kBackward) {
+        list.push_back(a);
+        continue;
+      }
+      a.kind = ActionKind::kBackwardInput;
+      list.push_back(a);
+      if (a.microbatch - r >= 0) list.push_back(compute(ActionKind::kBackwardWeight, next_w++, r));
+    }
+    while (next_w < m) list.push_back(compute(ActionKind::kBackwardWeight, next_w++, r));
+    out[r] = std::move(list);
+  }
+  return out;
+}
+
+}  // namespace
+
+Schedule lower_communication(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
+                             const std::vector<std::vector<Action>>& compute_lists) {
+  Schedule s;
+  s.kind = kind;
+  s.pp = pp;
+  s.microbatches = microbatches;
+  s.virtual_stages = virtual_stages;
+  s.ranks.resize(static_cast<size_t>(pp));
+  const int last = s.num_chunks() - 1;
+  for (int r = 0; r < pp; ++r) {
+    for (const Action& a : compute_lists[r]) {
+      const int c = a.chunk, mb = a.microbatch;
+      const bool fwd = a.kind == ActionKind::kForward;
+      const bool bwd = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
+      const int prev = c > 0 ? s.rank_of_chunk(c - 1) : -1;
+      const int next = c < last ? s.rank_of_chunk(c + 1) : -1;
+      if (fwd && prev >= 0 && prev != r) s.ranks[r].push_back({ActionKind::kRecvAct, mb, c, prev});
+      if (bwd && next >= 0 && next != r) s.ranks[r].push_back({ActionKind::kRecvGrad, mb, c, next});
+      s.ranks[r].push_back(a);
+      if (fwd && next >= 0 && next != r) s.ranks[r].push_back({ActionKind::kSendAct, mb, c, next});
+      if (bwd && prev >= 0 && prev != r) s.ranks[r].push_back({ActionKind::kSendGrad, mb, c, prev});
+    }
+  }
+  return s;
+}
+
+Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
+  check_schedule_args(kind, pp, microbatches, virtual_stages);
+  std::vector<std::vector<Action>> order;
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      order = gpipe_order(pp, microbatches);
+      break;
+    case ScheduleKind::k1F1B:
+      order = one_f_one_b_order(pp, microbatches);
+      break;
+    case ScheduleKind::kInterleaved1F1B:
+      order = interleaved_order(pp, microbatches, virtual_stages);
+      break;
+    case ScheduleKind::kZbH1:
+      order = zb_h1_order(pp, microbatches);
+      break;
+  }
+  return lower_communication(kind, pp, microbatches, virtual_stages, order);
+}
+
+std::string format_grid(const Schedule& s, bool with_comm) {
+  std::vector<std::vector<std::string>> cols(static_cast<size_t>(s.pp));
+  size_t rows = 0, width = 6;
+  for (int r = 0; r < s.pp; ++r) {
+    for (const Action& a : s.ranks[r])
+      if (with_comm || a.is_compute()) cols[r].push_back(format_action(a));
+    rows = std::max(rows, cols[r].size());
+    for (const auto& c : cols[r]) width = std::max(width, c.size());
+  }
+  std::string out = fmt::format("{:<5}", "step");
+  for (int r = 0; r < s.pp; ++r) out += fmt::format(" {:<{}}", fmt::format("rank {}", r), width);
+  out += "\n";
+  for (size_t i = 0; i < rows; ++i) {
+    out += fmt::format("{:<5}", i);
+    for (int r = 0; r < s.pp; ++r)
+      out += fmt::format(" {:<{}}", i < cols[r].size() ? cols[r][i] : "", width);
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    out += "\n";
+  }
+  return out;
+}
+
+int message_tag(const Schedule& s, const Action& a) {
+  int grad = 0, boundary = 0;
+  switch (a.kind) {
+    case ActionKind::kSendAct:
+      boundary = a.chunk;
+      break;
+    case ActionKind::kRecvAct:
+      boundary = a.chunk - 1;
+      break;
+    case ActionKind::kSendGrad:
+      grad = 1, boundary = a.chunk - 1;
+      break;
+    case ActionKind::kRecvGrad:
+      grad = 1, boundary = a.chunk;
+      break;
+    default:
+      MT_ASSERT(!"message_tag of a compute action");
+  }
+  return (grad * s.microbatches + a.microbatch) * s.num_chunks() + boundary;
+}
+
+std::vector<int> peak_in_flight(const Schedule& s) {
+  std::vector<int> peak(static_cast<size_t>(s.pp), 0);
+  for (int r = 0; r < s.pp; ++r) {
+    int now = 0;
+    for (const Action& a : s.ranks[r]) {
+      if (a.kind == ActionKind::kForward) peak[r] = std::max(peak[r], ++now);
+      if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --now;
+    }
+  }
+  return peak;
+}
+
+}  // namespace mt::parallel::pp

@@ -1,0 +1,246 @@
+// The pipeline schedule IR: bubble fractions and peak microbatches in flight against the
+// formulas (docs/pipeline.md), the verifier on every (pp, microbatches, v) in a range and on
+// hand-corrupted schedules, partitioning, and the refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/replay.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/verify.h"
+
+namespace mt::parallel::pp {
+namespace {
+
+using K = ScheduleKind;
+using A = ActionKind;
+
+// Unit costs: F = 1, B = 2 (I = W = 1). Every value below is a small integer or a ratio of
+// them, so equality is exact in double.
+Timeline unit_replay(const Schedule& s) { return replay(s, unit_costs()); }
+
+TEST(PipelineSchedule, GPipeAnd1F1BBubbleIsExactlyTheFormula) {
+  // (p − 1)/(m + p − 1) of the makespan: Huang et al. 2019 §2.2; Narayanan et al. SC'21 §2.2.
+  for (K kind : {K::kGPipe, K::k1F1B})
+    for (int p = 1; p <= 8; ++p)
+      for (int m = p; m <= 4 * p; ++m) {
+        const Schedule s = build_schedule(kind, p, m);
+        const Timeline t = unit_replay(s);
+        EXPECT_EQ(t.makespan, 3.0 * (m + p - 1))
+            << schedule_kind_name(kind) << " p " << p << " m " << m;
+        EXPECT_DOUBLE_EQ(t.bubble_fraction(), double(p - 1) / (m + p - 1));
+        for (int r = 0; r < p; ++r) EXPECT_EQ(t.idle[r], 3.0 * (p - 1));
+      }
+}
+
+TEST(PipelineSchedule, InterleavedBubbleIsOneVthOf1F1B) {
+  // Narayanan et al. SC'21 §2.2.2: bubble time (p − 1)(tf + tb)/v with tf, tb per stage, so
+  // with F = 1, B = 2 per chunk: idle 3(p − 1) per rank against 3·v·m of work, a fraction
+  // (p − 1)/(v·m + p − 1).
+  for (int p = 2; p <= 6; ++p)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = p; m <= 4 * p; m += p) {
+        const Schedule s = build_schedule(K::kInterleaved1F1B, p, m, v);
+        const Timeline t = unit_replay(s);
+        EXPECT_EQ(t.makespan, 3.0 * (v * m + p - 1)) << "p " << p << " v " << v << " m " << m;
+        EXPECT_DOUBLE_EQ(t.bubble_fraction(), double(p - 1) / (v * m + p - 1));
+        // The same model on 1F1B (one chunk of v times the work: F = v, B = 2v) idles v
+        // times longer: exactly 1/v of the bubble time.
+        const Timeline one = replay(build_schedule(K::k1F1B, p, m), unit_costs(v, 2 * v));
+        for (int r = 0; r < p; ++r) {
+          EXPECT_EQ(t.idle[r], 3.0 * (p - 1));
+          EXPECT_EQ(t.idle[r] * v, one.idle[r]);
+        }
+      }
+}
+
+TEST(PipelineSchedule, ZbH1BubbleIsAThirdOf1F1BAndBelowIt) {
+  // Qi et al. ICLR'24 §3.1: ZB-H1's bubble is (p − 1)(TF + TB − TW) = (p − 1) per rank with
+  // F = I = W = 1, against 1F1B's (p − 1)(TF + TB + TW) = 3(p − 1).
+  for (int p = 2; p <= 8; ++p)
+    for (int m = p; m <= 4 * p; ++m) {
+      const Timeline zb = unit_replay(build_schedule(K::kZbH1, p, m));
+      const Timeline one = unit_replay(build_schedule(K::k1F1B, p, m));
+      EXPECT_EQ(zb.makespan, 3.0 * m + p - 1) << "p " << p << " m " << m;
+      EXPECT_DOUBLE_EQ(zb.bubble_fraction(), double(p - 1) / (3 * m + p - 1));
+      EXPECT_LT(zb.bubble_fraction(), one.bubble_fraction());
+    }
+}
+
+TEST(PipelineSchedule, PeakMicrobatchesInFlight) {
+  for (int p = 1; p <= 8; ++p)
+    for (int m = p; m <= 4 * p; ++m) {
+      const auto gpipe = peak_in_flight(build_schedule(K::kGPipe, p, m));
+      const auto one = peak_in_flight(build_schedule(K::k1F1B, p, m));
+      const auto zb = peak_in_flight(build_schedule(K::kZbH1, p, m));
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(gpipe[r], m);    // every microbatch before the first backward
+        EXPECT_EQ(one[r], p - r);  // PipeDream-Flush: p − rank
+        EXPECT_EQ(zb[r], p);       // ZB-H1: 1F1B's peak (its first rank's) on every rank
+      }
+      EXPECT_EQ(*std::max_element(zb.begin(), zb.end()), *std::max_element(one.begin(), one.end()));
+      if (m % p != 0 || p < 2) continue;
+      for (int v = 2; v <= 4; ++v) {
+        // Megatron-LM: warm-up (p − r − 1)·2 + (v − 1)·p chunk-microbatches, plus the one of
+        // the first steady step (capped at all v·m).
+        const auto inter = peak_in_flight(build_schedule(K::kInterleaved1F1B, p, m, v));
+        for (int r = 0; r < p; ++r)
+          EXPECT_EQ(inter[r], std::min((p - r - 1) * 2 + (v - 1) * p + 1, v * m))
+              << "p " << p << " m " << m << " v " << v << " rank " << r;
+      }
+    }
+}
+
+TEST(PipelineSchedule, EveryScheduleInARangeVerifies) {
+  int n = 0;
+  for (int p = 1; p <= 8; ++p)
+    for (int m = p; m <= 3 * p + 2; ++m) {
+      for (K kind : {K::kGPipe, K::k1F1B, K::kZbH1}) {
+        EXPECT_EQ(verify(build_schedule(kind, p, m)), "") << schedule_kind_name(kind) << p << m;
+        ++n;
+      }
+      if (m % p == 0)
+        for (int v = 1; v <= 4; ++v) {
+          EXPECT_EQ(verify(build_schedule(K::kInterleaved1F1B, p, m, v)), "") << p << m << v;
+          ++n;
+        }
+    }
+  EXPECT_GT(n, 390);
+}
+
+TEST(PipelineSchedule, FewerMicrobatchesThanStagesIsRefusedClearly) {
+  for (K kind : {K::kGPipe, K::k1F1B, K::kInterleaved1F1B, K::kZbH1}) {
+    try {
+      build_schedule(kind, 4, 3, kind == K::kInterleaved1F1B ? 2 : 1);
+      FAIL() << "accepted m < p";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput);
+      EXPECT_NE(std::string(e.what()).find("--microbatches 3 is fewer than --pp 4"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    build_schedule(K::kInterleaved1F1B, 4, 6, 2);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("divisible by --pp"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(build_schedule(K::k1F1B, 2, 4, 2), Error);  // v > 1 needs interleaved
+}
+
+// Finds the index of an action on a rank.
+size_t find(const Schedule& s, int r, A kind, int mb, int chunk) {
+  const auto& l = s.ranks[r];
+  for (size_t i = 0; i < l.size(); ++i)
+    if (l[i].kind == kind && l[i].microbatch == mb && l[i].chunk == chunk) return i;
+  ADD_FAILURE() << "no such action";
+  return 0;
+}
+
+TEST(PipelineSchedule, CorruptedSchedulesAreRejected) {
+  const Schedule good = build_schedule(K::k1F1B, 2, 4);
+  ASSERT_EQ(verify(good), "");
+  {  // a receive moved before the send it depends on: both ranks wait forever
+    Schedule s = good;
+    auto& l = s.ranks[0];
+    const size_t rg = find(s, 0, A::kRecvGrad, 0, 0);
+    const Action a = l[rg];
+    l.erase(l.begin() + static_cast<long>(rg));
+    l.insert(l.begin(), a);
+    const std::string err = verify(s);
+    EXPECT_NE(err.find("deadlock"), std::string::npos) << err;
+    EXPECT_NE(err.find("rank 0 waits"), std::string::npos) << err;
+    EXPECT_THROW(verify_or_throw(s), Error);
+  }
+  {  // a forward dropped
+    Schedule s = good;
+    s.ranks[1].erase(s.ranks[1].begin() + static_cast<long>(find(s, 1, A::kForward, 2, 1)));
+    EXPECT_NE(verify(s).find("no forward"), std::string::npos) << verify(s);
+  }
+  {  // a backward repeated
+    Schedule s = good;
+    s.ranks[1].push_back(s.ranks[1][find(s, 1, A::kBackward, 3, 1)]);
+    EXPECT_NE(verify(s).find("repeated"), std::string::npos) << verify(s);
+  }
+  {  // wrong peer
+    Schedule s = good;
+    s.ranks[0][find(s, 0, A::kSendAct, 1, 0)].peer = 0;
+    EXPECT_NE(verify(s).find("peer"), std::string::npos) << verify(s);
+  }
+  {  // a backward before its forward
+    Schedule s = good;
+    auto& l = s.ranks[1];
+    std::swap(l[find(s, 1, A::kForward, 0, 1)], l[find(s, 1, A::kBackward, 0, 1)]);
+    EXPECT_NE(verify(s), "");
+  }
+  {  // microbatches swapped in one rank's receives: the forward of 1 would read 0's input
+    Schedule s = good;
+    auto& l = s.ranks[1];
+    std::swap(l[find(s, 1, A::kForward, 0, 1)], l[find(s, 1, A::kForward, 1, 1)]);
+    EXPECT_NE(verify(s), "");
+  }
+  {  // W before its I in ZB-H1
+    Schedule s = build_schedule(K::kZbH1, 2, 4);
+    auto& l = s.ranks[0];
+    std::swap(l[find(s, 0, A::kBackwardInput, 2, 0)], l[find(s, 0, A::kBackwardWeight, 2, 0)]);
+    EXPECT_NE(verify(s).find("backward-weight before"), std::string::npos) << verify(s);
+  }
+  {  // a chunk on the wrong rank
+    Schedule s = build_schedule(K::kInterleaved1F1B, 2, 4, 2);
+    s.ranks[0][0].chunk = 1;
+    EXPECT_NE(verify(s).find("lives on rank"), std::string::npos) << verify(s);
+  }
+}
+
+TEST(PipelineSchedule, ReplayWithTransferTimeAndGrid) {
+  // A send that takes c delays every receive by c: GPipe's makespan grows by 2(p − 1)·c
+  // (the forward fill and the backward drain each cross p − 1 links), and the replay of the
+  // same lists with other costs stays valid (what the planner relies on).
+  const Schedule g = build_schedule(K::kGPipe, 4, 8);
+  EXPECT_DOUBLE_EQ(replay(g, unit_costs(1, 2, 1, 1, 0.5)).makespan, 3.0 * (8 + 3) + 3.0);
+  const Schedule s = build_schedule(K::k1F1B, 4, 8);
+  EXPECT_GT(replay(s, unit_costs(1, 2, 1, 1, 0.5)).makespan, 3.0 * (8 + 3) + 3.0);
+  const std::string grid = format_grid(s);
+  EXPECT_NE(grid.find("rank 3"), std::string::npos);
+  EXPECT_NE(grid.find("F0.0"), std::string::npos);
+  EXPECT_NE(format_grid(s, true).find("sa0.0>1"), std::string::npos);
+}
+
+TEST(PipelinePartition, BalancedCountsTheEmbeddingAndTheHead) {
+  const std::vector<double> layers(8, 1.0);
+  EXPECT_EQ(balanced_partition(layers, 0, 0, 4).layers, (std::vector<int>{2, 2, 2, 2}));
+  // A heavy head (2 layers' worth) pushes layers off the last stage.
+  const Partition p = balanced_partition(layers, 0.5, 2.0, 4);
+  // Costs 0.5 + 2, 2, 3, 1 + 2: the best largest chunk is 3 (an even 2,2,2,2 gives 4).
+  EXPECT_EQ(p.layers, (std::vector<int>{2, 2, 3, 1}));
+  EXPECT_EQ(p.first, (std::vector<int>{0, 2, 4, 7, 8}));
+  EXPECT_DOUBLE_EQ(*std::max_element(p.cost.begin(), p.cost.end()), 3.0);
+  EXPECT_THROW(balanced_partition(layers, 0, 0, 9), Error);
+}
+
+TEST(PipelinePartition, ExplicitSplitMustCoverEveryLayerOnce) {
+  const std::vector<double> layers(24, 1.0);
+  EXPECT_EQ(explicit_partition(parse_layer_counts("5,7,7,5"), layers, 0, 0, 4).first,
+            (std::vector<int>{0, 5, 12, 19, 24}));
+  auto message = [&](const std::string& text, int chunks) {
+    try {
+      explicit_partition(parse_layer_counts(text), layers, 0, 0, chunks);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message("5,7,7,3", 4).find("2 layer(s) would be dropped"), std::string::npos);
+  EXPECT_NE(message("5,7,7,7", 4).find("repeated"), std::string::npos);
+  EXPECT_NE(message("12,12", 4).find("has 2 entries"), std::string::npos);
+  EXPECT_NE(message("24,0,0,0", 4).find("at least one layer"), std::string::npos);
+  EXPECT_THROW(parse_layer_counts("5,x"), Error);
+  EXPECT_THROW(parse_layer_counts(""), Error);
+}
+
+}  // namespace
+}  // namespace mt::parallel::pp
