@@ -19,7 +19,7 @@ constexpr double kTimeoutS = 2;
 
 TEST(MpiChild, Run) {
   const char* env = std::getenv("MT_COMM_FAULT");
-  if (!env) GTEST_SKIP() << "runs only as the child of the fault tests";
+  if (!env) return;  // the child process's entry point; CTest does not list it
   std::string fault = env;
   LaunchOptions o;
   o.backend = BackendKind::kMpi;

@@ -52,7 +52,7 @@ void child_job(const std::string& fault) {
 
 TEST(WatchdogChild, Run) {
   const char* fault = std::getenv("MT_COMM_FAULT");
-  if (!fault) GTEST_SKIP() << "runs only as the child of the fault tests";
+  if (!fault) return;  // the child process's entry point; CTest does not list it
   try {
     child_job(fault);
   } catch (const Error& e) {
