@@ -8,6 +8,9 @@ namespace mt::cli {
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_prepare(CLI::App& app);
+void register_plan(CLI::App& app);       // plan.cpp
+void register_simulate(CLI::App& app);   // simulate.cpp
+void register_calibrate(CLI::App& app);  // calibrate.cpp
 void register_schedule(CLI::App& app);  // pipeline schedules: print and verify
 // `meshtrain bench NAME`: each benchmark of meshtrain itself prints a table, or with
 // --json one JSON document.

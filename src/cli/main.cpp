@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   mt::cli::register_train(app);
   mt::cli::register_eval(app);
   mt::cli::register_prepare(app);
+  mt::cli::register_plan(app);
+  mt::cli::register_simulate(app);
+  mt::cli::register_calibrate(app);
   mt::cli::register_schedule(app);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks of meshtrain itself");
   bench->require_subcommand(1);

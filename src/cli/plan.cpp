@@ -1,0 +1,280 @@
+// `meshtrain plan`: searches every valid layout of a model on a cluster and prints the best,
+// why the rest were dropped, and (--emit-config) a run config that `meshtrain train` accepts.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/plan_flags.h"
+#include "core/error.h"
+
+namespace mt::cli {
+
+void PlanFlags::add_to(CLI::App& app) {
+  model.add_to(app);
+  app.add_option("--cluster", cluster,
+                 "dgx-a100, dgx-h100, hgx-b200, this-host (meshtrain calibrate) or a JSON file");
+  app.add_option("--gpus", gpus, "GPUs (ranks) in the job")->required();
+  app.add_option("--batch", batch, "global batch, in sequences");
+  app.add_option("--dtype", dtype, "bf16 or fp16 (mixed precision), f32 (our CPU runtime)")
+      ->check(CLI::IsMember({"bf16", "fp16", "f32"}));
+  app.add_option("--dp", dp, "data-parallel ranks");
+  app.add_option("--tp", tp, "tensor-parallel ranks (within a node)");
+  app.add_option("--pp", pp, "pipeline stages");
+  app.add_option("--cp", cp, "context-parallel ranks (1: not modelled beyond the split)");
+  app.add_option("--zero", zero, "ZeRO stage 0..3");
+  app.add_flag("--sp", sp, "sequence parallelism in the tp group");
+  app.add_flag("--no-sp", no_sp, "no sequence parallelism (plan: pins it off)");
+  app.add_option("--microbatch", microbatch, "sequences per microbatch");
+  app.add_option("--schedule", schedule, "gpipe, 1f1b, interleaved or zb1")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1"}));
+  app.add_option("--virtual-stages", virtual_stages, "model chunks per pipeline rank");
+  app.add_option("--recompute", recompute, "none, selective or full")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  app.add_flag("--json", json, "print JSON on stdout (the table goes to stderr)");
+}
+
+plan::Job PlanFlags::job() const {
+  plan::Job j;
+  const std::string name = model.model.value_or("tiny");
+  j.model = plan::model_preset(name);
+  plan::ModelSpec& m = j.model;
+  bool custom = false;
+  auto take = [&](int64_t& field, const std::optional<int64_t>& flag) {
+    if (flag && *flag != field) field = *flag, custom = true;
+  };
+  take(m.n_layer, model.n_layer);
+  if (model.n_head && *model.n_head != m.n_head) {
+    if (m.n_kv_head == m.n_head) m.n_kv_head = *model.n_head;
+    m.n_head = *model.n_head;
+    custom = true;
+  }
+  if (model.d_model && *model.d_model != m.d_model) m.d_ff = m.d_ff * *model.d_model / m.d_model;
+  take(m.d_model, model.d_model);
+  take(m.d_ff, model.d_ff);
+  if (model.vocab && *model.vocab != (m.vocab_real ? m.vocab_real : m.vocab)) {
+    m.vocab_real = *model.vocab;
+    m.vocab = (*model.vocab + model::kVocabPadMultiple - 1) / model::kVocabPadMultiple *
+              model::kVocabPadMultiple;
+    custom = true;
+  }
+  take(m.seq, model.seq);
+  if (model.no_bias && m.bias) m.bias = false, custom = true;
+  if (model.untied && m.tied) m.tied = false, custom = true;
+  if (custom) m.name = name + " (modified)";
+  if (m.n_layer < 1 || m.n_head < 1 || m.d_model < 1 || m.d_ff < 1 || m.vocab < 1 || m.seq < 1)
+    fail(
+        "model shape must be positive (n_layer {}, n_head {}, d_model {}, d_ff {}, vocab {}, "
+        "seq {})",
+        m.n_layer, m.n_head, m.d_model, m.d_ff, m.vocab, m.seq);
+  if (m.d_model % m.n_head != 0)
+    fail("--d-model {} is not divisible by --n-head {}", m.d_model, m.n_head);
+  j.cluster = plan::cluster_preset(cluster);
+  j.gpus = *gpus;
+  if (j.gpus < 1) fail("--gpus {} must be at least 1", j.gpus);
+  if (j.cluster.max_nodes > 0 && j.gpus > j.cluster.max_nodes * int64_t(j.cluster.gpus_per_node))
+    fail("--gpus {} exceeds cluster '{}' ({} nodes of {})", j.gpus, j.cluster.name,
+         j.cluster.max_nodes, j.cluster.gpus_per_node);
+  j.seq = m.seq;
+  j.batch = batch.value_or(j.gpus);
+  if (j.batch < 1) fail("--batch {} must be at least 1", j.batch);
+  j.dtype = dtype;
+  return j;
+}
+
+plan::SearchPins PlanFlags::pins() const {
+  plan::SearchPins p;
+  p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.zero = zero;
+  p.virtual_stages = virtual_stages;
+  p.microbatch = microbatch;
+  p.schedule = schedule;
+  if (recompute) p.recompute = plan::parse_recompute(*recompute);
+  if (sp && no_sp) fail("--sp and --no-sp contradict each other");
+  if (sp) p.sp = true;
+  if (no_sp) p.sp = false;
+  return p;
+}
+
+nlohmann::json job_json(const plan::Job& j) {
+  const plan::ModelSpec& m = j.model;
+  return {{"model",
+           {{"name", m.name},
+            {"n_layer", m.n_layer},
+            {"n_head", m.n_head},
+            {"n_kv_head", m.n_kv_head},
+            {"d_model", m.d_model},
+            {"d_ff", m.d_ff},
+            {"vocab", m.vocab},
+            {"seq", j.seq},
+            {"params", m.total_params()}}},
+          {"cluster", j.cluster.name},
+          {"gpu", j.cluster.gpu.name},
+          {"gpus", j.gpus},
+          {"batch", j.batch},
+          {"dtype", j.dtype}};
+}
+
+nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
+  const plan::Layout& l = e.layout;
+  const plan::MemoryBytes& m = e.memory;
+  return {{"dp", l.dp},
+          {"tp", l.tp},
+          {"pp", l.pp},
+          {"cp", l.cp},
+          {"virtual_stages", l.virtual_stages},
+          {"microbatch", l.microbatch},
+          {"microbatches", e.microbatches},
+          {"zero", l.zero},
+          {"recompute", plan::recompute_name(l.recompute)},
+          {"sp", l.sp},
+          {"schedule", l.schedule},
+          {"step_time_s", e.step_time_s},
+          {"tokens_per_s", e.tokens_per_s},
+          {"tflops_per_gpu", e.tflops_per_gpu},
+          {"hw_tflops_per_gpu", e.hw_tflops_per_gpu},
+          {"mfu", e.mfu},
+          {"bubble_fraction", e.bubble_fraction},
+          {"memory_bytes_per_gpu",
+           {{"parameters", m.parameters},
+            {"gradients", m.gradients},
+            {"optimizer", m.optimizer},
+            {"activations", m.activations},
+            {"communication", m.communication},
+            {"total", m.total()}}},
+          {"worst_stage", e.worst_stage},
+          {"in_flight", e.in_flight},
+          {"time_s",
+           {{"pipeline", e.pipeline_s},
+            {"forward", e.forward_s},
+            {"backward", e.backward_s},
+            {"tp_comm", e.tp_comm_s},
+            {"pp_comm", e.pp_comm_s},
+            {"dp_comm", e.dp_comm_s},
+            {"dp_exposed", e.dp_exposed_s},
+            {"optimizer", e.optimizer_s}}}};
+}
+
+std::string estimate_table(const std::vector<plan::Estimate>& rows) {
+  std::string out = fmt::format(
+      "{:>3} {:>5} {:>3} {:>4} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} {:>6} {:>6} "
+      "{:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} (GB per GPU)\n",
+      "#", "dp", "tp", "pp", "v", "mb", "zero", "recompute", "sp", "step_s", "tokens/s", "TFLOPs",
+      "MFU", "bubble", "sched", "params", "grads", "optim", "activ", "comm", "total");
+  int i = 0;
+  for (const auto& e : rows) {
+    const auto& l = e.layout;
+    const auto& m = e.memory;
+    out += fmt::format(
+        "{:>3} {:>5} {:>3} {:>4} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.1f} "
+        "{:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f}\n",
+        ++i, l.dp, l.tp, l.pp, l.virtual_stages, l.microbatch, l.zero,
+        plan::recompute_name(l.recompute), l.sp ? "on" : "off", e.step_time_s, e.tokens_per_s,
+        e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / 1e9,
+        m.gradients / 1e9, m.optimizer / 1e9, m.activations / 1e9, m.communication / 1e9,
+        m.total() / 1e9);
+  }
+  return out;
+}
+
+namespace {
+
+// A run config for `meshtrain train` (its --config keys; pipeline keys only when used).
+nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
+                            const std::optional<std::string>& preset) {
+  const plan::Layout& l = e.layout;
+  nlohmann::json c;
+  if (preset) {
+    c["model"] = *preset;
+  } else {
+    c["n_layer"] = j.model.n_layer;
+    c["n_head"] = j.model.n_head;
+    c["d_model"] = j.model.d_model;
+    c["d_ff"] = j.model.d_ff;
+    c["vocab"] = j.model.vocab_real ? j.model.vocab_real : j.model.vocab;
+    if (!j.model.bias) c["bias"] = false;
+    if (!j.model.tied) c["tied"] = false;
+  }
+  c["seq"] = j.seq;
+  c["batch"] = j.batch;
+  c["microbatch"] = l.microbatch;
+  c["dp"] = l.dp;
+  c["zero"] = l.zero;
+  if (l.tp > 1) c["tp"] = l.tp;
+  if (l.sp) c["sp"] = true;
+  if (l.pp > 1) {
+    c["pp"] = l.pp;
+    c["schedule"] = l.schedule;
+    if (l.virtual_stages > 1) c["virtual_stages"] = l.virtual_stages;
+  }
+  if (l.recompute != plan::Recompute::kNone) c["recompute"] = plan::recompute_name(l.recompute);
+  return c;
+}
+
+void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit) {
+  const plan::Job j = f.job();
+  const plan::SearchResult s = plan::search(j, f.pins(), top);
+  FILE* human = f.json ? stderr : stdout;
+  std::fprintf(human, "%s\n",
+               fmt::format("plan: {} ({:.3g}B parameters) on {} x {} ({}), batch {} x seq {}, "
+                           "{}: {} layouts, {} fit in memory, {} replayed, {:.2f} s",
+                           j.model.name, j.model.total_params() / 1e9, j.gpus, j.cluster.gpu.name,
+                           j.cluster.name, j.batch, j.seq, j.dtype, s.considered, s.fit, s.replayed,
+                           s.search_s)
+                   .c_str());
+  std::fprintf(human, "%s", estimate_table(s.top).c_str());
+  if (!s.dropped.empty()) {
+    std::fprintf(human, "dropped:\n");
+    for (const auto& [reason, count] : s.dropped)
+      std::fprintf(
+          human, "%s\n",
+          fmt::format("  {:>7}  {}  (e.g. {})", count, reason, s.example.at(reason)).c_str());
+  }
+  if (s.top.empty())
+    fail("no layout of {} fits {} x {} with these pins (see 'dropped' above)", j.model.name, j.gpus,
+         j.cluster.gpu.name);
+  if (emit) {
+    std::optional<std::string> preset;
+    if (f.model.model && j.model.name == *f.model.model) {
+      for (const auto& n : model::preset_names())
+        if (n == *f.model.model) preset = n;
+    }
+    std::ofstream out(*emit);
+    if (!out) fail("--emit-config: cannot write '{}'", *emit);
+    out << train_config(j, s.top.front(), preset).dump(2) << "\n";
+    std::fprintf(human, "wrote %s (meshtrain train --config %s)\n", emit->c_str(), emit->c_str());
+  }
+  if (f.json) {
+    nlohmann::json out = {{"job", job_json(j)},
+                          {"search_s", s.search_s},
+                          {"considered", s.considered},
+                          {"fit", s.fit},
+                          {"replayed", s.replayed}};
+    out["layouts"] = nlohmann::json::array();
+    for (const auto& e : s.top) out["layouts"].push_back(estimate_json(j, e));
+    out["dropped"] = nlohmann::json::object();
+    for (const auto& [reason, count] : s.dropped)
+      out["dropped"][reason] = {{"count", count}, {"example", s.example.at(reason)}};
+    std::printf("%s\n", out.dump(2).c_str());
+  }
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+  auto f = std::make_shared<PlanFlags>();
+  auto top = std::make_shared<int>(10);
+  auto emit = std::make_shared<std::optional<std::string>>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "search the layouts of a model on a cluster: step time, MFU, memory per GPU");
+  f->add_to(*cmd);
+  cmd->add_option("--top", *top, "layouts to print (default 10)");
+  cmd->add_option("--emit-config", *emit, "write the best layout as a `train --config` file");
+  cmd->callback([f, top, emit] {
+    if (*top < 1) fail("--top {} must be at least 1", *top);
+    run_plan(*f, *top, *emit);
+  });
+}
+
+}  // namespace mt::cli

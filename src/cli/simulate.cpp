@@ -1,0 +1,132 @@
+// `meshtrain simulate`: one layout, given with the flags of `train`, shown in detail: memory
+// per GPU by category, where the step's time goes, and the per-rank timeline of the replayed
+// pipeline schedule as a Chrome trace (--trace FILE; chrome://tracing or ui.perfetto.dev).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/plan_flags.h"
+#include "core/error.h"
+
+namespace mt::cli {
+
+namespace {
+
+plan::Layout layout_of(const PlanFlags& f, const plan::Job& j) {
+  plan::Layout l;
+  l.tp = f.tp.value_or(1);
+  l.pp = f.pp.value_or(1);
+  l.cp = f.cp.value_or(1);
+  const int64_t model_ranks = int64_t(l.tp) * l.pp * l.cp;
+  if (!f.dp && j.gpus % model_ranks != 0)
+    fail("--gpus {} is not divisible by tp {} x pp {} x cp {}", j.gpus, l.tp, l.pp, l.cp);
+  l.dp = f.dp.value_or(static_cast<int>(j.gpus / model_ranks));
+  l.zero = f.zero.value_or(0);
+  l.virtual_stages = f.virtual_stages.value_or(1);
+  l.schedule = f.schedule.value_or(l.virtual_stages > 1 ? "interleaved" : "1f1b");
+  l.recompute = plan::parse_recompute(f.recompute.value_or("none"));
+  l.sp = f.sp;
+  l.microbatch = f.microbatch.value_or(std::max<int64_t>(1, j.batch / l.dp));
+  return l;
+}
+
+nlohmann::json chrome_trace(const plan::Estimate& e) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < e.replay.spans.size(); ++r) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"args", {{"name", fmt::format("pp rank {}", r)}}}});
+    for (const auto& s : e.replay.spans[r]) {
+      const bool fwd = s.action.kind == plan::PipeKind::kForward;
+      events.push_back(
+          {{"name", parallel::pp::format_action(s.action)},
+           {"cat", fwd ? "forward" : "backward"},
+           {"ph", "X"},
+           {"pid", 0},
+           {"tid", r},
+           {"ts", s.start_s * 1e6},
+           {"dur", (s.end_s - s.start_s) * 1e6},
+           {"args", {{"microbatch", s.action.microbatch}, {"chunk", s.action.chunk}}}});
+    }
+    double t = e.pipeline_s;
+    if (e.dp_exposed_s > 0) {
+      events.push_back({{"name", "dp gradient reduction (exposed)"},
+                        {"cat", "comm"},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", r},
+                        {"ts", t * 1e6},
+                        {"dur", e.dp_exposed_s * 1e6}});
+      t += e.dp_exposed_s;
+    }
+    events.push_back({{"name", "optimizer"},
+                      {"cat", "optimizer"},
+                      {"ph", "X"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"ts", t * 1e6},
+                      {"dur", e.optimizer_s * 1e6}});
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace) {
+  const plan::Job j = f.job();
+  const plan::Layout l = layout_of(f, j);
+  const plan::Estimate e = plan::estimate(j, l, true);
+  FILE* human = f.json ? stderr : stdout;
+  const auto& m = e.memory;
+  const double gb = 1e9;
+  std::string text =
+      fmt::format("simulate: {} ({:.3g}B parameters) on {} x {} ({}), batch {} x seq {}, {}\n",
+                  j.model.name, j.model.total_params() / 1e9, j.gpus, j.cluster.gpu.name,
+                  j.cluster.name, j.batch, j.seq, j.dtype);
+  text += estimate_table({e});
+  text += fmt::format(
+      "memory per GPU (worst: pp rank {}, {} microbatch-chunks in flight):\n"
+      "  parameters {:.3f} GB, gradients {:.3f} GB, optimizer {:.3f} GB, activations {:.3f} "
+      "GB, communication {:.3f} GB: total {:.3f} GB of {:.1f} GB{}\n",
+      e.worst_stage, e.in_flight, m.parameters / gb, m.gradients / gb, m.optimizer / gb,
+      m.activations / gb, m.communication / gb, m.total() / gb, j.cluster.gpu.hbm_bytes / gb,
+      m.total() > j.cluster.gpu.hbm_bytes ? "  (DOES NOT FIT)" : "");
+  text += fmt::format(
+      "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + exposed dp {:.4g} s + "
+      "optimizer {:.4g} s\n"
+      "  busiest rank: forward {:.4g} s, backward (+recompute) {:.4g} s, of which tp comm "
+      "{:.4g} s; p2p {:.4g} s; dp comm {:.4g} s ({} hidden)\n"
+      "  {:.4g} tokens/s, {:.1f} model TFLOP/s per GPU, {:.1f} with recomputation, MFU {:.1f}%\n",
+      e.step_time_s, e.pipeline_s, 100 * e.bubble_fraction, e.dp_exposed_s, e.optimizer_s,
+      e.forward_s, e.backward_s, e.tp_comm_s, e.pp_comm_s, e.dp_comm_s,
+      e.dp_exposed_s <= 0 ? "all" : (e.dp_exposed_s < e.dp_comm_s ? "partly" : "not"),
+      e.tokens_per_s, e.tflops_per_gpu, e.hw_tflops_per_gpu, 100 * e.mfu);
+  std::fprintf(human, "%s", text.c_str());
+  if (trace) {
+    std::ofstream out(*trace);
+    if (!out) fail("--trace: cannot write '{}'", *trace);
+    out << chrome_trace(e).dump() << "\n";
+    std::fprintf(human, "wrote %s (chrome://tracing)\n", trace->c_str());
+  }
+  if (f.json) {
+    nlohmann::json out = {{"job", job_json(j)}, {"layouts", {estimate_json(j, e)}}};
+    std::printf("%s\n", out.dump(2).c_str());
+  }
+}
+
+}  // namespace
+
+void register_simulate(CLI::App& app) {
+  auto f = std::make_shared<PlanFlags>();
+  auto trace = std::make_shared<std::optional<std::string>>();
+  CLI::App* cmd = app.add_subcommand(
+      "simulate", "one layout in detail: memory by category, step time, per-rank timeline");
+  f->add_to(*cmd);
+  cmd->add_option("--trace", *trace, "write the per-rank timeline as a Chrome trace (JSON)");
+  cmd->callback([f, trace] { run_simulate(*f, *trace); });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,158 @@
+#include "plan/hardware.h"
+
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace mt::plan {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Numbers and sources: docs/planner.md, "Hardware presets".
+ClusterSpec dgx(const char* name, GpuSpec gpu, double nvlink_bytes_per_s, double ib_bytes_per_s) {
+  ClusterSpec c;
+  c.name = name;
+  c.gpu = std::move(gpu);
+  c.gpus_per_node = 8;
+  c.intra_bytes_per_s = nvlink_bytes_per_s;
+  c.intra_latency_s = 4e-6;
+  c.inter_bytes_per_s = ib_bytes_per_s;
+  c.inter_latency_s = 8e-6;
+  return c;
+}
+
+GpuSpec a100_80gb() {
+  GpuSpec g;
+  g.name = "A100-SXM4-80GB";
+  g.peak_flops_bf16 = 312e12;
+  g.peak_flops_f32 = 19.5e12;
+  g.hbm_bytes = 80 * kGiB;
+  g.hbm_bytes_per_s = 2.039e12;
+  // Fitted once to Narayanan et al. 2021 Table 1 (docs/planner.md, "Calibration").
+  g.gemm = GemmCurve{0.76, 96};
+  g.hbm_efficiency = 0.7;
+  g.kernel_overhead_s = 0;
+  return g;
+}
+
+GpuSpec h100_sxm() {
+  GpuSpec g;
+  g.name = "H100-SXM5-80GB";
+  g.peak_flops_bf16 = 989e12;
+  g.peak_flops_f32 = 67e12;
+  g.hbm_bytes = 80 * kGiB;
+  g.hbm_bytes_per_s = 3.35e12;
+  g.gemm = GemmCurve{0.70, 64};  // not fitted: an estimate (docs/planner.md)
+  g.hbm_efficiency = 0.7;
+  return g;
+}
+
+GpuSpec b200() {
+  GpuSpec g;
+  g.name = "B200-180GB";
+  g.peak_flops_bf16 = 2.25e15;
+  g.peak_flops_f32 = 75e12;
+  g.hbm_bytes = 180e9;
+  g.hbm_bytes_per_s = 7.7e12;
+  g.gemm = GemmCurve{0.65, 96};  // not fitted: an estimate (docs/planner.md)
+  g.hbm_efficiency = 0.7;
+  return g;
+}
+
+nlohmann::json gpu_json(const GpuSpec& g) {
+  return {{"name", g.name},
+          {"peak_flops_bf16", g.peak_flops_bf16},
+          {"peak_flops_f32", g.peak_flops_f32},
+          {"hbm_bytes", g.hbm_bytes},
+          {"hbm_bytes_per_s", g.hbm_bytes_per_s},
+          {"hbm_efficiency", g.hbm_efficiency},
+          {"gemm_eff_max", g.gemm.eff_max},
+          {"gemm_d0", g.gemm.d0},
+          {"kernel_overhead_s", g.kernel_overhead_s}};
+}
+
+}  // namespace
+
+double GpuSpec::peak_flops(const std::string& dtype) const {
+  if (dtype == "f32") return peak_flops_f32;
+  return peak_flops_bf16;  // bf16, fp16
+}
+
+std::vector<std::string> cluster_preset_names() {
+  return {"dgx-a100", "dgx-h100", "hgx-b200", "this-host"};
+}
+
+std::string this_host_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::string base = xdg && *xdg ? xdg : (home ? std::string(home) + "/.cache" : "/tmp");
+  return base + "/meshtrain/this-host.json";
+}
+
+ClusterSpec cluster_preset(const std::string& name) {
+  // NVLink 3/4/5: 600/900/1800 GB/s per GPU both directions together; IB per GPU rail:
+  // HDR 200 Gb/s (DGX A100), NDR 400 Gb/s (DGX H100, HGX B200 with ConnectX-7).
+  // Achieved, not nominal: NCCL's ring bus bandwidth on NVLink is ~77-80% of the link
+  // (A100: ~230 of 300 GB/s), an IB rail ~90% of its line rate (docs/planner.md).
+  if (name == "dgx-a100") return dgx("dgx-a100", a100_80gb(), 230e9, 22.5e9);
+  if (name == "dgx-h100") return dgx("dgx-h100", h100_sxm(), 360e9, 45e9);
+  if (name == "hgx-b200") return dgx("hgx-b200", b200(), 720e9, 45e9);
+  std::string path = name == "this-host" ? this_host_path() : name;
+  std::ifstream in(path);
+  if (!in) {
+    if (name == "this-host")
+      fail("--cluster this-host: no calibration at {} (run `meshtrain calibrate` first)", path);
+    fail("unknown cluster '{}' (choose one of {}, or give a JSON file)", name,
+         fmt::join(cluster_preset_names(), ", "));
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+    return cluster_from_json(j);
+  } catch (const nlohmann::json::exception& e) {
+    fail("cluster file '{}' is not a valid cluster spec: {}", path, e.what());
+  }
+}
+
+nlohmann::json to_json(const ClusterSpec& c) {
+  return {{"name", c.name},
+          {"gpu", gpu_json(c.gpu)},
+          {"gpus_per_node", c.gpus_per_node},
+          {"max_nodes", c.max_nodes},
+          {"intra_bytes_per_s", c.intra_bytes_per_s},
+          {"intra_latency_s", c.intra_latency_s},
+          {"inter_bytes_per_s", c.inter_bytes_per_s},
+          {"inter_latency_s", c.inter_latency_s},
+          {"compute_units", c.compute_units}};
+}
+
+ClusterSpec cluster_from_json(const nlohmann::json& j) {
+  ClusterSpec c;
+  c.name = j.at("name").get<std::string>();
+  const auto& g = j.at("gpu");
+  c.gpu.name = g.at("name").get<std::string>();
+  c.gpu.peak_flops_bf16 = g.at("peak_flops_bf16").get<double>();
+  c.gpu.peak_flops_f32 = g.at("peak_flops_f32").get<double>();
+  c.gpu.hbm_bytes = g.at("hbm_bytes").get<double>();
+  c.gpu.hbm_bytes_per_s = g.at("hbm_bytes_per_s").get<double>();
+  c.gpu.hbm_efficiency = g.value("hbm_efficiency", 0.7);
+  c.gpu.gemm.eff_max = g.value("gemm_eff_max", 0.75);
+  c.gpu.gemm.d0 = g.value("gemm_d0", 48.0);
+  c.gpu.kernel_overhead_s = g.value("kernel_overhead_s", 0.0);
+  c.gpus_per_node = j.at("gpus_per_node").get<int>();
+  c.max_nodes = j.value("max_nodes", int64_t{0});
+  c.intra_bytes_per_s = j.at("intra_bytes_per_s").get<double>();
+  c.intra_latency_s = j.value("intra_latency_s", 0.0);
+  c.inter_bytes_per_s = j.at("inter_bytes_per_s").get<double>();
+  c.inter_latency_s = j.value("inter_latency_s", 0.0);
+  c.compute_units = j.value("compute_units", 0);
+  if (c.gpus_per_node < 1) fail("cluster '{}': gpus_per_node must be at least 1", c.name);
+  return c;
+}
+
+}  // namespace mt::plan

@@ -1,0 +1,55 @@
+// Hardware specs of the planner: a GPU (peak dense FLOP/s by dtype, HBM, the calibrated GEMM
+// efficiency curve), a node (GPUs and their intra-node link) and a cluster (nodes and the
+// inter-node link per GPU). Presets are embedded (dgx-a100, dgx-h100, hgx-b200); `this-host`
+// is written by `meshtrain calibrate`; any other name is read as a JSON file.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace mt::plan {
+
+// Achieved GEMM rate as a function of shape: rate = peak * eff_max / ((1 + d0/m)(1 + d0/n)
+// (1 + d0/k)). One curve per GPU type (eff_max, d0), fitted once; see docs/planner.md.
+struct GemmCurve {
+  double eff_max = 0.75;  // fraction of peak reached by a large square GEMM
+  double d0 = 48;         // dimension at which one side halves the rate
+  double efficiency(double m, double n, double k) const {
+    return eff_max / ((1 + d0 / m) * (1 + d0 / n) * (1 + d0 / k));
+  }
+};
+
+struct GpuSpec {
+  std::string name;
+  double peak_flops_bf16 = 0;  // dense tensor-core FLOP/s (also fp16)
+  double peak_flops_f32 = 0;
+  double hbm_bytes = 0;
+  double hbm_bytes_per_s = 0;
+  double hbm_efficiency = 0.7;  // achieved fraction of HBM bandwidth by elementwise kernels
+  GemmCurve gemm;
+  double kernel_overhead_s = 0;  // fixed time per layer pass (launches, small kernels)
+  double peak_flops(const std::string& dtype) const;
+};
+
+struct ClusterSpec {
+  std::string name;
+  GpuSpec gpu;
+  int gpus_per_node = 8;
+  int64_t max_nodes = 0;         // 0: unlimited
+  double intra_bytes_per_s = 0;  // per GPU, one direction (NVLink/NVSwitch)
+  double intra_latency_s = 0;
+  double inter_bytes_per_s = 0;  // per GPU, one direction (its InfiniBand rail)
+  double inter_latency_s = 0;
+  int compute_units = 0;  // this-host: cores shared by all ranks (0: a GPU each)
+};
+
+ClusterSpec cluster_preset(const std::string& name);  // preset name or JSON file path
+std::vector<std::string> cluster_preset_names();
+nlohmann::json to_json(const ClusterSpec& c);
+ClusterSpec cluster_from_json(const nlohmann::json& j);
+// Where `meshtrain calibrate` writes the this-host preset.
+std::string this_host_path();
+
+}  // namespace mt::plan

@@ -1,0 +1,144 @@
+#include "plan/models.h"
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace mt::plan {
+
+namespace {
+
+// Megatron-LM GPT: vocabulary 51,200, sequence 2,048, d_ff = 4h, learned positions, tied.
+ModelSpec megatron(const char* name, int64_t heads, int64_t hidden, int64_t layers) {
+  ModelSpec m;
+  m.name = name;
+  m.n_layer = layers;
+  m.n_head = m.n_kv_head = heads;
+  m.d_model = hidden;
+  m.d_ff = 4 * hidden;
+  m.vocab = 51200;
+  m.seq = 2048;
+  return m;
+}
+
+// Llama-3 style (Dubey et al. 2024, Table 3): GQA with 8 KV heads, SwiGLU, RoPE, RMSNorm,
+// no biases, vocabulary 128,256, untied head.
+ModelSpec llama(const char* name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads) {
+  ModelSpec m;
+  m.name = name;
+  m.n_layer = layers;
+  m.n_head = heads;
+  m.n_kv_head = 8;
+  m.d_model = hidden;
+  m.d_ff = ffn;
+  m.vocab = 128256;
+  m.seq = 8192;
+  m.swiglu = true;
+  m.tied = false;
+  m.bias = false;
+  m.learned_pos = false;
+  return m;
+}
+
+const std::vector<ModelSpec>& published() {
+  static const std::vector<ModelSpec> list = {
+      // Narayanan et al. 2021, Table 1 (heads, hidden, layers).
+      megatron("megatron-1.7b", 24, 2304, 24),
+      megatron("megatron-3.6b", 32, 3072, 30),
+      megatron("megatron-7.5b", 32, 4096, 36),
+      megatron("megatron-18b", 48, 6144, 40),
+      megatron("megatron-39b", 64, 8192, 48),
+      megatron("megatron-76b", 80, 10240, 60),
+      megatron("megatron-145b", 96, 12288, 80),
+      megatron("megatron-310b", 128, 16384, 96),
+      megatron("megatron-530b", 128, 20480, 105),
+      megatron("megatron-1t", 160, 25600, 128),
+      // GPT-3 175B (Brown et al. 2020, Table 2.1) with Megatron's vocabulary.
+      megatron("gpt3-175b", 96, 12288, 96),
+      llama("llama3-8b", 32, 4096, 14336, 32),
+      llama("llama3-70b", 80, 8192, 28672, 64),
+      llama("llama3-405b", 126, 16384, 53248, 128),
+  };
+  return list;
+}
+
+}  // namespace
+
+double ModelSpec::block_params() const {
+  const double C = d_model, F = d_ff, kv = kv_dim();
+  double p = C * (C + 2 * kv) + C * C + (swiglu ? 3 : 2) * C * F;
+  if (bias)
+    p += (C + 2 * kv) + C + F + C + 4 * C;  // linear biases + 2 layer norms (w, b)
+  else
+    p += 2 * C;  // 2 RMS norm weights
+  return p;
+}
+
+double ModelSpec::embedding_params() const {
+  return static_cast<double>(vocab) * d_model + (learned_pos ? double(seq) * d_model : 0.0);
+}
+
+double ModelSpec::head_params() const {
+  double p = (bias ? 2.0 : 1.0) * d_model;
+  if (!tied) p += static_cast<double>(vocab) * d_model;
+  return p;
+}
+
+double ModelSpec::total_params() const {
+  return n_layer * block_params() + embedding_params() + head_params();
+}
+
+double ModelSpec::matmul_params() const {
+  const double C = d_model, F = d_ff, kv = kv_dim();
+  return n_layer * (C * (C + 2 * kv) + C * C + (swiglu ? 3 : 2) * C * F) + double(vocab) * C;
+}
+
+ModelSpec from_gpt(const model::GptConfig& c) {
+  ModelSpec m;
+  m.name = c.name;
+  m.n_layer = c.n_layer;
+  m.n_head = m.n_kv_head = c.n_head;
+  m.d_model = c.d_model;
+  m.d_ff = c.d_ff;
+  m.vocab = c.padded_vocab();
+  m.vocab_real = c.vocab;
+  m.seq = c.seq_len;
+  m.bias = c.bias;
+  m.tied = c.tied;
+  return m;
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names = model::preset_names();
+  for (const auto& m : published()) names.push_back(m.name);
+  return names;
+}
+
+ModelSpec model_preset(const std::string& name) {
+  for (const auto& m : published())
+    if (m.name == name) return m;
+  for (const auto& n : model::preset_names())
+    if (n == name) return from_gpt(model::preset(name));
+  fail("unknown model '{}' (choose one of {})", name, fmt::join(model_preset_names(), ", "));
+}
+
+double model_flops_per_token(const ModelSpec& m, int64_t seq) {
+  return 6.0 * m.matmul_params() + 12.0 * m.n_layer * double(m.d_model) * double(seq);
+}
+
+double hw_flops_per_token(const ModelSpec& m, int64_t seq, Recompute r) {
+  const double head = double(m.vocab) * m.d_model;
+  const double blocks = m.matmul_params() - head;
+  const double attn = 2.0 * m.n_layer * double(m.d_model) * double(seq);  // forward
+  switch (r) {
+    case Recompute::kNone:
+      return 6 * blocks + 6 * head + 6 * attn;
+    case Recompute::kSelective:
+      return 6 * blocks + 6 * head + 8 * attn;
+    case Recompute::kFull:
+      return 8 * blocks + 6 * head + 8 * attn;
+  }
+  return 0;
+}
+
+}  // namespace mt::plan

@@ -1,0 +1,50 @@
+// Model specs of the planner: our GPT presets (model::GptConfig) and config-only presets of
+// published models (Megatron-LM GPT family of Narayanan et al. 2021 Table 1, GPT-3 175B,
+// Llama-3 style 8B/70B/405B with GQA and SwiGLU). FLOPs and memory only: the planner never
+// builds these models.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace mt::plan {
+
+struct ModelSpec {
+  std::string name;
+  int64_t n_layer = 0, n_head = 0, n_kv_head = 0, d_model = 0, d_ff = 0;
+  int64_t vocab = 0;       // as the GEMMs see it (padded)
+  int64_t vocab_real = 0;  // before padding (0: the same)
+  int64_t seq = 0;
+  bool swiglu = false;  // 3 MLP matrices (gate, up, down) instead of 2
+  bool tied = true;     // LM head shares the embedding
+  bool bias = true;
+  bool learned_pos = true;  // position embedding table (GPT) vs rotary (Llama)
+
+  int64_t head_dim() const { return d_model / n_head; }
+  int64_t kv_dim() const { return n_kv_head * head_dim(); }
+  // Parameters of one block (matrices, biases, norms).
+  double block_params() const;
+  double embedding_params() const;  // token (+ position) embedding
+  double head_params() const;       // final norm (+ LM head when untied)
+  double total_params() const;
+  // GEMM weights touched per token (blocks + LM head), the P_matmul of docs/flops.md.
+  double matmul_params() const;
+};
+
+ModelSpec from_gpt(const model::GptConfig& c);
+// Our presets (model::preset_names()) and the published ones; `seq` 0 keeps the preset's.
+ModelSpec model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+// Model FLOPs per token (no recomputation; docs/flops.md, the same formula as
+// model::training_flops_per_token): 6·P_matmul + 12·L·C·T (full T×T attention).
+double model_flops_per_token(const ModelSpec& m, int64_t seq);
+enum class Recompute : uint8_t { kNone, kSelective, kFull };
+// Hardware FLOPs per token: recomputed forwards included (Narayanan et al. eq. 3 with full
+// recomputation: blocks 8·, attention 16·L·C·T, LM head 6·).
+double hw_flops_per_token(const ModelSpec& m, int64_t seq, Recompute r);
+
+}  // namespace mt::plan

@@ -1,0 +1,43 @@
+// The pipeline as the planner sees it: the runtime's schedule IR
+// (parallel/pipeline/schedule.h, DESIGN.md idea 3) built for a layout, the microbatches a
+// rank holds from it, and its replay (parallel/pipeline/replay.h) with the planner's costs.
+// The planner never builds schedules of its own.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/replay.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace mt::plan {
+
+using PipeSchedule = parallel::pp::Schedule;
+using PipeAction = parallel::pp::Action;
+using PipeKind = parallel::pp::ActionKind;
+
+// "gpipe", "1f1b", "interleaved", "zb1".
+PipeSchedule make_schedule(const std::string& name, int stages, int chunks, int microbatches);
+
+// The most microbatch-chunks a rank holds at once (forward done, backward not), per rank.
+std::vector<int> max_in_flight(const PipeSchedule& s);
+
+struct PipeSpan {
+  PipeAction action;
+  double start_s, end_s;
+};
+
+struct ReplayResult {
+  double makespan_s = 0;
+  std::vector<double> busy_s;                // per rank
+  std::vector<std::vector<PipeSpan>> spans;  // per rank, compute actions, when asked for
+};
+
+// cost(rank, compute action) in seconds; each send's message arrives p2p_s after it is
+// issued (the runtime's replay semantics: sends are asynchronous, receives wait).
+ReplayResult replay(const PipeSchedule& s,
+                    const std::function<double(int rank, const PipeAction&)>& cost, double p2p_s,
+                    bool keep_spans = false);
+
+}  // namespace mt::plan

@@ -1,0 +1,574 @@
+#include "plan/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace mt::plan {
+
+namespace {
+
+bool mixed(const Job& j) { return j.dtype != "f32"; }
+double weight_bytes(const Job& j) { return mixed(j) ? 2 : 4; }
+
+// Layers of the largest chunk: n_layer split over pp·v chunks, the first ones one layer
+// larger when it does not divide (the runtime's partition puts the remainder first).
+double layers_per_chunk(const ModelSpec& m, const Layout& l) {
+  const int64_t chunks = int64_t(l.pp) * l.virtual_stages;
+  return static_cast<double>((m.n_layer + chunks - 1) / chunks);
+}
+
+// Parameters held by pipeline rank r (before ZeRO), per TP rank.
+double stage_params(const Job& j, const Layout& l, int r) {
+  const ModelSpec& m = j.model;
+  const double t = l.tp;
+  double p = layers_per_chunk(m, l) * l.virtual_stages * m.block_params() / t;
+  if (r == 0)
+    p += double(m.vocab) * m.d_model / t + (m.learned_pos ? double(m.seq) * m.d_model : 0);
+  if (r == l.pp - 1) {
+    p += (m.bias ? 2.0 : 1.0) * m.d_model;
+    // Untied head; or the tied embedding's copy that Megatron keeps on the last stage.
+    if (!m.tied || l.pp > 1) p += double(m.vocab) * m.d_model / t;
+  }
+  return p;
+}
+
+// Activation bytes one layer keeps for backward for one microbatch (Korthikanti et al.
+// 2022, Table 2, generalised to GQA / SwiGLU; docs/planner.md).
+double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
+  const ModelSpec& m = j.model;
+  const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, F = m.d_ff,
+               kv = m.kv_dim(), a = m.n_head, t = l.tp;
+  if (!mixed(j)) {
+    // Our f32 runtime (docs/flops.md): 8C + 2F + 4 + n_head·T floats per token.
+    return 4.0 * s * b * (8 * h + 2 * F / t + 4 + a / t * s);
+  }
+  const bool dropout = m.bias;  // GPT presets train with dropout; Llama-style do not
+  if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
+  double replicated = s * b * h * (4 + 2 + 2 + (dropout ? 2 : 0));
+  double divided = s * b * (2 * h + 4 * kv + 2 * h) + s * b * F * (m.swiglu ? 8 : 4);
+  double core = 0;
+  if (rc == Recompute::kNone) core = (dropout ? 5.0 : 0.0) * a * s * s * b;  // Llama: flash
+  return (l.sp ? replicated / t : replicated) + divided / t + core / t;
+}
+
+// --- collectives: alpha-beta ring on a hierarchy -------------------------------------
+
+double ring_time(double bytes, int n, double factor, double bw, double lat) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return factor * (n - 1) / n * bytes / bw + factor * (n - 1) * lat;
+}
+
+struct Link {
+  double bw, lat;
+};
+
+double per_rank_share(const Job& j) {
+  return j.cluster.compute_units > 0 ? 1.0 / static_cast<double>(j.gpus) : 1.0;
+}
+
+// All-reduce (factor 2) or all-gather / reduce-scatter (factor 1) of `bytes` over n ranks,
+// `per_node` of which share a node.
+double hier_collective(const Job& j, double bytes, int n, int per_node, double factor) {
+  const ClusterSpec& c = j.cluster;
+  if (n <= 1) return 0;
+  per_node = std::clamp(per_node, 1, n);
+  if (per_node >= n) return ring_time(bytes, n, factor, c.intra_bytes_per_s, c.intra_latency_s);
+  const int nodes = n / per_node;
+  double t = 0;
+  if (per_node > 1) {
+    // reduce-scatter in the node, the inter-node step on 1/per_node, all-gather in the node
+    t += 2 * ring_time(bytes, per_node, factor / 2, c.intra_bytes_per_s, c.intra_latency_s);
+  }
+  t += ring_time(bytes / per_node, nodes, factor, c.inter_bytes_per_s, c.inter_latency_s);
+  return t;
+}
+
+struct PassCosts {
+  double fwd = 0, bwd = 0;  // per layer per microbatch, compute + exposed TP comm
+  double bwd_plain = 0;     // bwd without recomputation
+  double tp_fwd = 0, tp_bwd = 0;
+  double head_fwd = 0, head_bwd = 0;  // last stage
+  double embed_fwd = 0, embed_bwd = 0;
+};
+
+PassCosts pass_costs(const Job& j, const Layout& l) {
+  const ModelSpec& m = j.model;
+  const GpuSpec& g = j.cluster.gpu;
+  const double share = per_rank_share(j);
+  const double peak = g.peak_flops(j.dtype) * share;
+  const double hbm = g.hbm_bytes_per_s * g.hbm_efficiency * share;
+  const double t = l.tp, s = double(j.seq) / l.cp, b = double(l.microbatch), n = s * b;
+  const double h = m.d_model, F = m.d_ff, kv = m.kv_dim(), a = m.n_head, hd = m.head_dim();
+  auto gemm = [&](double M, double N, double K, double batch) {
+    return 2 * M * N * K * batch / (peak * g.gemm.efficiency(M, N, K));
+  };
+  const double wb = weight_bytes(j);
+  double f = 0;
+  f += gemm(n, (h + 2 * kv) / t, h, 1);            // qkv
+  f += gemm(s, s, hd, b * a / t);                  // scores (full T×T)
+  f += gemm(s, hd, s, b * a / t);                  // probabilities · V
+  f += gemm(n, h, h / t, 1);                       // output projection
+  f += gemm(n, (m.swiglu ? 2 : 1) * F / t, h, 1);  // MLP in (gate+up)
+  f += gemm(n, h, F / t, 1);                       // MLP out
+  // Memory-bound kernels (bytes per token, docs/planner.md): layer norms, residual
+  // dropout-adds, activation function, softmax (+ dropout) over the attention scores.
+  const bool dropout = m.bias;
+  const double rep = (dropout ? 22.0 : 16.0) * h * wb / 2;
+  const double act = (m.swiglu ? 6.0 : 4.0) * F * wb / 2;
+  const double soft = (dropout && mixed(j)) ? 9.0 * a * s : (mixed(j) ? 0.0 : 16.0 * a * s);
+  double elem = n * ((l.sp ? rep / t : rep) + act / t + soft / t) / hbm;
+  const double fwd_compute = f + elem + g.kernel_overhead_s;
+  const double bwd_compute = 2 * f + 2 * elem + g.kernel_overhead_s;
+  // TP: two all-reduces (or all-gather + reduce-scatter with SP) per layer and pass.
+  const double act_bytes = n * h * wb;
+  double tp_one = 0;
+  if (l.tp > 1) {
+    tp_one = l.sp ? 2 * ring_time(act_bytes, l.tp, 1, j.cluster.intra_bytes_per_s,
+                                  j.cluster.intra_latency_s)
+                  : ring_time(act_bytes, l.tp, 2, j.cluster.intra_bytes_per_s,
+                              j.cluster.intra_latency_s);
+  }
+  PassCosts pc;
+  pc.tp_fwd = 2 * tp_one;
+  pc.tp_bwd = 2 * tp_one;
+  pc.fwd = fwd_compute + pc.tp_fwd;
+  double bwd = bwd_compute + pc.tp_bwd;
+  pc.bwd_plain = bwd;
+  if (l.recompute == Recompute::kFull) {
+    bwd += fwd_compute + pc.tp_fwd;
+    pc.tp_bwd += pc.tp_fwd;
+  } else if (l.recompute == Recompute::kSelective) {
+    bwd += gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t) + n * soft / t / hbm;
+  }
+  pc.bwd = bwd;
+  // LM head (vocab-parallel) and cross-entropy in f32 over the logits.
+  const double V = m.vocab;
+  const double head = gemm(n, V / t, h, 1);
+  const double ce = n * V / t * 12.0 / hbm;
+  pc.head_fwd = head + ce;
+  pc.head_bwd = 2 * head + ce;
+  pc.embed_fwd = n * h * wb * 2 / hbm;
+  pc.embed_bwd = n * h * wb * 2 / hbm;
+  return pc;
+}
+
+}  // namespace
+
+std::string recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none" || s == "off") return Recompute::kNone;
+  if (s == "selective") return Recompute::kSelective;
+  if (s == "full") return Recompute::kFull;
+  fail("unknown --recompute '{}' (choose none, selective or full)", s);
+}
+
+MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& dtype) {
+  const bool mp = dtype != "f32";
+  const double wb = mp ? 2 : 4, gb = mp ? 2 : 4, ob = mp ? 12 : 8;
+  MemoryBytes mb;
+  mb.parameters = psi * wb / (zero >= 3 ? dp : 1);
+  mb.gradients = psi * gb / (zero >= 2 ? dp : 1);
+  mb.optimizer = psi * ob / (zero >= 1 ? dp : 1);
+  return mb;
+}
+
+std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
+  const ModelSpec& m = j.model;
+  const int64_t world = int64_t(l.dp) * l.tp * l.pp * l.cp;
+  if (world != j.gpus)
+    return fmt::format("dp {} x tp {} x pp {} x cp {} = {} is not --gpus {}", l.dp, l.tp, l.pp,
+                       l.cp, world, j.gpus);
+  if (l.tp > j.cluster.gpus_per_node)
+    return fmt::format("tp {} exceeds the {} GPUs of a node", l.tp, j.cluster.gpus_per_node);
+  if (m.n_head % l.tp != 0) {
+    std::string ok;
+    for (int t = 1; t <= j.cluster.gpus_per_node && t <= m.n_head; ++t)
+      if (m.n_head % t == 0) ok += (ok.empty() ? "" : ", ") + std::to_string(t);
+    return fmt::format("tp {} does not divide n_head {} (choose one of {})", l.tp, m.n_head, ok);
+  }
+  if (m.n_kv_head % l.tp != 0 && l.tp % m.n_kv_head != 0)
+    return fmt::format("tp {} does not divide n_kv_head {}", l.tp, m.n_kv_head);
+  if (m.d_ff % l.tp != 0) return fmt::format("tp {} does not divide d_ff {}", l.tp, m.d_ff);
+  if (m.n_layer < int64_t(l.pp) * l.virtual_stages)
+    return fmt::format("pp {} x virtual stages {} exceeds n_layer {}", l.pp, l.virtual_stages,
+                       m.n_layer);
+  if (l.cp > 1 && j.seq % (2 * l.cp) != 0)
+    return fmt::format("cp {} does not divide seq {} in 2·cp chunks", l.cp, j.seq);
+  if (j.batch % (int64_t(l.dp) * l.microbatch) != 0)
+    return fmt::format("batch {} is not divisible by dp {} x microbatch {}", j.batch, l.dp,
+                       l.microbatch);
+  const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
+  if (mbs < l.pp)
+    return fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp);
+  if (l.virtual_stages > 1 && mbs % l.pp != 0)
+    return fmt::format("interleaved: {} microbatches is not a multiple of pp {}", mbs, l.pp);
+  if (l.virtual_stages > 1 && l.schedule != "interleaved")
+    return fmt::format("virtual stages {} need --schedule interleaved", l.virtual_stages);
+  if (l.virtual_stages == 1 && l.schedule == "interleaved")
+    return std::string("--schedule interleaved needs --virtual-stages >= 2");
+  if (l.sp && l.tp == 1) return std::string("sp needs tp > 1");
+  if (l.zero < 0 || l.zero > 3) return fmt::format("zero stage {} (choose 0..3)", l.zero);
+  if (l.zero >= 2 && l.pp > 1)
+    return fmt::format("zero {} with pp {} (ZeRO-2/3 shard gradients per microbatch; use 0-1)",
+                       l.zero, l.pp);
+  return std::nullopt;
+}
+
+MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int* in_flight) {
+  const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
+  PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
+  return memory_with_flight(j, l, max_in_flight(sched), worst_stage, in_flight);
+}
+
+MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<int>& flight,
+                               int* worst_stage, int* in_flight) {
+  const ModelSpec& m = j.model;
+  const double lpc = layers_per_chunk(m, l);
+  const double act_layer = layer_activation_bytes(j, l, l.recompute);
+  const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, t = l.tp,
+               V = m.vocab, wb = weight_bytes(j);
+  MemoryBytes worst;
+  for (int r = 0; r < l.pp; ++r) {
+    MemoryBytes mb = zero_model_states(stage_params(j, l, r), l.dp, l.zero, j.dtype);
+    double act = flight[r] * lpc * act_layer;
+    if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
+      act += layer_activation_bytes(j, l, Recompute::kNone);
+    if (mixed(j)) {
+      if (r == 0) act += flight[r] * s * b * h * 3 / (l.sp ? t : 1);  // embedding out + mask
+      if (r == l.pp - 1) act += 4 * s * b * V / t + 2 * s * b * h;    // f32 logits, final norm
+    } else {
+      // Our runtime (docs/flops.md): embeddings, final norm, logits, loss stats; backward
+      // scratch 6C + 2F per token and one n_head·T·T score matrix per sequence.
+      act += 4 * s * b * (h + h + 2 + V + 2);
+      act += 4 * s * b * (6 * h + 2 * m.d_ff / t) + 4 * b * m.n_head / t * s * s;
+    }
+    mb.activations = act;
+    // Communication buffers: p2p send/recv (2 each way), ZeRO-3 gathered units (2 blocks),
+    // ZeRO-2 gradient pool (2 blocks).
+    double comm = 0;
+    if (l.pp > 1) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
+    if (mixed(j)) {
+      if (l.zero >= 2) comm += 2 * m.block_params() / t * wb;
+      if (l.zero >= 3) comm += 2 * m.block_params() / t * wb;
+    } else if (l.zero >= 2) {
+      // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
+      // gradients, the same again for ZeRO-3's gathered values.
+      const double pool = 4 * (m.embedding_params() + m.head_params() + 2 * m.block_params()) / t;
+      comm += (l.zero >= 3 ? 2 : 1) * pool;
+    }
+    mb.communication = comm;
+    if (mb.total() > worst.total()) {
+      worst = mb;
+      if (worst_stage) *worst_stage = r;
+      if (in_flight) *in_flight = flight[r];
+    }
+  }
+  return worst;
+}
+
+namespace {
+
+struct Prepared {
+  PassCosts pc;
+  double layers_per_chunk = 0;
+  double fwd_chunk = 0, bwd_chunk = 0;  // a middle chunk
+  double bwd_plain = 0;                 // bwd_chunk without recomputation
+  double p2p = 0;
+  double dp_comm = 0, dp_window = 0, optimizer = 0;
+  double z3_per_mb = 0;  // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
+  int64_t microbatches = 0;
+};
+
+Prepared prepare(const Job& j, const Layout& l) {
+  const ModelSpec& m = j.model;
+  const ClusterSpec& c = j.cluster;
+  Prepared p;
+  p.pc = pass_costs(j, l);
+  p.microbatches = j.batch / (int64_t(l.dp) * l.microbatch);
+  p.layers_per_chunk = layers_per_chunk(m, l);
+  p.fwd_chunk = p.layers_per_chunk * p.pc.fwd;
+  p.bwd_chunk = p.layers_per_chunk * p.pc.bwd;
+  p.bwd_plain = p.layers_per_chunk * p.pc.bwd_plain;
+  const double wb = weight_bytes(j);
+  const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model;
+  // p2p: one activation per microbatch; with tp > 1 each TP rank sends 1/tp (Megatron's
+  // scatter/gather optimisation) and the pieces are all-gathered over NVLink.
+  if (l.pp > 1) {
+    const int gpn = c.gpus_per_node;
+    const bool intra = int64_t(l.tp) * l.dp * l.cp * l.pp <= gpn;
+    const double bytes = s * b * h * wb / l.tp;
+    p.p2p = intra ? c.intra_latency_s + bytes / c.intra_bytes_per_s
+                  : c.inter_latency_s + bytes / c.inter_bytes_per_s;
+    if (l.tp > 1)
+      p.p2p += ring_time(s * b * h * wb, l.tp, 1, c.intra_bytes_per_s, c.intra_latency_s);
+  }
+  // DP: gradients of the worst stage (stage 0 holds the embedding).
+  double psi = 0;
+  for (int r = 0; r < l.pp; ++r) psi = std::max(psi, stage_params(j, l, r));
+  const int per_node = std::max(1, c.gpus_per_node / (l.tp * l.cp));
+  const int dpn = l.dp;
+  const double grad_bytes = psi * wb;
+  const double rs = hier_collective(j, grad_bytes, dpn, per_node, 1);
+  const double ag = rs;
+  if (l.zero <= 1) {
+    p.dp_comm = l.zero == 0 ? hier_collective(j, grad_bytes, dpn, per_node, 2) : rs + ag;
+  } else if (l.zero == 2) {
+    p.dp_comm = double(p.microbatches) * rs + ag;  // reduce-scatter every microbatch
+  } else {
+    p.z3_per_mb = 2 * ag + rs;
+    p.dp_comm = double(p.microbatches) * p.z3_per_mb;
+  }
+  // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
+  // parameter with fp32 master and moments; f32: 28).
+  const double opt_params = psi / (l.zero >= 1 ? l.dp : 1);
+  p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
+                (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
+  // The last microbatch's backward on the stage hides the reduction when overlapped.
+  p.dp_window = l.dp_overlap ? p.bwd_chunk * l.virtual_stages : 0.0;
+  return p;
+}
+
+double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a) {
+  const int vs = a.chunk, V = l.pp * l.virtual_stages;  // the IR's global chunk index
+  const bool fwd = a.kind == PipeKind::kForward;
+  double c = fwd ? p.fwd_chunk : p.bwd_chunk;
+  if (vs == V - 1) c += fwd ? p.pc.head_fwd : p.pc.head_bwd;
+  if (vs == 0) c += fwd ? p.pc.embed_fwd : p.pc.embed_bwd;
+  // Zero-bubble split: the input gradient (with any recomputation) and the weight gradient
+  // are each half of the backward GEMMs.
+  const double recompute = p.bwd_chunk - p.bwd_plain;
+  if (a.kind == PipeKind::kBackwardInput) c = recompute + (c - recompute) / 2;
+  if (a.kind == PipeKind::kBackwardWeight) c = (c - recompute) / 2;
+  // Blocking p2p exchange with the neighbour (Megatron-LM's send_forward_recv_backward and
+  // send_backward_recv_forward): one transfer of rank time per action with a neighbour.
+  if (V > 1 && a.kind != PipeKind::kBackwardWeight) c += p.p2p;
+  if (p.z3_per_mb > 0) {
+    const double comm = p.z3_per_mb * (fwd ? 1.0 / 3 : 2.0 / 3);
+    c = std::max(c, comm);
+  }
+  return c;
+}
+
+double lower_bound(const Prepared& p, const Layout& l) {
+  const double per_mb = (p.fwd_chunk + p.bwd_chunk) * l.virtual_stages;
+  return double(p.microbatches) * per_mb + p.optimizer +
+         std::max(0.0, l.zero >= 3 ? 0.0 : p.dp_comm - p.dp_window);
+}
+
+void finish(const Job& j, const Prepared& p, Estimate& e) {
+  const Layout& l = e.layout;
+  e.dp_comm_s = p.dp_comm;
+  e.dp_exposed_s = l.zero >= 3 ? 0.0 : std::max(0.0, p.dp_comm - p.dp_window);
+  e.optimizer_s = p.optimizer;
+  e.pipeline_s = e.replay.makespan_s;
+  e.step_time_s = e.pipeline_s + e.dp_exposed_s + e.optimizer_s;
+  const double tokens = double(j.batch) * j.seq;
+  e.tokens_per_s = tokens / e.step_time_s;
+  const double model_flops = model_flops_per_token(j.model, j.seq) * tokens;
+  const double hw_flops = hw_flops_per_token(j.model, j.seq, l.recompute) * tokens;
+  e.tflops_per_gpu = model_flops / e.step_time_s / double(j.gpus) / 1e12;
+  e.hw_tflops_per_gpu = hw_flops / e.step_time_s / double(j.gpus) / 1e12;
+  const double peak = j.cluster.gpu.peak_flops(j.dtype) * per_rank_share(j);
+  e.mfu = e.tflops_per_gpu * 1e12 / peak;
+  const double busy = *std::max_element(e.replay.busy_s.begin(), e.replay.busy_s.end());
+  e.bubble_fraction = e.pipeline_s > 0 ? (e.pipeline_s - busy) / e.step_time_s : 0;
+  const double mb = double(p.microbatches) * l.virtual_stages;
+  e.forward_s = mb * p.fwd_chunk;
+  e.backward_s = mb * p.bwd_chunk;
+  e.tp_comm_s = mb * p.layers_per_chunk * (p.pc.tp_fwd + p.pc.tp_bwd);
+  e.pp_comm_s = l.pp > 1 ? 2 * mb * p.p2p : 0;
+}
+
+}  // namespace
+
+Estimate estimate(const Job& j, const Layout& l, bool keep_spans) {
+  if (auto why = invalid_reason(j, l)) fail("layout refused: {}", *why);
+  Estimate e;
+  e.layout = l;
+  e.memory = memory_per_gpu(j, l, &e.worst_stage, &e.in_flight);
+  const Prepared p = prepare(j, l);
+  e.microbatches = p.microbatches;
+  PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, int(p.microbatches));
+  e.replay = replay(
+      sched, [&](int r, const PipeAction& a) { return chunk_cost(p, l, r, a); }, p.p2p, keep_spans);
+  finish(j, p, e);
+  return e;
+}
+
+namespace {
+// Faster first; within 0.01% the simpler layout (lower ZeRO stage, less recomputation, no SP,
+// fewer pipeline stages).
+bool better(const Estimate& a, const Estimate& b) {
+  if (std::abs(a.step_time_s - b.step_time_s) > 1e-4 * std::min(a.step_time_s, b.step_time_s))
+    return a.step_time_s < b.step_time_s;
+  const auto& x = a.layout;
+  const auto& y = b.layout;
+  return std::tuple(x.zero, int(x.recompute), x.sp, x.pp, x.virtual_stages) <
+         std::tuple(y.zero, int(y.recompute), y.sp, y.pp, y.virtual_stages);
+}
+}  // namespace
+
+SearchResult search(const Job& j, const SearchPins& pins, int top_k) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchResult res;
+  const ModelSpec& m = j.model;
+  auto note = [&](const std::string& reason, const std::string& example) {
+    if (res.dropped[reason]++ == 0) res.example[reason] = example;
+  };
+  auto divisors = [](int64_t n) {
+    std::vector<int> d;
+    for (int64_t i = 1; i <= n; ++i)
+      if (n % i == 0) d.push_back(static_cast<int>(i));
+    return d;
+  };
+  std::vector<int> tps, pps;
+  for (int t = 1; t <= j.cluster.gpus_per_node; t *= 2) tps.push_back(t);
+  // Stages: the divisors of n_layer (even split) and the powers of two up to it (uneven).
+  for (int p = 1; p <= m.n_layer; ++p)
+    if (j.gpus % p == 0 && (m.n_layer % p == 0 || (p & (p - 1)) == 0)) pps.push_back(p);
+  if (pins.tp) tps = {*pins.tp};
+  if (pins.pp) pps = {*pins.pp};
+  const int cp = pins.cp.value_or(1);
+  std::vector<Recompute> rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  if (pins.recompute) rcs = {*pins.recompute};
+  const double hbm = j.cluster.gpu.hbm_bytes;
+
+  struct Cand {
+    Layout l;
+    Prepared p;
+    MemoryBytes mem;
+    int worst = 0, flight = 0;
+    double lb = 0;
+  };
+  std::vector<Cand> cands;
+  std::map<std::tuple<std::string, int, int, int64_t>, std::vector<int>> flights;
+  double best_oom_over = std::numeric_limits<double>::infinity();
+  for (int t : tps)
+    for (int pp : pps) {
+      const int64_t tpc = int64_t(t) * pp * cp;
+      if (j.gpus % tpc != 0) {
+        note("gpus not divisible by tp x pp x cp",
+             fmt::format("tp {} pp {}: {} % {} != 0", t, pp, j.gpus, tpc));
+        continue;
+      }
+      const int dp = static_cast<int>(j.gpus / tpc);
+      if (pins.dp && *pins.dp != dp) {
+        note("pinned --dp", fmt::format("tp {} pp {} gives dp {}", t, pp, dp));
+        continue;
+      }
+      std::vector<int> vs = {1};
+      if (pp > 1)
+        for (int v : divisors(m.n_layer / pp))
+          if (v > 1 && v <= 16 && m.n_layer % (int64_t(pp) * v) == 0) vs.push_back(v);
+      if (pins.virtual_stages) vs = {*pins.virtual_stages};
+      std::vector<int64_t> mbss;
+      for (int64_t b = 1; b <= 64; b *= 2) mbss.push_back(b);
+      if (pins.microbatch) mbss = {*pins.microbatch};
+      std::vector<int> zeros = {0, 1, 2, 3};
+      if (pins.zero) zeros = {*pins.zero};
+      std::vector<bool> sps = {false, true};
+      if (pins.sp) sps = {*pins.sp};
+      for (int v : vs)
+        for (int64_t mbs : mbss)
+          for (int z : zeros)
+            for (Recompute rc : rcs)
+              for (bool sp : sps) {
+                Layout l;
+                l.dp = dp;
+                l.tp = t;
+                l.pp = pp;
+                l.cp = cp;
+                l.virtual_stages = v;
+                l.microbatch = mbs;
+                l.zero = z;
+                l.recompute = rc;
+                l.sp = sp;
+                l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
+                if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
+                if (dp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0
+                ++res.considered;
+                if (auto why = invalid_reason(j, l)) {
+                  // The reason with its numbers replaced by N counts as one kind.
+                  std::string key;
+                  for (char ch : *why)
+                    if (!std::isdigit(static_cast<unsigned char>(ch)))
+                      key += ch;
+                    else if (key.empty() || key.back() != 'N')
+                      key += 'N';
+                  note(key, *why);
+                  continue;
+                }
+                Cand c;
+                c.l = l;
+                const int64_t nmb = j.batch / (int64_t(dp) * mbs);
+                auto key = std::make_tuple(l.schedule, pp, v, nmb);
+                auto it = flights.find(key);
+                if (it == flights.end())
+                  it = flights
+                           .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb))))
+                           .first;
+                c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
+                if (c.mem.total() > hbm) {
+                  const double over = c.mem.total() - hbm;
+                  best_oom_over = std::min(best_oom_over, over);
+                  note("out of memory",
+                       fmt::format("tp {} pp {} dp {} mb {} zero {} recompute {}{}: {:.1f} GB over",
+                                   t, pp, dp, mbs, z, recompute_name(rc), sp ? " sp" : "",
+                                   over / 1e9));
+                  continue;
+                }
+                ++res.fit;
+                c.p = prepare(j, l);
+                c.lb = lower_bound(c.p, l);
+                cands.push_back(std::move(c));
+              }
+    }
+  if (res.dropped.count("out of memory"))
+    res.example["out of memory"] +=
+        fmt::format(" (closest layout: {:.2f} GB over)", best_oom_over / 1e9);
+  std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) { return a.lb < b.lb; });
+  std::vector<Estimate> best;
+  for (const Cand& c : cands) {
+    if (static_cast<int>(best.size()) >= top_k && c.lb > best.back().step_time_s * (1 + 1e-4))
+      break;
+    Estimate e;
+    e.layout = c.l;
+    e.memory = c.mem;
+    e.worst_stage = c.worst;
+    e.in_flight = c.flight;
+    e.microbatches = c.p.microbatches;
+    PipeSchedule sched =
+        make_schedule(c.l.schedule, c.l.pp, c.l.virtual_stages, int(c.p.microbatches));
+    e.replay = replay(
+        sched, [&](int r, const PipeAction& a) { return chunk_cost(c.p, c.l, r, a); }, c.p.p2p);
+    ++res.replayed;
+    finish(j, c.p, e);
+    best.push_back(std::move(e));
+    std::sort(best.begin(), best.end(), better);
+    if (static_cast<int>(best.size()) > top_k) best.pop_back();
+  }
+  res.top = std::move(best);
+  res.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace mt::plan

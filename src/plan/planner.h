@@ -1,0 +1,95 @@
+// The planner's cost model and search: memory per GPU by category, step time from GEMM
+// shapes, HBM traffic, alpha-beta collectives on the node/cluster hierarchy and the replayed
+// pipeline schedule; the search over every valid layout. Formulas and sources:
+// docs/planner.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/hardware.h"
+#include "plan/models.h"
+#include "plan/pipeline.h"
+
+namespace mt::plan {
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int virtual_stages = 1;
+  int64_t microbatch = 1;
+  int zero = 0;
+  Recompute recompute = Recompute::kNone;
+  bool sp = false;
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved
+  // Gradient reduction overlapped with the last backward (PyTorch DDP, our runtime); false:
+  // after backward (Megatron-LM 2021's "local" DDP).
+  bool dp_overlap = true;
+};
+
+struct Job {
+  ModelSpec model;
+  ClusterSpec cluster;
+  int64_t gpus = 1;
+  int64_t batch = 1;  // global batch, sequences
+  int64_t seq = 0;
+  std::string dtype = "bf16";  // bf16 / fp16 (mixed precision), f32 (our CPU runtime)
+};
+
+struct MemoryBytes {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0, communication = 0;
+  double total() const { return parameters + gradients + optimizer + activations + communication; }
+};
+
+struct Estimate {
+  Layout layout;
+  int64_t microbatches = 0;  // per pipeline per step
+  MemoryBytes memory;        // worst rank
+  int worst_stage = 0;
+  int in_flight = 0;  // microbatch-chunks held by the worst stage (from the schedule)
+  double step_time_s = 0, tokens_per_s = 0, tflops_per_gpu = 0, hw_tflops_per_gpu = 0, mfu = 0,
+         bubble_fraction = 0;
+  // Where the time goes (seconds per step, busiest rank).
+  double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, pp_comm_s = 0, dp_comm_s = 0,
+         dp_exposed_s = 0, optimizer_s = 0;
+  ReplayResult replay;  // spans kept when asked
+};
+
+// Refuses a layout that cannot run, with the reason (divisibility, T beyond a node, ...).
+std::optional<std::string> invalid_reason(const Job& job, const Layout& l);
+MemoryBytes memory_per_gpu(const Job& job, const Layout& l, int* worst_stage = nullptr,
+                           int* in_flight = nullptr);
+// The same, with the per-rank microbatch-chunks in flight of the layout's schedule given.
+MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vector<int>& flight,
+                               int* worst_stage = nullptr, int* in_flight = nullptr);
+// Full estimate (memory and time); keep_spans keeps the per-rank timeline.
+Estimate estimate(const Job& job, const Layout& l, bool keep_spans = false);
+
+// Model-state bytes per GPU of Ψ parameters on D data-parallel ranks (ZeRO paper §5:
+// mixed precision 2Ψ + 2Ψ + 12Ψ, sharded by stage).
+MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& dtype);
+
+struct SearchPins {
+  std::optional<int> dp, tp, pp, cp, virtual_stages, zero;
+  std::optional<int64_t> microbatch;
+  std::optional<Recompute> recompute;
+  std::optional<bool> sp;
+  std::optional<std::string> schedule;
+};
+
+struct SearchResult {
+  std::vector<Estimate> top;                   // best first
+  std::map<std::string, int64_t> dropped;      // reason -> count
+  std::map<std::string, std::string> example;  // reason -> one example
+  int64_t considered = 0, fit = 0, replayed = 0;
+  double search_s = 0;
+};
+
+SearchResult search(const Job& job, const SearchPins& pins, int top_k);
+
+std::string recompute_name(Recompute r);
+Recompute parse_recompute(const std::string& s);
+
+}  // namespace mt::plan

@@ -1,0 +1,46 @@
+#!/bin/bash
+# Calibrate this host, then for each layout: the planner's predicted step time and peak
+# memory (simulate --cluster this-host --dtype f32) vs the runtime's measured ones (median
+# step time of steps 3..N, the allocator's peak). Prints a markdown table.
+# Usage: tests/plan/compare_runtime.sh BUILD_DIR [STEPS]
+set -euo pipefail
+B=${1:-build/plan}/meshtrain
+STEPS=${2:-8}
+W=$(mktemp -d)
+"$B" calibrate --out "$W/host.json" >/dev/null
+python3 - "$W" <<'PY'
+import sys, os
+out = os.path.join(sys.argv[1], "demo.bin")
+data = b"".join(open(os.path.join("/usr/share/common-licenses", f), "rb").read()
+                for f in sorted(os.listdir("/usr/share/common-licenses"))
+                if os.path.isfile(os.path.join("/usr/share/common-licenses", f)))
+import struct
+hdr = [0] * 256
+hdr[0], hdr[1], hdr[2] = 20240520, 1, len(data)
+with open(out, "wb") as f:
+    f.write(struct.pack("<256i", *hdr))
+    f.write(struct.pack("<%dH" % len(data), *data))
+PY
+MODEL="--model tiny --n-layer 4 --d-model 256 --n-head 4 --seq 128"
+echo "| layout | ranks | predicted step (ms) | measured (ms) | error | predicted peak MB | measured peak MB |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for L in "--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 2 --zero 2" "--dp 2 --zero 3" \
+         "--dp 8 --zero 0" "--dp 8 --zero 1" "--dp 8 --zero 3" "--dp 2 --tp 1 --zero 0 --microbatch 4"; do
+  N=$(echo "$L" | sed -E 's/.*--dp ([0-9]+).*/\1/')
+  "$B" train $MODEL $L --batch 16 --steps "$STEPS" --data "$W/demo.bin" --peak-gflops 100 \
+      --metrics "$W/m.jsonl" --eval-every 0 >/dev/null 2>&1 || { echo "| $L | $N | train failed | | | | |"; continue; }
+  "$B" simulate $MODEL $L --batch 16 --gpus "$N" --cluster "$W/host.json" --dtype f32 --json \
+      2>/dev/null >"$W/s.json"
+  python3 - "$W" "$L" "$N" <<'PY'
+import json, sys, statistics
+w, L, n = sys.argv[1:4]
+rows = [json.loads(l) for l in open(w + "/m.jsonl")]
+meas = statistics.median(r["time_s"] for r in rows[2:]) if len(rows) > 3 else rows[-1]["time_s"]
+peak = max(r["peak_bytes"] for r in rows)
+s = json.load(open(w + "/s.json"))["layouts"][0]
+pred = s["step_time_s"]
+print(f"| {L} | {n} | {pred*1e3:.1f} | {meas*1e3:.1f} | {100*(pred/meas-1):+.0f}% | "
+      f"{s['memory_bytes_per_gpu']['total']/1e6:.1f} | {peak/1e6:.1f} |")
+PY
+done
+rm -rf "$W"
