@@ -20,6 +20,7 @@ struct TrainFlags {
   std::optional<int> dp, zero;
   std::optional<std::string> backend;
   bool profile = false;
+  train::PipelineOptions pipeline;  // --pp, --microbatches, --schedule, ...
 };
 
 const std::vector<std::string> kConfigKeys = {
@@ -65,6 +66,7 @@ train::TrainOptions to_options(const TrainFlags& f) {
   if (f.peak_gflops) o.peak_flops = *f.peak_gflops * 1e9;
   if (f.comm_timeout) o.comm_timeout_s = *f.comm_timeout;
   o.profile = f.profile;
+  o.pipeline = f.pipeline;
   return o;
 }
 
@@ -94,6 +96,17 @@ void register_train(CLI::App& app) {
   cmd->add_option("--dp", f->dp, "data-parallel ranks (local: threads; under mpirun: -np)");
   cmd->add_option("--zero", f->zero,
                   "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters");
+  cmd->add_option("--pp", f->pipeline.pp, "pipeline ranks (world = pp x dp; docs/pipeline.md)");
+  cmd->add_option("--microbatches", f->pipeline.microbatches,
+                  "pipeline microbatches per step and dp replica (default: --pp)");
+  cmd->add_option("--schedule", f->pipeline.schedule,
+                  "pipeline schedule: gpipe, 1f1b (default), interleaved or zb1");
+  cmd->add_option("--virtual-stages", f->pipeline.virtual_stages,
+                  "model chunks per pipeline rank (--schedule interleaved)");
+  cmd->add_option("--pp-layers", f->pipeline.layers,
+                  "layers per pipeline chunk, e.g. 5,7,7,5 (default: balanced by cost)");
+  cmd->add_option("--trace", f->pipeline.trace,
+                  "write a Chrome/Perfetto trace of the pipeline (one row per rank)");
   cmd->add_option("--bucket-mb", f->bucket_mb,
                   "DDP / ZeRO-1 gradient bucket size in MiB (default 25)");
   cmd->add_option("--backend", f->backend, "communication: auto (mpi under mpirun), local, mpi");

@@ -21,6 +21,7 @@
 #include "parallel/data.h"
 #include "parallel/zero.h"
 #include "train/hf_export.h"
+#include "train/pipeline_runner.h"
 #include "train/token_file.h"
 
 namespace mt::train {
@@ -435,6 +436,7 @@ void run_rank(Shared& sh, comm::Group& world) {
 
 TrainResult run_training(const TrainOptions& o) {
   o.validate();
+  if (o.pipeline.pp != 1) return run_pipeline_training(o);
   comm::LaunchOptions lo;
   lo.backend = comm::parse_backend(o.backend);
   const comm::BackendKind kind = comm::resolve_backend(lo);

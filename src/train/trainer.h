@@ -11,6 +11,7 @@
 #include "core/memory.h"
 #include "model/config.h"
 #include "train/optimizer.h"
+#include "train/pipeline_options.h"
 
 namespace mt::train {
 
@@ -42,6 +43,7 @@ struct TrainOptions {
   double peak_flops = 0;           // 0: measured GEMM peak (`meshtrain bench peak`)
   bool quiet = false;              // no per-step lines (tests)
   bool keep_final_params = false;  // copy the final weights into TrainResult
+  PipelineOptions pipeline;        // --pp > 1: train/pipeline_runner.h
 
   int64_t microbatch_size() const { return microbatch > 0 ? microbatch : batch / dp; }
   void validate() const;
@@ -77,6 +79,7 @@ struct TrainResult {
   int64_t padded_params = 0;         // Ψ rounded up to a multiple of dp
   int64_t gathered_param_elems = 0;  // ZeRO-3 parameter pool (unit buffers)
   int64_t gradient_pool_elems = 0;   // ZeRO-2/3 gradient pool (unit buffers)
+  std::vector<PipelineRankStats> pipeline;  // per world rank, with --pp > 1
 };
 
 TrainResult run_training(const TrainOptions& opts);

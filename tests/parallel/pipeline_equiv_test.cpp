@@ -1,0 +1,70 @@
+// Equivalence: every pipeline schedule at pp 2 and 4 with m = pp, 2pp, 4pp microbatches
+// trains the same model as the single rank with the same global batch (DESIGN.md, idea 2).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "pipeline_test_util.h"
+
+namespace mt::train {
+namespace {
+
+// Tolerance. The pipeline differs from the single rank only in the order of f32 sums: weight
+// gradients are accumulated over m microbatches instead of one GEMM over the batch, the tied
+// wte gradient is the sum of the embedding's and the LM head's shares computed on two ranks,
+// the loss and the squared norm are summed per stage (f32 relative rounding ~1e-6 over a
+// sum). As for data parallelism (docs/data_parallel.md), Adam turns such differences into
+// parameter differences of ~1e-5 over 20 steps at lr 1e-3, moving the loss by ~1e-5.
+constexpr double kLossTol = 5e-5;
+constexpr int64_t kSteps = 20;
+
+const TrainResult& oracle() {
+  static const TrainResult r = run_training(test::pp_options(1, 0, "1f1b", 1, kSteps));
+  return r;
+}
+
+class PipelineEquiv : public ::testing::TestWithParam<std::tuple<int, int, std::string>> {};
+
+TEST_P(PipelineEquiv, LossesMatchTheSingleRank) {
+  const auto [P, k, schedule] = GetParam();
+  const int m = k * P;
+  const int v = schedule == "interleaved" ? 2 : 1;
+  const TrainResult& ref = oracle();
+  const TrainResult r = run_training(test::pp_options(P, m, schedule, v, kSteps));
+  ASSERT_EQ(r.steps.size(), ref.steps.size());
+  ASSERT_EQ(r.pipeline.size(), static_cast<size_t>(P));  // it did run the pipeline
+  EXPECT_EQ(r.pipeline.back().chunks.back(), P * v - 1);
+  double worst = 0;
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, kLossTol) << "step " << i + 1;
+    EXPECT_NEAR(r.steps[i].grad_norm, ref.steps[i].grad_norm, 1e-4 * ref.steps[i].grad_norm)
+        << "step " << i + 1;
+    worst = std::max(worst, std::abs(static_cast<double>(r.steps[i].loss) - ref.steps[i].loss));
+  }
+  std::printf("pp %d m %d %s: max |loss diff| %.2e over %lld steps (final loss %.4f)\n", P, m,
+              schedule.c_str(), worst, static_cast<long long>(kSteps), r.steps.back().loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineEquiv,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Values(1, 2, 4),
+                                            ::testing::Values("gpipe", "1f1b", "interleaved",
+                                                              "zb1")),
+                         [](const auto& info) {
+                           const int P = std::get<0>(info.param);
+                           return "pp" + std::to_string(P) + "_m" +
+                                  std::to_string(std::get<1>(info.param) * P) + "_" +
+                                  std::get<2>(info.param);
+                         });
+
+// pp x dp: the mesh pp 2 x dp 2 (pp slowest) with ZB-H1 equals the single rank too.
+TEST(PipelineEquivDp, PipelineTimesDataParallel) {
+  TrainOptions o = test::pp_options(2, 4, "zb1", 1, kSteps);
+  o.dp = 2;
+  const TrainResult r = run_training(o);
+  for (size_t i = 0; i < r.steps.size(); ++i)
+    EXPECT_NEAR(r.steps[i].loss, oracle().steps[i].loss, kLossTol) << "step " << i + 1;
+}
+
+}  // namespace
+}  // namespace mt::train
