@@ -28,6 +28,8 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_flag("--sp", sp, "sequence parallelism in the tp group");
   app.add_flag("--no-sp", no_sp, "no sequence parallelism (plan: pins it off)");
   app.add_option("--microbatch", microbatch, "sequences per microbatch");
+  app.add_option("--microbatches", microbatches,
+                 "microbatches per step and pipeline (instead of --microbatch)");
   app.add_option("--schedule", schedule, "gpipe, 1f1b, interleaved or zb1")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1"}));
   app.add_option("--virtual-stages", virtual_stages, "model chunks per pipeline rank");
@@ -89,6 +91,12 @@ plan::SearchPins PlanFlags::pins() const {
   p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.zero = zero;
   p.virtual_stages = virtual_stages;
   p.microbatch = microbatch;
+  if (microbatches) {
+    if (!dp) fail("--microbatches needs --dp (or give --microbatch, the size)");
+    if (*microbatches < 1 || batch.value_or(*gpus) % (int64_t(*dp) * *microbatches) != 0)
+      fail("--microbatches {} does not divide the batch over --dp {}", *microbatches, *dp);
+    p.microbatch = batch.value_or(*gpus) / (int64_t(*dp) * *microbatches);
+  }
   p.schedule = schedule;
   if (recompute) p.recompute = plan::parse_recompute(*recompute);
   if (sp && no_sp) fail("--sp and --no-sp contradict each other");
@@ -180,9 +188,10 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
 
 namespace {
 
-// A run config for `meshtrain train` (its --config keys; pipeline keys only when used).
+// A run config for `meshtrain train` (only keys its --config accepts) and the flags that
+// carry the rest of the layout (tp, sp, pp, schedule, virtual stages, recompute).
 nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
-                            const std::optional<std::string>& preset) {
+                            const std::optional<std::string>& preset, std::string* flags) {
   const plan::Layout& l = e.layout;
   nlohmann::json c;
   if (preset) {
@@ -201,14 +210,16 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   c["microbatch"] = l.microbatch;
   c["dp"] = l.dp;
   c["zero"] = l.zero;
-  if (l.tp > 1) c["tp"] = l.tp;
-  if (l.sp) c["sp"] = true;
+  std::string f;
+  if (l.tp > 1) f += fmt::format(" --tp {}", l.tp);
+  if (l.sp) f += " --sp";
   if (l.pp > 1) {
-    c["pp"] = l.pp;
-    c["schedule"] = l.schedule;
-    if (l.virtual_stages > 1) c["virtual_stages"] = l.virtual_stages;
+    f += fmt::format(" --pp {} --microbatches {} --schedule {}", l.pp, e.microbatches, l.schedule);
+    if (l.virtual_stages > 1) f += fmt::format(" --virtual-stages {}", l.virtual_stages);
   }
-  if (l.recompute != plan::Recompute::kNone) c["recompute"] = plan::recompute_name(l.recompute);
+  if (l.recompute != plan::Recompute::kNone)
+    f += fmt::format(" --recompute {}", plan::recompute_name(l.recompute));
+  *flags = f;
   return c;
 }
 
@@ -242,8 +253,10 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
     }
     std::ofstream out(*emit);
     if (!out) fail("--emit-config: cannot write '{}'", *emit);
-    out << train_config(j, s.top.front(), preset).dump(2) << "\n";
-    std::fprintf(human, "wrote %s (meshtrain train --config %s)\n", emit->c_str(), emit->c_str());
+    std::string flags;
+    out << train_config(j, s.top.front(), preset, &flags).dump(2) << "\n";
+    std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s%s\n", emit->c_str(),
+                 emit->c_str(), flags.c_str());
   }
   if (f.json) {
     nlohmann::json out = {{"job", job_json(j)},

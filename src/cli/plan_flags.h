@@ -19,7 +19,7 @@ struct PlanFlags {
   std::optional<int64_t> gpus, batch;
   std::string dtype = "bf16";
   std::optional<int> dp, tp, pp, cp, zero, virtual_stages;
-  std::optional<int64_t> microbatch;
+  std::optional<int64_t> microbatch, microbatches;
   std::optional<std::string> schedule, recompute;
   bool sp = false, no_sp = false;
   bool json = false;

@@ -30,6 +30,12 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j) {
   l.recompute = plan::parse_recompute(f.recompute.value_or("none"));
   l.sp = f.sp;
   l.microbatch = f.microbatch.value_or(std::max<int64_t>(1, j.batch / l.dp));
+  if (f.microbatches) {
+    if (*f.microbatches < 1 || j.batch % (int64_t(l.dp) * *f.microbatches) != 0)
+      fail("--microbatches {} does not divide --batch {} over dp {}", *f.microbatches, j.batch,
+           l.dp);
+    l.microbatch = j.batch / (int64_t(l.dp) * *f.microbatches);
+  }
   return l;
 }
 

@@ -25,8 +25,13 @@ MODEL="--model tiny --n-layer 4 --d-model 256 --n-head 4 --seq 128"
 echo "| layout | ranks | predicted step (ms) | measured (ms) | error | predicted peak MB | measured peak MB |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 for L in "--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 2 --zero 2" "--dp 2 --zero 3" \
-         "--dp 8 --zero 0" "--dp 8 --zero 1" "--dp 8 --zero 3" "--dp 2 --tp 1 --zero 0 --microbatch 4"; do
-  N=$(echo "$L" | sed -E 's/.*--dp ([0-9]+).*/\1/')
+         "--dp 8 --zero 0" "--dp 8 --zero 1" "--dp 8 --zero 3" "--dp 2 --zero 0 --microbatch 4" \
+         "--dp 1 --pp 2 --microbatches 4" "--dp 4 --pp 2 --microbatches 2" \
+         "--dp 2 --pp 4 --microbatches 4" "--dp 1 --pp 2 --microbatches 4 --schedule gpipe"; do
+  DP=$(echo "$L" | sed -E 's/.*--dp ([0-9]+).*/\1/')
+  PP=1
+  if [[ "$L" == *"--pp "* ]]; then PP=$(echo "$L" | sed -E 's/.*--pp ([0-9]+).*/\1/'); fi
+  N=$((DP * PP))
   "$B" train $MODEL $L --batch 16 --steps "$STEPS" --data "$W/demo.bin" --peak-gflops 100 \
       --metrics "$W/m.jsonl" --eval-every 0 >/dev/null 2>&1 || { echo "| $L | $N | train failed | | | | |"; continue; }
   "$B" simulate $MODEL $L --batch 16 --gpus "$N" --cluster "$W/host.json" --dtype f32 --json \
