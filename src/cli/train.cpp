@@ -17,10 +17,11 @@ struct TrainFlags {
   std::optional<float> lr, min_lr_ratio, weight_decay, grad_clip;
   std::optional<std::string> data, val_data, metrics, export_path;
   std::optional<double> peak_gflops, bucket_mb, comm_timeout;
-  std::optional<int> dp, zero;
+  std::optional<int> dp, zero, tp;
   std::optional<std::string> backend;
   bool profile = false;
   train::PipelineOptions pipeline;  // --pp, --microbatches, --schedule, ...
+  bool sp = false;
 };
 
 const std::vector<std::string> kConfigKeys = {
@@ -28,7 +29,7 @@ const std::vector<std::string> kConfigKeys = {
     "seq",   "bias",         "tied",       "batch",        "microbatch", "steps",
     "lr",    "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
     "data",  "val_data",     "eval_every", "eval_batches", "threads",    "dp",
-    "zero",  "bucket_mb",    "backend"};
+    "zero",  "bucket_mb",    "backend",    "tp",           "sp"};
 
 train::TrainOptions to_options(const TrainFlags& f) {
   const nlohmann::json j = read_config_file(f.config, kConfigKeys);
@@ -56,6 +57,8 @@ train::TrainOptions to_options(const TrainFlags& f) {
     take("threads", o.threads, f.threads);
     take("dp", o.dp, f.dp);
     take("zero", o.zero, f.zero);
+    take("tp", o.tp, f.tp);
+    if (j.contains("sp")) o.sp = j.at("sp").get<bool>();
     take("bucket_mb", o.bucket_mb, f.bucket_mb);
     take("backend", o.backend, f.backend);
   } catch (const nlohmann::json::exception& e) {
@@ -67,6 +70,7 @@ train::TrainOptions to_options(const TrainFlags& f) {
   if (f.comm_timeout) o.comm_timeout_s = *f.comm_timeout;
   o.profile = f.profile;
   o.pipeline = f.pipeline;
+  if (f.sp) o.sp = true;
   return o;
 }
 
@@ -96,6 +100,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--dp", f->dp, "data-parallel ranks (local: threads; under mpirun: -np)");
   cmd->add_option("--zero", f->zero,
                   "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters");
+  cmd->add_option("--tp", f->tp,
+                  "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split; world = dp "
+                  "x tp)");
+  cmd->add_flag("--sp", f->sp, "sequence parallelism in the tp group (needs --tp 2 or more)");
   cmd->add_option("--pp", f->pipeline.pp, "pipeline ranks (world = pp x dp; docs/pipeline.md)");
   cmd->add_option("--microbatches", f->pipeline.microbatches,
                   "pipeline microbatches per step and dp replica (default: --pp)");

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <numeric>
+
 #include "core/error.h"
 
 namespace mt::model {
@@ -57,5 +59,28 @@ void GptConfig::validate() const {
   if (vocab > 65536)
     fail("--vocab {} does not fit the uint16 tokens of the data format (at most 65536)", vocab);
 }
+
+void check_tp(const GptConfig& c, int tp, bool sp) {
+  if (tp < 1) fail("--tp {} must be at least 1", tp);
+  if (sp && tp == 1) fail("--sp needs tensor parallelism (use --tp 2 or more with --sp)");
+  auto valid = [&] {
+    std::vector<int64_t> ok;
+    for (int64_t t = 1; t <= c.n_head; ++t)
+      if (c.n_head % t == 0 && c.d_ff % t == 0 && (!sp || c.seq_len % t == 0)) ok.push_back(t);
+    return fmt::format("{}", fmt::join(ok, ", "));
+  };
+  if (c.n_head % tp != 0)
+    fail("--tp {} does not divide n_head={} (each rank owns whole heads; choose --tp among {})", tp,
+         c.n_head, valid());
+  if (c.d_ff % tp != 0)
+    fail("--tp {} does not divide d_ff={} (choose --tp among {})", tp, c.d_ff, valid());
+  if (sp && c.seq_len % tp != 0)
+    fail(
+        "--sp splits the sequence over the tp ranks, but --seq {} is not divisible by --tp {} "
+        "(use a --seq that is a multiple of {}, or --tp among {})",
+        c.seq_len, tp, tp, valid());
+}
+
+int64_t tp_vocab_pad(int tp) { return std::lcm<int64_t>(kVocabPadMultiple, tp); }
 
 }  // namespace mt::model

@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "parallel/tp.h"
 #include "parallel/unit_hooks.h"
 
 namespace mt::model {
@@ -22,6 +23,11 @@ struct Activations {
   Tensor lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]
   Tensor logits;                   // [N, Vp]; turned into d(logits) in place by backward
   Tensor losses, lse;              // [N]
+  // Tensor parallelism: logits are this rank's [N, Vp/t] columns; the vocabulary-parallel
+  // cross-entropy's row maxima and (sum-exp, target logit) pairs; with --sp the gathered
+  // final-norm output [N, C] the LM head reads (lnf holds this rank's rows).
+  Tensor ce_max, ce_sums;  // [N], [2N]
+  Tensor lnf_full;
 };
 
 // The model's units, in forward order, are what data parallelism gathers and reduces
@@ -30,15 +36,25 @@ struct Activations {
 // of parameters.
 class Gpt {
  public:
-  Gpt(const GptConfig& config, uint64_t seed, StoreOptions store = {});
+  // tp: this rank's tensor-parallel group (size 1: none). The store then holds this rank's
+  // slices (tp_shard_specs), each drawn from the global stream; the vocabulary is padded to
+  // a multiple of lcm(128, t) (config.vocab_pad_multiple is set here).
+  Gpt(const GptConfig& config, uint64_t seed, StoreOptions store = {},
+      parallel::tp::TpContext tp = {});
 
   const GptConfig& config() const { return config_; }
+  const parallel::tp::TpContext& tp() const { return tp_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
 
   int num_units() const { return static_cast<int>(config_.n_layer) + 2; }
   // n_units + 1 entries: unit u is parameters [v[u], v[u + 1]).
   std::vector<int> unit_first_params() const;
+  // With --sp, the parameters whose gradients each tp rank computes from its own sequence
+  // shard only, partial sums to be added over the tp group (parallel::tp::
+  // ReplicatedGradSync): the layer norms and the position embedding. (Row-parallel biases
+  // take their gradient from the gathered output gradient: already the full sum.)
+  std::vector<int> sequence_parallel_params() const;
   // Called around every unit's forward and backward (null: none).
   void set_hooks(parallel::UnitHooks* hooks) { hooks_ = hooks; }
 
@@ -54,6 +70,8 @@ class Gpt {
 
  private:
   void ensure_scratch(int64_t B, int64_t T);
+  float forward_tp(Activations& a);
+  void backward_tp(Activations& a, float dloss);
 
   GptConfig config_;
   ParamStore params_;
@@ -67,6 +85,7 @@ class Gpt {
   int64_t scratch_tokens_ = 0;
   parallel::UnitHooks* hooks_ = nullptr;
   parallel::UnitHooks no_hooks_;
+  parallel::tp::TpContext tp_;
 };
 
 // Training FLOPs per token (forward + backward, no recomputation): see docs/flops.md.

@@ -1,7 +1,9 @@
 #include "model/layers.h"
 
+#include "core/error.h"
 #include "core/profile.h"
 #include "kernels/kernels.h"
+#include "kernels/vocab_parallel.h"
 
 namespace mt::model {
 
@@ -34,32 +36,47 @@ void Linear::backward(float* dx, const float* dy, const float* x, int64_t n) con
   kernels::linear_backward(dx, w->grad.f32(), grad_of(b), dy, x, w->value.f32(), n, in, out);
 }
 
-BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t T) {
-  const int64_t N = B * T, C = c.d_model, F = c.d_ff;
+BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t T,
+                                         const parallel::tp::TpContext& tp) {
+  const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
+  const int64_t Nl = tp.local_rows(N);  // rows of the residual / layer-norm region
   BlockActivations a;
-  a.ln1 = acts({N, C});
-  a.ln1_mean = acts({N});
-  a.ln1_rstd = acts({N});
-  a.qkv = acts({N, 3 * C});
-  a.att = acts({B, c.n_head, T, T});
-  a.atty = acts({N, C});
-  a.res2 = acts({N, C});
-  a.ln2 = acts({N, C});
-  a.ln2_mean = acts({N});
-  a.ln2_rstd = acts({N});
+  a.ln1 = acts({Nl, C});
+  a.ln1_mean = acts({Nl});
+  a.ln1_rstd = acts({Nl});
+  a.qkv = acts({N, 3 * Cl});
+  a.att = acts({B, c.n_head / tp.size, T, T});
+  a.atty = acts({N, Cl});
+  a.res2 = acts({Nl, C});
+  a.ln2 = acts({Nl, C});
+  a.ln2_mean = acts({Nl});
+  a.ln2_rstd = acts({Nl});
   a.fch = acts({N, F});
   a.fch_gelu = acts({N, F});
-  a.out = acts({N, C});
+  a.out = acts({Nl, C});
   return a;
 }
 
-BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T) {
-  const int64_t N = B * T, C = c.d_model, F = c.d_ff;
-  return BlockScratch{scratch({N, C}),  scratch({N, C}),  scratch({N, 3 * C}),
-                      scratch({N, F}),  scratch({N, F}),  scratch({B, c.n_head, T, T})};
+BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
+                                 const parallel::tp::TpContext& tp) {
+  const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
+  BlockScratch s{scratch({N, C}), scratch({N, Cl}), scratch({N, 3 * Cl}),
+                 scratch({N, F}), scratch({N, F}),  scratch({B, c.n_head / tp.size, T, T}),
+                 Tensor(),        Tensor()};
+  if (tp.active() && tp.sp) {
+    s.gath = scratch({N, C});
+    s.part = scratch({N, C});
+  }
+  return s;
 }
 
-void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T) const {
+void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
+                    BlockScratch* s) const {
+  if (tp.active()) {
+    if (!s) fail("Block::forward with tensor parallelism needs the scratch buffers");
+    forward_tp(a, x, B, T, *s);
+    return;
+  }
   const int64_t N = B * T, C = ln_1.c;
   // Attention branch: res2 = x + c_proj(attention(c_attn(ln_1(x))))
   ln_1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, N);
@@ -83,6 +100,10 @@ void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T) c
 
 void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
                      int64_t B, int64_t T) const {
+  if (tp.active()) {
+    backward_tp(dres, s, a, x, B, T);
+    return;
+  }
   const int64_t N = B * T, C = ln_1.c;
   // MLP branch. dres = d(out) = d(res2) through the residual; add the branch's share.
   mlp_proj.backward(s.dgelu.f32(), dres, a.fch_gelu.f32(), N);
@@ -101,6 +122,102 @@ void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, co
   }
   c_attn.backward(s.dln.f32(), s.dqkv.f32(), a.ln1.f32(), N);
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), N);
+}
+
+// ---- tensor parallelism ---------------------------------------------------------------
+// Below, N = B·T tokens, Nl = N (N/t with --sp) the rows of the residual region, and every
+// column-parallel GEMM runs on all N rows: its input is the f (f̄) of the layer-norm output.
+
+void Block::row_parallel_forward(const Linear& l, float* y, const float* x, const float* residual,
+                                 int64_t N, BlockScratch& s) const {
+  namespace tpo = parallel::tp;
+  const int64_t C = ln_1.c, Nl = tp.local_rows(N);
+  float* partial = tp.sp ? s.part.f32() : y;
+  {
+    profile::Scope p("linear.fwd");
+    kernels::linear_forward(partial, x, l.w->value.f32(), nullptr, N, l.in, l.out);
+  }
+  if (tp.sp)
+    tpo::reduce_scatter_rows(tp, partial, y, Nl * C);  // ḡ
+  else
+    tpo::all_reduce(tp, y, N * C);  // g
+  if (l.b) kernels::add_bias(y, l.b->value.f32(), Nl, C);
+  kernels::add(y, y, residual, Nl * C);
+}
+
+void Block::forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T,
+                       BlockScratch& s) const {
+  namespace tpo = parallel::tp;
+  const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
+  const int64_t Cl = C / tp.size, heads = n_head / tp.size;
+  // Attention branch.
+  ln_1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, Nl);
+  const float* in1 = a.ln1.f32();  // f: identity forward
+  if (tp.sp) {                     // f̄: all-gather the sequence
+    tpo::all_gather_rows(tp, a.ln1.f32(), s.gath.f32(), Nl * C);
+    in1 = s.gath.f32();
+  }
+  c_attn.forward(a.qkv.f32(), in1, N);
+  {
+    profile::Scope p("attention.fwd");
+    kernels::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, Cl, heads);
+  }
+  row_parallel_forward(attn_proj, a.res2.f32(), a.atty.f32(), x, N, s);
+  // MLP branch.
+  ln_2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), Nl);
+  const float* in2 = a.ln2.f32();
+  if (tp.sp) {
+    tpo::all_gather_rows(tp, a.ln2.f32(), s.gath.f32(), Nl * C);
+    in2 = s.gath.f32();
+  }
+  c_fc.forward(a.fch.f32(), in2, N);
+  {
+    profile::Scope p("gelu.fwd");
+    kernels::gelu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch.numel());
+  }
+  row_parallel_forward(mlp_proj, a.out.f32(), a.fch_gelu.f32(), a.res2.f32(), N, s);
+}
+
+void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
+                        int64_t B, int64_t T) const {
+  namespace tpo = parallel::tp;
+  const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
+  const int64_t Cl = C / tp.size, heads = n_head / tp.size;
+  // The row-parallel layer's output gradient: g backward is the identity (every rank holds
+  // the same dres); ḡ backward all-gathers it. Its bias gradient then sums all N rows, the
+  // same on every rank. The column-parallel input gradient is a partial sum: f backward
+  // all-reduces it, f̄ backward reduce-scatters it to this rank's rows.
+  auto gathered = [&](const float* local) {
+    if (!tp.sp) return local;
+    tpo::all_gather_rows(tp, local, s.gath.f32(), Nl * C);
+    return static_cast<const float*>(s.gath.f32());
+  };
+  auto column_input_grad = [&](const Linear& l, const float* dy, const float* ln_out) {
+    const float* in = gathered(ln_out);  // --sp: the layer-norm output again (not stored)
+    float* dx = tp.sp ? s.part.f32() : s.dln.f32();
+    l.backward(dx, dy, in, N);
+    if (tp.sp)
+      tpo::reduce_scatter_rows(tp, dx, s.dln.f32(), Nl * C);
+    else
+      tpo::all_reduce(tp, dx, N * C);
+  };
+  // MLP branch.
+  mlp_proj.backward(s.dgelu.f32(), gathered(dres), a.fch_gelu.f32(), N);
+  {
+    profile::Scope p("gelu.bwd");
+    kernels::gelu_backward(s.dfch.f32(), a.fch.f32(), s.dgelu.f32(), a.fch.numel());
+  }
+  column_input_grad(c_fc, s.dfch.f32(), a.ln2.f32());
+  ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
+  // Attention branch.
+  attn_proj.backward(s.datty.f32(), gathered(dres), a.atty.f32(), N);
+  {
+    profile::Scope p("attention.bwd");
+    kernels::attention_backward(s.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(), a.att.f32(),
+                                B, T, Cl, heads);
+  }
+  column_input_grad(c_attn, s.dqkv.f32(), a.ln1.f32());
+  ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), Nl);
 }
 
 }  // namespace mt::model

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "model/params.h"
+#include "parallel/tp.h"
 
 namespace mt::model {
 
@@ -49,20 +50,44 @@ struct BlockScratch {
   Tensor dfch;   // [N, F]
   Tensor dgelu;  // [N, F]
   Tensor datt;   // [B, NH, T, T]
+  // Tensor parallelism with --sp: the gathered input of a column-parallel layer (and the
+  // gathered output gradient of a row-parallel one), and the partial sums before a
+  // reduce-scatter. [N, C] each; undefined otherwise.
+  Tensor gath;
+  Tensor part;
 };
 
+// With tensor parallelism (tp.size = t > 1) the block is Megatron's: c_attn and c_fc are
+// column-parallel (this rank's n_head/t heads, d_ff/t hidden units), attn_proj and
+// mlp_proj row-parallel (their biases added once, after the reduction), and the only
+// communication is f before each column-parallel layer and g after each row-parallel one
+// (parallel/tp.h). With --sp the layer norms and the residual run on this rank's N/t rows.
+// The Linear members then hold the local shapes (c_attn: in C, out 3C/t; ...).
 struct Block {
   LayerNorm ln_1, ln_2;
   Linear c_attn, attn_proj, c_fc, mlp_proj;
-  int64_t n_head = 0;
+  int64_t n_head = 0;  // global heads
+  parallel::tp::TpContext tp;
 
-  static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T);
-  static BlockScratch make_scratch(const GptConfig& c, int64_t B, int64_t T);
+  static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T,
+                                           const parallel::tp::TpContext& tp = {});
+  static BlockScratch make_scratch(const GptConfig& c, int64_t B, int64_t T,
+                                   const parallel::tp::TpContext& tp = {});
 
-  void forward(BlockActivations& a, const float* x, int64_t B, int64_t T) const;
+  // x: [N, C] (with --sp this rank's [N/t, C] rows). `s` is needed with tensor parallelism.
+  void forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
+               BlockScratch* s = nullptr) const;
   // dres holds d(loss)/d(block output) on entry and d(loss)/d(block input) on exit.
   void backward(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
                 int64_t B, int64_t T) const;
+
+ private:
+  void forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T, BlockScratch& s) const;
+  void backward_tp(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
+                   int64_t B, int64_t T) const;
+  // Row-parallel layer + g + bias + residual: y = residual + reduce(x·wᵀ) + b.
+  void row_parallel_forward(const Linear& l, float* y, const float* x, const float* residual,
+                            int64_t N, BlockScratch& s) const;
 };
 
 }  // namespace mt::model

@@ -74,10 +74,82 @@ void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64
   rng::fill_normal(out, n, seed, rng::stream_of(spec.name), static_cast<uint64_t>(first), 0.f,
                    spec.init_std);
   if (spec.real_rows >= 0) {  // padding rows of the vocabulary are zero
-    const int64_t row_elems = spec.shape[1];
+    const int64_t row_elems = spec.full_shape()[1];
     const int64_t pad_begin = spec.real_rows * row_elems;
     for (int64_t i = std::max<int64_t>(first, pad_begin); i < first + n; ++i) out[i - first] = 0.f;
   }
+}
+
+std::vector<ParamSpec> tp_shard_specs(std::vector<ParamSpec> specs, int rank, int size) {
+  for (auto& s : specs) {
+    s.global_shape = s.shape;
+    s.tp_rank = rank;
+    s.tp_size = size;
+    auto split = [&](size_t dim, int64_t pieces) {
+      if (s.shape[dim] % pieces != 0)
+        fail("{}: dimension {} of size {} does not split over {} tensor-parallel ranks", s.name,
+             dim, s.shape[dim], pieces);
+      s.shape[dim] /= pieces;
+    };
+    switch (s.tp_split) {
+      case TpSplit::kReplicated:
+        break;
+      case TpSplit::kRows:
+        split(0, size);
+        break;
+      case TpSplit::kCols:
+        split(1, size);
+        break;
+      case TpSplit::kQkvRows:
+        split(0, 3 * static_cast<int64_t>(size));
+        s.shape[0] *= 3;
+        break;
+    }
+  }
+  return specs;
+}
+
+void for_each_tp_run(const ParamSpec& spec,
+                     const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const Shape& g = spec.full_shape();
+  const int64_t n = shape_numel(spec.shape);
+  if (spec.tp_size <= 1 || spec.tp_split == TpSplit::kReplicated) {
+    fn(0, 0, n);
+    return;
+  }
+  const int64_t cols = g.size() > 1 ? g[1] : 1;
+  const int64_t r = spec.tp_rank;
+  switch (spec.tp_split) {
+    case TpSplit::kReplicated:
+      break;
+    case TpSplit::kRows:
+      fn(0, r * n, n);
+      break;
+    case TpSplit::kCols: {
+      const int64_t lc = spec.shape[1];
+      for (int64_t i = 0; i < g[0]; ++i) fn(i * lc, i * cols + r * lc, lc);
+      break;
+    }
+    case TpSplit::kQkvRows: {
+      const int64_t block = g[0] / 3 * cols;  // one of q, k, v
+      const int64_t piece = n / 3;            // this rank's part of it
+      for (int64_t q = 0; q < 3; ++q) fn(q * piece, q * block + r * piece, piece);
+      break;
+    }
+  }
+}
+
+void init_param_local(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n, float* out) {
+  for_each_tp_run(spec, [&](int64_t lf, int64_t gf, int64_t len) {
+    const int64_t lo = std::max(first, lf), hi = std::min(first + n, lf + len);
+    if (lo < hi) init_param_range(spec, seed, gf + (lo - lf), hi - lo, out + (lo - first));
+  });
+}
+
+void tp_slice(const ParamSpec& spec, const float* global, float* out) {
+  for_each_tp_run(spec, [&](int64_t lf, int64_t gf, int64_t len) {
+    std::copy(global + gf, global + gf + len, out + lf);
+  });
 }
 
 ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype, StoreOptions options) {
@@ -105,7 +177,7 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype, StoreOptions o
 
 void ParamStore::initialize(uint64_t seed) {
   if (!flat_values_.defined()) return;
-  for (auto& p : params_) init_param_range(p.spec, seed, 0, p.value.numel(), p.value.f32());
+  for (auto& p : params_) init_param_local(p.spec, seed, 0, p.value.numel(), p.value.f32());
 }
 
 void ParamStore::initialize_range(uint64_t seed, int64_t first, int64_t n, float* out) const {
@@ -113,7 +185,7 @@ void ParamStore::initialize_range(uint64_t seed, int64_t first, int64_t n, float
   for (const auto& p : params_) {
     const int64_t lo = std::max(first, p.offset_elems);
     const int64_t hi = std::min(first + n, p.offset_elems + shape_numel(p.spec.shape));
-    if (lo < hi) init_param_range(p.spec, seed, lo - p.offset_elems, hi - lo, out + (lo - first));
+    if (lo < hi) init_param_local(p.spec, seed, lo - p.offset_elems, hi - lo, out + (lo - first));
   }
 }
 

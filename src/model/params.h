@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct ParamSpec {
   bool weight_decay = false;   // matrices only
   bool hf_transposed = false;  // stored [out, in]; HF Conv1D stores [in, out]
   int layer = -1;              // block index, -1 for embeddings and the final norm
+  // Tensor parallelism: `shape` is this rank's slice of `global_shape` (empty: the same,
+  // no TP). tp_rank of tp_size picks the slice by tp_split (tp_shard_specs).
+  Shape global_shape;
+  int tp_rank = 0, tp_size = 1;
+  const Shape& full_shape() const { return global_shape.empty() ? shape : global_shape; }
 };
 
 std::vector<ParamSpec> gpt_param_specs(const GptConfig& c);
@@ -90,5 +96,21 @@ class ParamStore {
 
 // Draws a parameter's global elements [first, first + n) into out.
 void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n, float* out);
+
+// ---- tensor parallelism -------------------------------------------------------------
+// The specs of tp rank `rank` of `size`: each spec's shape becomes its slice (kRows: a block
+// of rows; kCols: a block of columns; kQkvRows: the rank's heads inside each of q, k and v;
+// kReplicated: all of it), global_shape keeps the whole. Refuses a split that does not
+// divide (the layout is checked before, with a better message: Gpt's tp refusals).
+std::vector<ParamSpec> tp_shard_specs(std::vector<ParamSpec> specs, int rank, int size);
+// Calls fn(local_first, global_first, n) for each contiguous run of a (sharded) parameter:
+// local elements [local_first, +n) are global elements [global_first, +n).
+void for_each_tp_run(const ParamSpec& spec,
+                     const std::function<void(int64_t, int64_t, int64_t)>& fn);
+// Draws local elements [first, first + n) of a (sharded) parameter: the global stream's
+// values at the matching global indices, so TP = 1 and TP = T start from the same weights.
+void init_param_local(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t n, float* out);
+// Copies this shard's slice out of the whole tensor `global` (tests, export).
+void tp_slice(const ParamSpec& spec, const float* global, float* out);
 
 }  // namespace mt::model

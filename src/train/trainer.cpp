@@ -19,6 +19,7 @@
 #include "model/gpt.h"
 #include "obs/metrics.h"
 #include "parallel/data.h"
+#include "parallel/tp.h"
 #include "parallel/zero.h"
 #include "train/hf_export.h"
 #include "train/pipeline_runner.h"
@@ -31,6 +32,9 @@ void TrainOptions::validate() const {
   if (batch < 1) fail("--batch {} must be at least 1", batch);
   if (microbatch < 0) fail("--microbatch {} must be at least 1", microbatch);
   if (dp < 1) fail("--dp {} must be at least 1", dp);
+  model::check_tp(model, tp, sp);  // tensor parallelism: refusals naming the valid --tp
+  if (tp > 1 && !export_path.empty())
+    fail("--export with --tp {} is not supported yet (export from a --tp 1 run)", tp);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
   // Each dp rank takes batch / dp consecutive samples of the global batch, in microbatches.
@@ -102,7 +106,7 @@ parallel::FlatLayout flat_layout(const model::Gpt& gpt) {
 // Intra-op threads of one rank: cores on this host shared by the ranks on this host.
 int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
   if (o.threads > 0) return o.threads;
-  int on_host = o.dp;
+  int on_host = o.dp * o.tp;
   if (backend == comm::BackendKind::kMpi)
     if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) on_host = std::atoi(s);
   return std::max(1, kernels::host_cores() / std::max(1, on_host));
@@ -117,10 +121,10 @@ int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
 //   stage 3: shard values and grads (+ unit pools), per-unit all-gather before forward and
 //            backward, per-unit reduce-scatter, AdamW on the shard
 struct Replica {
-  Replica(const TrainOptions& o, comm::Group& dp_group)
+  Replica(const TrainOptions& o, comm::Group& dp_group, parallel::tp::TpContext tp_ctx = {})
       : dp(dp_group),
         zero(o.zero),
-        gpt(o.model, o.seed, model::StoreOptions{dp_group.size(), o.zero < 3, o.zero < 2}),
+        gpt(o.model, o.seed, model::StoreOptions{dp_group.size(), o.zero < 3, o.zero < 2}, tp_ctx),
         layout(flat_layout(gpt)),
         shard(dp_group.rank(), dp_group.size(), layout.padded_elems) {
     model::ParamStore& ps = gpt.params();
@@ -155,6 +159,37 @@ struct Replica {
     opt_lo = zero == 0 ? 0 : shard.lo();
     opt_hi = zero == 0 ? ps.numel() : shard.hi();
     opt = std::make_unique<AdamW>(ps, o.adamw, opt_lo, opt_hi);
+    // Tensor parallelism: replicated parameters (layer norms, row-parallel biases, wpe).
+    for (const auto& p : ps.params())
+      if (p.spec.tp_split == model::TpSplit::kReplicated)
+        replicated.emplace_back(p.offset_elems, p.offset_elems + shape_numel(p.spec.shape));
+    if (tp_ctx.sp) {  // layer norms, wpe: their gradients are sums over one sequence shard
+      std::vector<std::pair<int64_t, int64_t>> partial;
+      for (int i : gpt.sequence_parallel_params()) {
+        const model::Param& p = ps.params()[static_cast<size_t>(i)];
+        partial.emplace_back(p.offset_elems, p.offset_elems + shape_numel(p.spec.shape));
+      }
+      tp_sync = std::make_unique<parallel::tp::ReplicatedGradSync>(partial, opt_lo, opt_hi);
+    }
+  }
+  // Squared norm of this rank's owned gradients, counting a replicated parameter on tp rank
+  // 0 only (the sum over all ranks then counts every element of the model once).
+  double owned_norm_sq() {
+    const auto& tp = gpt.tp();
+    if (!tp.active()) return kernels::sum_squares(owned_grads(), owned_elems());
+    const float* g = owned_grads();
+    const int64_t lo = shard.lo(), hi = shard.hi();
+    double sum = 0;
+    size_t k = 0;  // next replicated range
+    for (int64_t e = lo; e < hi;) {
+      while (k < replicated.size() && replicated[k].second <= e) ++k;
+      const bool in_rep = k < replicated.size() && replicated[k].first <= e;
+      const int64_t end = std::min(
+          hi, in_rep ? replicated[k].second : (k < replicated.size() ? replicated[k].first : hi));
+      if (!in_rep || tp.rank == 0) sum += kernels::sum_squares(g + (e - lo), end - e);
+      e = end;
+    }
+    return sum;
   }
 
   void begin_step() {
@@ -169,6 +204,7 @@ struct Replica {
   void end_backward() {
     if (buckets) buckets->finish();
     if (grads) grads->finish();
+    if (tp_sync) tp_sync->sync(gpt.tp(), opt_grads());  // --sp: sum the partial sums over tp
   }
   // This rank's reduced gradients: each element of [0, Ψp) is owned by exactly one rank,
   // so the squares summed over owned ranges and then over ranks count each once.
@@ -216,6 +252,8 @@ struct Replica {
   std::unique_ptr<AdamW> opt;
   int64_t opt_lo = 0, opt_hi = 0;
   Tensor full;
+  std::vector<std::pair<int64_t, int64_t>> replicated;  // flat ranges of replicated params
+  std::unique_ptr<parallel::tp::ReplicatedGradSync> tp_sync;
 };
 
 // Mean loss over the first `batches` global batches of the held-out split; each rank
@@ -230,6 +268,7 @@ float evaluate(Replica& r, model::Activations& acts, const SequenceSampler& val,
       val.fill(first_sample(k, B, r.dp.rank(), r.dp.size(), m, mb), mb, in.data(), tgt.data());
       sum += r.gpt.forward(acts, in.data(), tgt.data());
     }
+  if (r.gpt.tp().rank != 0) sum = 0;  // every tp rank has the same loss: count it once
   if (scalars) {
     float s = static_cast<float>(sum);
     scalars->all_reduce(comm::Buf(&s, 1));
@@ -263,16 +302,19 @@ void run_rank(Shared& sh, comm::Group& world) {
   kernels::set_threads(sh.threads);
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
-  comm::DeviceMesh mesh(world, comm::MeshShape({{"dp", o.dp}}, world.size()));
+  comm::DeviceMesh mesh(world, comm::MeshShape({{"dp", o.dp}, {"tp", o.tp}}, world.size()));
   comm::Group& dp = mesh.group("dp");
+  comm::Group& tp_group = mesh.group("tp");
   const int D = dp.size(), d = dp.rank();
   const bool lead = world.rank() == 0;
   // Scalars (loss, norm, peak bytes) travel on their own group so that the dp group's byte
   // counters hold exactly the gradient and parameter traffic.
   std::unique_ptr<comm::Group> scalars_group;
-  if (D > 1)
+  if (D > 1 && o.tp == 1)
     scalars_group = dp.split(
         0, d, "dp_scalars[" + std::to_string(mesh.shape().group_index({"dp"}, world.rank())) + "]");
+  else if (o.tp > 1)
+    scalars_group = world.split(0, world.rank(), "scalars");
   comm::Group* scalars = scalars_group.get();
 
   obs::Progress progress;
@@ -280,7 +322,8 @@ void run_rank(Shared& sh, comm::Group& world) {
   if (lead) metrics = std::make_unique<obs::MetricsWriter>(o.metrics);
   const bool talk = lead && !o.quiet;
 
-  Replica rep(o, dp);
+  Replica rep(o, dp,
+              o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{});
   const int64_t T = o.model.seq_len, B = o.batch, mb = o.microbatch_size();
   const int64_t n_micro = B / D / mb;
   model::Activations acts = rep.gpt.make_activations(mb, T);
@@ -294,11 +337,14 @@ void run_rank(Shared& sh, comm::Group& world) {
   if (talk)
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads, vocab {} padded to {}), {:.2f}M "
-        "parameters; batch {} x seq {}; dp {} (ZeRO-{}, {} backend), {} microbatch(es) of {} "
+        "parameters; batch {} x seq {}; dp {} (ZeRO-{}, {} backend){}, {} microbatch(es) of {} "
         "per rank; {} thread(s) per rank; data {} ({} train sequences)",
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head, o.model.vocab,
-        o.model.padded_vocab(), rep.gpt.params().numel() / 1e6, B, T, D, o.zero,
-        world.backend_kind(), n_micro, mb, sh.threads, o.data, data.train->num_samples()));
+        rep.gpt.config().padded_vocab(),
+        model::count_params(model::gpt_param_specs(rep.gpt.config())) / 1e6, B, T, D, o.zero,
+        world.backend_kind(),
+        o.tp > 1 ? fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "") : "",
+        n_micro, mb, sh.threads, o.data, data.train->num_samples()));
 
   RankRecord rec;
   rec.rank = world.rank();
@@ -306,6 +352,7 @@ void run_rank(Shared& sh, comm::Group& world) {
   std::vector<std::pair<int64_t, float>> val_losses;
   int64_t allocations_after_step1 = 0;
   comm::ByteCount before = dp.recorder().bytes_of_group(dp.name());
+  comm::ByteCount tp_before = tp_group.recorder().bytes_of_group(tp_group.name());
   for (int64_t step = 0; step < o.steps; ++step) {
     const double t0 = now_s();
     rep.begin_step();
@@ -318,7 +365,8 @@ void run_rank(Shared& sh, comm::Group& world) {
     }
     rep.end_backward();
     // Global loss and gradient norm: sums over ranks of this rank's shares.
-    double norm_sq = kernels::sum_squares(rep.owned_grads(), rep.owned_elems());
+    double norm_sq = rep.owned_norm_sq();
+    if (o.tp > 1 && tp_group.rank() != 0) loss_sum = 0;  // the tp ranks agree: count once
     if (scalars) {
       float s[2] = {static_cast<float>(loss_sum), static_cast<float>(norm_sq)};
       scalars->all_reduce(comm::Buf(s, 2));
@@ -342,6 +390,9 @@ void run_rank(Shared& sh, comm::Group& world) {
     rec.step_sent_bytes.push_back(now.sent_bytes - before.sent_bytes);
     rec.step_recv_bytes.push_back(now.recv_bytes - before.recv_bytes);
     before = now;
+    const comm::ByteCount tp_now = tp_group.recorder().bytes_of_group(tp_group.name());
+    rec.step_tp_recv_bytes.push_back(tp_now.recv_bytes - tp_before.recv_bytes);
+    tp_before = tp_now;
 
     StepRecord r;
     r.step = step + 1;
@@ -350,7 +401,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     r.grad_norm = norm;
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
-    r.mfu = r.tokens_per_s / D * flops_per_token / peak;
+    r.mfu = r.tokens_per_s / (D * o.tp) * flops_per_token / peak;
     r.peak_bytes = worst_peak(scalars, tracker.snapshot().total_peak_bytes);
     r.comm_bytes = rec.step_recv_bytes.back();
     steps.push_back(r);
@@ -407,6 +458,10 @@ void run_rank(Shared& sh, comm::Group& world) {
                                 100 * e.time_s / total, e.calls));
   }
   rep.materialize_full();
+  if (o.keep_final_params) {
+    const float* v = rep.full_values();
+    rec.final_params.assign(v, v + rep.gpt.params().numel());
+  }
   if (lead && !o.export_path.empty()) {
     export_hf_safetensors(rep.gpt, o.export_path);
     if (!o.quiet) progress.line(fmt::format("exported weights to {}", o.export_path));
@@ -440,10 +495,13 @@ TrainResult run_training(const TrainOptions& o) {
   comm::LaunchOptions lo;
   lo.backend = comm::parse_backend(o.backend);
   const comm::BackendKind kind = comm::resolve_backend(lo);
-  lo.world_size = kind == comm::BackendKind::kMpi ? 0 : o.dp;
+  lo.world_size = kind == comm::BackendKind::kMpi ? 0 : o.dp * o.tp;
   lo.timeout_s = o.comm_timeout_s;
   const int world = comm::launch_world_size(lo);
-  if (world != o.dp)
+  if (o.tp > 1 && world != o.dp * o.tp)
+    fail("mpirun started {} processes but --dp {} x --tp {} is {} (run mpirun -np {})", world, o.dp,
+         o.tp, o.dp * o.tp, o.dp * o.tp);
+  if (world != o.dp * o.tp)
     fail("mpirun started {} processes but --dp is {} (pass --dp {}, or run mpirun -np {})", world,
          o.dp, world, o.dp);
   const Splits data = make_splits(o);  // read-only, shared by the rank threads

@@ -20,6 +20,8 @@ struct TrainOptions {
   int64_t batch = 16;            // global batch, in sequences (the same whatever the layout)
   int64_t microbatch = 0;        // sequences per forward/backward on a rank; 0 = batch / dp
   int dp = 1;                    // data-parallel ranks
+  int tp = 1;                    // tensor-parallel ranks (world = dp x tp)
+  bool sp = false;               // sequence parallelism inside the tp group
   int zero = 0;                  // ZeRO stage: 0 DDP, 1 optimizer state, 2 + gradients, 3 + params
   double bucket_mb = 25;         // DDP / ZeRO-1 gradient bucket (MiB, PyTorch DDP's default)
   std::string backend = "auto";  // auto (mpi under mpirun, else local), local, mpi
@@ -67,6 +69,8 @@ struct RankRecord {
   int rank = -1;
   mem::Snapshot memory;  // at the end of the last step (peaks over the whole run)
   std::vector<int64_t> step_sent_bytes, step_recv_bytes;  // over the dp group, per step
+  std::vector<int64_t> step_tp_recv_bytes;                // over the tp group, per step
+  std::vector<float> final_params;  // this rank's flat values (keep_final_params; TP shards)
   int64_t allocations_after_first_step = 0;
 };
 

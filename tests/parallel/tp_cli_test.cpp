@@ -1,0 +1,74 @@
+// The CLI: `meshtrain train --tp T [--sp]` runs (alone and with --dp), and a layout that
+// cannot run is refused before any work with a message naming the valid values.
+#include <gtest/gtest.h>
+
+#include "tp_test_util.h"
+
+namespace mt::test {
+namespace {
+
+std::string small_run() {
+  return "train --model tiny --n-layer 2 --seq 32 --batch 8 --steps 3 --threads 1 "
+         "--peak-gflops 100 --data " +
+         dp_demo_data();
+}
+
+TEST(TpCli, TensorAndSequenceParallelRuns) {
+  const RunResult r = run_meshtrain(small_run() + " --tp 2 --sp");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tp 2 with sequence parallelism"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step     3/3"), std::string::npos) << r.output;
+}
+
+TEST(TpCli, CombinedWithDataParallelRuns) {
+  const RunResult r = run_meshtrain(small_run() + " --dp 2 --tp 2 --zero 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dp 2 (ZeRO-1, local backend), tp 2"), std::string::npos) << r.output;
+}
+
+TEST(TpCli, TpThatDoesNotDivideTheHeadsIsRefused) {
+  const RunResult r = run_meshtrain(small_run() + " --tp 3");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--tp 3 does not divide n_head=4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("choose --tp among 1, 2, 4"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step"), std::string::npos) << "refused before any work";
+}
+
+TEST(TpCli, SequenceNotDivisibleWithSpIsRefused) {
+  std::string cmd = small_run();
+  cmd.replace(cmd.find("--seq 32"), 8, "--seq 30");
+  const RunResult r = run_meshtrain(cmd + " --tp 4 --sp");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--seq 30 is not divisible by --tp 4"), std::string::npos) << r.output;
+}
+
+TEST(TpCli, SpWithoutTpIsRefused) {
+  const RunResult r = run_meshtrain(small_run() + " --sp");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--sp needs tensor parallelism"), std::string::npos) << r.output;
+}
+
+// Under mpirun (one process per rank, the mpi backend): dp 2 x tp 2 with --sp prints the
+// same losses as the local backend (both reduce in rank order).
+TEST(TpCli, UnderMpirunMatchesTheLocalBackend) {
+  if (run_command("command -v mpirun").exit_code != 0) GTEST_SKIP() << "no mpirun";
+  const std::string env =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1 ";
+  const std::string flags = small_run() + " --dp 2 --tp 2 --sp --zero 1";
+  const RunResult mpi =
+      run_command(env + "mpirun -np 4 --oversubscribe " + MT_BINARY + " " + flags);
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
+  EXPECT_NE(mpi.output.find("mpi backend"), std::string::npos) << mpi.output;
+  const RunResult local = run_meshtrain(flags + " --backend local");
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  auto loss_of = [](const std::string& out) {
+    const size_t at = out.find("step     3/3 | loss ");
+    return at == std::string::npos ? std::string() : out.substr(at, 27);
+  };
+  EXPECT_FALSE(loss_of(local.output).empty()) << local.output;
+  EXPECT_EQ(loss_of(mpi.output), loss_of(local.output));
+}
+
+}  // namespace
+}  // namespace mt::test

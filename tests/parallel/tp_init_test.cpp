@@ -1,0 +1,76 @@
+// Layout independence of the initialisation: every tp rank's shard of every parameter
+// equals the matching slice of the single-rank model (kQkvRows: the rank's heads inside
+// each of q, k and v), and the refusals of a tp that does not divide the model.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "model/gpt.h"
+
+namespace mt::model {
+namespace {
+
+TEST(TpInit, EveryShardIsTheSliceOfTheSingleRankWeights) {
+  GptConfig c = preset("tiny");
+  c.n_layer = 1;
+  const Gpt whole(c, 42);
+  for (int t : {2, 4}) {
+    for (int r = 0; r < t; ++r) {
+      parallel::tp::TpContext tp;
+      tp.rank = r;
+      tp.size = t;
+      const Gpt shard(c, 42, {}, tp);
+      ASSERT_EQ(shard.params().params().size(), whole.params().params().size());
+      for (size_t i = 0; i < whole.params().params().size(); ++i) {
+        const Param& w = whole.params().params()[i];
+        const Param& s = shard.params().params()[i];
+        std::vector<float> want(static_cast<size_t>(s.value.numel()));
+        tp_slice(s.spec, w.value.f32(), want.data());
+        for (int64_t k = 0; k < s.value.numel(); ++k)
+          ASSERT_EQ(s.value.f32()[k], want[static_cast<size_t>(k)])
+              << s.spec.name << " t " << t << " rank " << r << " element " << k;
+      }
+    }
+  }
+}
+
+TEST(TpInit, QkvShardHoldsWholeHeadsOfEachOfQKV) {
+  ParamSpec s;
+  s.name = "q";
+  s.shape = {3 * 8, 2};  // C = 8: q rows 0..7, k 8..15, v 16..23
+  s.tp_split = TpSplit::kQkvRows;
+  const auto sharded = tp_shard_specs({s}, 1, 2);
+  ASSERT_EQ(sharded[0].shape, (Shape{12, 2}));
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for_each_tp_run(sharded[0], [&](int64_t local, int64_t global, int64_t n) {
+    runs.emplace_back(global, n);
+    EXPECT_EQ(local % 8, 0);
+  });
+  // rank 1 of 2: rows 4..7 of q, 12..15 of k, 20..23 of v (2 columns each).
+  EXPECT_EQ(runs, (std::vector<std::pair<int64_t, int64_t>>{{8, 8}, {24, 8}, {40, 8}}));
+}
+
+TEST(TpInit, RefusesATpThatDoesNotDivide) {
+  GptConfig c = preset("tiny");  // 4 heads, d_ff 512
+  try {
+    check_tp(c, 3, false);
+    FAIL() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tp 3 does not divide n_head=4"), std::string::npos)
+        << e.what();
+  }
+  c.n_head = 8;
+  c.d_model = 128;
+  c.d_ff = 204;
+  EXPECT_THROW(check_tp(c, 8, false), Error);  // d_ff 204 % 8
+  c.d_ff = 512;
+  c.seq_len = 30;
+  EXPECT_THROW(check_tp(c, 4, true), Error);
+  EXPECT_NO_THROW(check_tp(c, 4, false));
+  EXPECT_EQ(tp_vocab_pad(3), 384);
+  EXPECT_EQ(tp_vocab_pad(4), 128);
+}
+
+}  // namespace
+}  // namespace mt::model
