@@ -661,6 +661,8 @@ TrainResult run_pipeline_training(const TrainOptions& o) {
     fail("--export with --pp {} is not supported yet (train with --pp 1 to export)", po.pp);
   const pp::ScheduleKind kind = pp::parse_schedule_kind(po.schedule);
   const int m = po.microbatches > 0 ? po.microbatches : po.pp;
+  const pp::Schedule sched = pp::build_schedule(kind, po.pp, m, po.virtual_stages);
+  pp::verify_or_throw(sched);
   if (o.batch % (static_cast<int64_t>(o.dp) * m) != 0)
     fail(
         "--batch {} is not divisible by --dp {} x --microbatches {} = {} (each pipeline "
@@ -670,8 +672,6 @@ TrainResult run_pipeline_training(const TrainOptions& o) {
   if (o.microbatch > 0 && o.microbatch != mb_size)
     fail("--microbatch {} disagrees with --batch {} / (--dp {} x --microbatches {}) = {}",
          o.microbatch, o.batch, o.dp, m, mb_size);
-  const pp::Schedule sched = pp::build_schedule(kind, po.pp, m, po.virtual_stages);
-  pp::verify_or_throw(sched);
   const pp::Partition part = make_partition(o, sched.num_chunks());
 
   comm::LaunchOptions lo;

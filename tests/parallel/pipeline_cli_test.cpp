@@ -1,0 +1,90 @@
+// The CLI: `meshtrain schedule` prints a verified grid; `meshtrain train --pp` runs each
+// schedule, writes a trace with one row per rank, runs under mpirun, and refuses a layout
+// that cannot run before any work.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "pipeline_test_util.h"
+
+namespace mt::test {
+namespace {
+
+std::string small_run() {
+  return "train --model tiny --n-layer 4 --seq 32 --batch 8 --steps 3 --threads 1 "
+         "--peak-gflops 100 --data " +
+         pp_demo_data();
+}
+
+TEST(PipelineCli, SchedulePrintsAVerifiedGrid) {
+  const RunResult r = run_meshtrain("schedule --pp 4 --microbatches 8 --schedule 1f1b --timeline");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("verified"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bubble fraction 0.2727"), std::string::npos) << r.output;  // 3/11
+  const RunResult zb = run_meshtrain("schedule --pp 4 --microbatches 8 --schedule zb1");
+  EXPECT_NE(zb.output.find("bubble fraction 0.1111"), std::string::npos) << zb.output;  // 3/27
+}
+
+TEST(PipelineCli, TrainWritesATraceWithOneRowPerRank) {
+  const std::string trace = (scratch_dir("pp") / "trace.json").string();
+  const RunResult r = run_meshtrain(
+      small_run() + " --pp 2 --dp 2 --microbatches 4 --schedule zb1 --trace " + trace);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pp 2 x dp 2 (zb1 schedule"), std::string::npos) << r.output;
+  std::ifstream f(trace);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::set<int> rows;
+  std::set<std::string> cats;
+  for (const auto& e : j.at("traceEvents"))
+    if (e.at("ph") == "X") {
+      rows.insert(e.at("tid").get<int>());
+      cats.insert(e.at("cat").get<std::string>());
+    }
+  EXPECT_EQ(rows, (std::set<int>{0, 1, 2, 3}));
+  for (const char* c : {"forward", "backward", "weight", "send"}) EXPECT_TRUE(cats.count(c)) << c;
+}
+
+TEST(PipelineCli, RefusesWhatCannotRun) {
+  struct Case {
+    std::string flags, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--pp 4 --microbatches 2", "--microbatches 2 is fewer than --pp 4"},
+           {"--pp 2 --microbatches 3 --schedule interleaved --virtual-stages 2",
+            "divisible by --pp"},
+           {"--pp 2 --pp-layers 1,2", "covers 3 layers but the model has n_layer 4"},
+           {"--pp 2 --schedule 2f2b", "unknown --schedule '2f2b'"},
+           {"--pp 2 --microbatches 3", "--batch 8 is not divisible by --dp 1 x --microbatches 3"},
+           {"--pp 4 --microbatches 4 --schedule interleaved --virtual-stages 2",
+            "n_layer 4 is fewer than the 8 pipeline chunks"},
+       }) {
+    const RunResult r = run_meshtrain(small_run() + " " + c.flags);
+    EXPECT_EQ(r.exit_code, 2) << c.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.flags << "\n" << r.output;
+    EXPECT_EQ(r.output.find("step "), std::string::npos) << "refused before any work";
+  }
+}
+
+TEST(PipelineCli, UnderMpirun) {
+  ASSERT_EQ(run_command("command -v mpirun").exit_code, 0) << "no mpirun: run scripts/setup.sh";
+  const std::string env =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1 ";
+  const RunResult mpi = run_command(env + "mpirun -np 4 " + std::string(MT_BINARY) + " " +
+                                    small_run() + " --pp 2 --dp 2 --microbatches 4 2>&1");
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
+  const RunResult local = run_meshtrain(small_run() + " --pp 2 --dp 2 --microbatches 4");
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  // Same layout, same numbers: the step-3 loss printed by both.
+  auto loss3 = [](const std::string& out) {
+    const size_t at = out.find("step     3/3 | loss ");
+    return at == std::string::npos ? std::string("?") : out.substr(at + 20, 6);
+  };
+  EXPECT_EQ(loss3(mpi.output), loss3(local.output)) << mpi.output << local.output;
+}
+
+}  // namespace
+}  // namespace mt::test
