@@ -68,6 +68,13 @@ TEST(TpCli, UnderMpirunMatchesTheLocalBackend) {
   };
   EXPECT_FALSE(loss_of(local.output).empty()) << local.output;
   EXPECT_EQ(loss_of(mpi.output), loss_of(local.output));
+  // dp x tp must equal the number of processes.
+  const RunResult bad =
+      run_command(env + "mpirun -np 2 --oversubscribe " + MT_BINARY + " " + flags);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("mpirun started 2 processes but --dp 2 x --tp 2 is 4"),
+            std::string::npos)
+      << bad.output;
 }
 
 }  // namespace
