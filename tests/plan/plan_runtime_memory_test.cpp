@@ -21,15 +21,34 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
   struct Case {
     int dp, zero;
     int64_t batch, microbatch;
+    int pp = 1;
+    const char* schedule = "1f1b";
   };
-  const Case cases[] = {{1, 0, 8, 8}, {2, 0, 8, 4}, {2, 1, 8, 4}, {2, 2, 8, 4},
-                        {2, 3, 8, 4}, {4, 1, 8, 2}, {4, 3, 8, 1}};
+  // Pipeline cases: 4 layers over 2 or 4 stages; microbatches in flight from the IR.
+  const Case cases[] = {{1, 0, 8, 8},
+                        {2, 0, 8, 4},
+                        {2, 1, 8, 4},
+                        {2, 2, 8, 4},
+                        {2, 3, 8, 4},
+                        {4, 1, 8, 2},
+                        {4, 3, 8, 1},
+                        {1, 0, 8, 2, 2, "1f1b"},
+                        {1, 0, 8, 2, 2, "gpipe"},
+                        {2, 0, 8, 1, 4, "1f1b"}};
   for (const Case& c : cases) {
-    const auto metrics = (dir / fmt::format("m{}_{}.jsonl", c.dp, c.zero)).string();
+    const auto metrics =
+        (dir / fmt::format("m{}_{}_{}_{}.jsonl", c.dp, c.zero, c.pp, c.schedule)).string();
+    const int64_t layers = c.pp > 1 ? 4 : 2;
+    std::string layout = fmt::format("--dp {} --zero {} --batch {} ", c.dp, c.zero, c.batch);
+    if (c.pp > 1)
+      layout += fmt::format("--pp {} --microbatches {} --schedule {}", c.pp,
+                            c.batch / (c.dp * c.microbatch), c.schedule);
+    else
+      layout += fmt::format("--microbatch {}", c.microbatch);
     auto r = test::run_meshtrain(fmt::format(
-        "train --model tiny --n-layer 2 --seq 32 --dp {} --zero {} --batch {} --microbatch {} "
-        "--steps 2 --data {} --peak-gflops 100 --metrics {}",
-        c.dp, c.zero, c.batch, c.microbatch, data, metrics));
+        "train --model tiny --n-layer {} --seq 32 {} --steps 2 --data {} --peak-gflops 100 "
+        "--metrics {}",
+        layers, layout, data, metrics));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     double measured = 0;
     std::ifstream in(metrics);
@@ -37,12 +56,12 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
       measured = std::max(measured, nlohmann::json::parse(line)["peak_bytes"].get<double>());
 
     model::GptConfig g = model::preset("tiny");
-    g.n_layer = 2;
+    g.n_layer = layers;
     g.seq_len = 32;
     Job j;
     j.model = from_gpt(g);
     j.cluster = cluster_preset("dgx-a100");  // memory does not depend on the cluster
-    j.gpus = c.dp;
+    j.gpus = int64_t(c.dp) * c.pp;
     j.batch = c.batch;
     j.seq = 32;
     j.dtype = "f32";
@@ -50,10 +69,16 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
     l.dp = c.dp;
     l.zero = c.zero;
     l.microbatch = c.microbatch;
+    l.pp = c.pp;
+    l.schedule = c.schedule;
     const double predicted = memory_per_gpu(j, l).total();
-    fmt::print("dp {} zero {} microbatch {}: predicted {:.0f} B, measured {:.0f} B ({:+.2f}%)\n",
-               c.dp, c.zero, c.microbatch, predicted, measured, 100 * (predicted / measured - 1));
-    EXPECT_NEAR(predicted / measured, 1.0, 0.05) << "dp " << c.dp << " zero " << c.zero;
+    fmt::print(
+        "dp {} zero {} pp {} {} microbatch {}: predicted {:.0f} B, measured {:.0f} B "
+        "({:+.2f}%)\n",
+        c.dp, c.zero, c.pp, c.schedule, c.microbatch, predicted, measured,
+        100 * (predicted / measured - 1));
+    EXPECT_NEAR(predicted / measured, 1.0, 0.05)
+        << "dp " << c.dp << " zero " << c.zero << " pp " << c.pp << " " << c.schedule;
   }
 }
 

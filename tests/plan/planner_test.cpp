@@ -61,6 +61,15 @@ Layout table1_layout(const Row& r) {
   return l;
 }
 
+TEST(PlanHardware, JsonPresetsEqualTheEmbeddedOnes) {
+  // plan/presets/*.json are the embedded presets written out; a cluster file in that format
+  // is what --cluster FILE reads.
+  for (const char* name : {"dgx-a100", "dgx-h100", "hgx-b200"}) {
+    const std::string path = std::string(MT_SOURCE_DIR) + "/plan/presets/" + name + ".json";
+    EXPECT_EQ(to_json(cluster_preset(path)), to_json(cluster_preset(name))) << path;
+  }
+}
+
 TEST(PlanMemory, Gpt175bWalkthrough) {
   // 175B on 1,024 A100s, T=8, P=16, D=8, no ZeRO: per GPU 2.7 GB parameters, 2.7 GB
   // gradients, 16.4 GB Adam (fp32 master + moments) — the mean over the 16 stages
