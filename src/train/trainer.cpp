@@ -33,8 +33,6 @@ void TrainOptions::validate() const {
   if (microbatch < 0) fail("--microbatch {} must be at least 1", microbatch);
   if (dp < 1) fail("--dp {} must be at least 1", dp);
   model::check_tp(model, tp, sp);  // tensor parallelism: refusals naming the valid --tp
-  if (tp > 1 && !export_path.empty())
-    fail("--export with --tp {} is not supported yet (export from a --tp 1 run)", tp);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
   // Each dp rank takes batch / dp consecutive samples of the global batch, in microbatches.
@@ -287,6 +285,37 @@ int64_t worst_peak(comm::Group* scalars, int64_t mine) {
   return *std::max_element(all.begin(), all.end());
 }
 
+// Tensor parallelism: the whole model from the tp group's shards (an all-gather of each
+// parameter over tp, every slice put back where for_each_tp_run says), as a single-rank
+// Gpt (the vocabulary padded to 128 again; the extra tp padding rows are zero). Collective
+// over `tp`; returns the model on tp rank 0, nullptr elsewhere.
+std::unique_ptr<model::Gpt> gather_tp_shards(const model::Gpt& gpt, comm::Group& tp,
+                                             const model::GptConfig& config, uint64_t seed) {
+  std::unique_ptr<model::Gpt> whole;
+  if (tp.rank() == 0) whole = std::make_unique<model::Gpt>(config, seed);
+  const auto& mine = gpt.params().params();
+  std::vector<float> gathered, global;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const model::ParamSpec& spec = mine[i].spec;
+    const int64_t n = shape_numel(spec.shape);
+    gathered.resize(static_cast<size_t>(n * tp.size()));
+    tp.all_gather(comm::Buf(const_cast<float*>(mine[i].value.f32()), n),
+                  comm::Buf(gathered.data(), n * tp.size()));
+    if (!whole) continue;
+    global.assign(static_cast<size_t>(shape_numel(spec.full_shape())), 0.f);
+    for (int r = 0; r < tp.size(); ++r) {
+      model::ParamSpec rs = spec;
+      rs.tp_rank = r;
+      model::for_each_tp_run(rs, [&](int64_t lf, int64_t gf, int64_t len) {
+        std::copy_n(gathered.begin() + r * n + lf, len, global.begin() + gf);
+      });
+    }
+    model::Param& dst = whole->params().params()[i];
+    std::copy_n(global.begin(), dst.value.numel(), dst.value.f32());  // drops tp-only padding
+  }
+  return whole;
+}
+
 struct Shared {
   const TrainOptions& o;
   const Splits& data;
@@ -462,10 +491,15 @@ void run_rank(Shared& sh, comm::Group& world) {
     const float* v = rep.full_values();
     rec.final_params.assign(v, v + rep.gpt.params().numel());
   }
-  if (lead && !o.export_path.empty()) {
+  if (!o.export_path.empty() && o.tp > 1 && d == 0) {
+    // The tp group of dp rank 0 gathers its shards; world rank 0 writes the whole model.
+    std::unique_ptr<model::Gpt> whole = gather_tp_shards(rep.gpt, tp_group, o.model, o.seed);
+    if (lead) export_hf_safetensors(*whole, o.export_path);
+  } else if (lead && !o.export_path.empty()) {
     export_hf_safetensors(rep.gpt, o.export_path);
-    if (!o.quiet) progress.line(fmt::format("exported weights to {}", o.export_path));
   }
+  if (lead && !o.export_path.empty() && !o.quiet)
+    progress.line(fmt::format("exported weights to {}", o.export_path));
 
   std::lock_guard lock(sh.mu);
   TrainResult& res = sh.result;
