@@ -47,8 +47,10 @@ double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
   const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, F = m.d_ff,
                kv = m.kv_dim(), a = m.n_head, t = l.tp;
   if (!mixed(j)) {
-    // Our f32 runtime (docs/flops.md): 8C + 2F + 4 + n_head·T floats per token.
-    return 4.0 * s * b * (8 * h + 2 * F / t + 4 + a / t * s);
+    // Our f32 runtime (docs/flops.md, docs/tensor_parallel.md), floats per token: whole
+    // ln1, res2, ln2, block output and 4 norm statistics (/t with SP); split qkv,
+    // attention output, fc, GELU; probabilities n_head·T/t. t = 1: 8C + 2F + 4 + n_head·T.
+    return 4.0 * s * b * ((4 * h + 4) / (l.sp ? t : 1) + (4 * h + 2 * F) / t + a / t * s);
   }
   const bool dropout = m.bias;  // GPT presets train with dropout; Llama-style do not
   if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
@@ -258,7 +260,7 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
     } else {
       // Our runtime (docs/flops.md): embeddings, final norm, logits, loss stats; backward
       // scratch 6C + 2F per token and one n_head·T·T score matrix per sequence.
-      act += 4 * s * b * (h + h + 2 + V + 2);
+      act += 4 * s * b * (h + h + 2 + V / t + 2);  // vocab-parallel logits
       act += 4 * s * b * (6 * h + 2 * m.d_ff / t) + 4 * b * m.n_head / t * s * s;
     }
     mb.activations = act;
