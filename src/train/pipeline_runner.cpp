@@ -657,6 +657,11 @@ TrainResult run_pipeline_training(const TrainOptions& o) {
     fail(
         "--zero {} with --pp {}: ZeRO is not combined with pipeline parallelism yet (use --zero 0)",
         o.zero, po.pp);
+  if (o.tp != 1)
+    fail(
+        "--tp {} with --pp {}: tensor parallelism is not combined with pipeline parallelism yet "
+        "(use --tp 1)",
+        o.tp, po.pp);
   if (!o.export_path.empty())
     fail("--export with --pp {} is not supported yet (train with --pp 1 to export)", po.pp);
   const pp::ScheduleKind kind = pp::parse_schedule_kind(po.schedule);
