@@ -44,7 +44,8 @@ TEST(PipelineCli, TrainWritesATraceWithOneRowPerRank) {
       cats.insert(e.at("cat").get<std::string>());
     }
   EXPECT_EQ(rows, (std::set<int>{0, 1, 2, 3}));
-  for (const char* c : {"forward", "backward", "weight", "send"}) EXPECT_TRUE(cats.count(c)) << c;
+  for (const char* c : {"forward", "backward", "weight", "send", "idle"})
+    EXPECT_TRUE(cats.count(c)) << c;
 }
 
 TEST(PipelineCli, RefusesWhatCannotRun) {

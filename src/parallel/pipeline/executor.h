@@ -31,7 +31,7 @@ class Stage {
 struct ExecEvent {
   Action action;
   double start_s = 0, end_s = 0;
-  bool wait = false;  // a receive that blocked: the rank was idle
+  bool wait = false;  // a receive whose message had not arrived: the rank idled
 };
 
 class Executor {
