@@ -87,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TpExport, ::testing::Values("--tp 2 --sp", "--
 // Under mpirun (one process per rank, the mpi backend): dp 2 x tp 2 with --sp prints the
 // same losses as the local backend (both reduce in rank order).
 TEST(TpCli, UnderMpirunMatchesTheLocalBackend) {
-  if (run_command("command -v mpirun").exit_code != 0) GTEST_SKIP() << "no mpirun";
+  ASSERT_EQ(run_command("command -v mpirun").exit_code, 0) << "no mpirun: run scripts/setup.sh";
   const std::string env =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 ";
