@@ -209,10 +209,12 @@ void Group::check_peer(int peer, const char* what) const {
 namespace {
 // Marks the calls made while it lives as the equal-pieces forms (backends may use MPI's
 // equal-count calls: every rank of the group made the same kind of call).
-struct EqualPieces {
+// Sets a flag of the group for the duration of a call (equal pieces; blocking submission).
+struct Flag {
   bool& flag;
-  explicit EqualPieces(bool& f) : flag(f) { flag = true; }
-  ~EqualPieces() { flag = false; }
+  bool before;
+  explicit Flag(bool& f) : flag(f), before(f) { flag = true; }
+  ~Flag() { flag = before; }
 };
 int64_t sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
@@ -229,11 +231,11 @@ WorkPtr Group::all_reduce_async(Buf in, Buf out, ReduceOp op) {
          out.elems);
   auto c = make_call(OpType::kAllReduce, in, out);
   c->reduce = op;
-  return submit(std::move(c), true);
+  return submit(std::move(c), !blocking_);
 }
 
 WorkPtr Group::reduce_scatter_async(Buf in, Buf out, ReduceOp op) {
-  EqualPieces mark(equal_pieces_);
+  Flag mark(equal_pieces_);
   if (in.elems != out.elems * size_)
     fail("reduce_scatter on {}: input has {} elems but must have size {} x output {} = {}", name_,
          in.elems, size_, out.elems, out.elems * size_);
@@ -253,11 +255,11 @@ WorkPtr Group::reduce_scatter_async(Buf in, Buf out, const std::vector<int64_t>&
   c->reduce = op;
   c->counts = counts;
   c->equal_pieces = equal_pieces_;
-  return submit(std::move(c), true);
+  return submit(std::move(c), !blocking_);
 }
 
 WorkPtr Group::all_gather_async(Buf in, Buf out) {
-  EqualPieces mark(equal_pieces_);
+  Flag mark(equal_pieces_);
   if (out.elems != in.elems * size_)
     fail("all_gather on {}: output has {} elems but must have size {} x input {} = {}", name_,
          out.elems, size_, in.elems, in.elems * size_);
@@ -275,18 +277,18 @@ WorkPtr Group::all_gather_async(Buf in, Buf out, const std::vector<int64_t>& cou
   auto c = make_call(OpType::kAllGather, in, out);
   c->counts = counts;
   c->equal_pieces = equal_pieces_;
-  return submit(std::move(c), true);
+  return submit(std::move(c), !blocking_);
 }
 
 WorkPtr Group::broadcast_async(Buf data, int root) {
   check_peer(root, "broadcast");
   auto c = make_call(OpType::kBroadcast, data, data);
   c->peer = root;
-  return submit(std::move(c), true);
+  return submit(std::move(c), !blocking_);
 }
 
 WorkPtr Group::all_to_all_async(Buf in, Buf out) {
-  EqualPieces mark(equal_pieces_);
+  Flag mark(equal_pieces_);
   if (in.elems != out.elems || in.elems % size_ != 0)
     fail(
         "all_to_all on {}: input ({} elems) and output ({} elems) must be equal and divisible "
@@ -316,10 +318,12 @@ WorkPtr Group::all_to_all_async(Buf in, Buf out, const std::vector<int64_t>& sen
   c->counts = send_counts;
   c->recv_counts = recv_counts;
   c->equal_pieces = equal_pieces_;
-  return submit(std::move(c), true);
+  return submit(std::move(c), !blocking_);
 }
 
-WorkPtr Group::barrier_async() { return submit(make_call(OpType::kBarrier, Buf{}, Buf{}), true); }
+WorkPtr Group::barrier_async() {
+  return submit(make_call(OpType::kBarrier, Buf{}, Buf{}), !blocking_);
+}
 
 WorkPtr Group::send_async(Buf data, int peer, int tag) {
   check_peer(peer, "send");
@@ -337,106 +341,48 @@ WorkPtr Group::recv_async(Buf data, int peer, int tag) {
   return submit_p2p(std::move(c));
 }
 
-// --- blocking forms: the async form run inline when nothing is queued ahead of it.
+// --- blocking forms: the async form, submitted blocking (run inline when nothing is queued
+// ahead of it); the checks and the call are built in one place.
 
 void Group::all_reduce(Buf data, ReduceOp op) { all_reduce(data, data, op); }
-
 void Group::all_reduce(Buf in, Buf out, ReduceOp op) {
-  if (in.elems != out.elems)
-    fail("all_reduce on {}: input has {} elems but output {}; they must be equal", name_, in.elems,
-         out.elems);
-  auto c = make_call(OpType::kAllReduce, in, out);
-  c->reduce = op;
-  submit(std::move(c), false);
+  Flag mark(blocking_);
+  all_reduce_async(in, out, op);
 }
-
 void Group::reduce_scatter(Buf in, Buf out, ReduceOp op) {
-  EqualPieces mark(equal_pieces_);
-  if (in.elems != out.elems * size_)
-    fail("reduce_scatter on {}: input has {} elems but must have size {} x output {} = {}", name_,
-         in.elems, size_, out.elems, out.elems * size_);
-  reduce_scatter(in, out, std::vector<int64_t>(size_, out.elems), op);
+  Flag mark(blocking_);
+  reduce_scatter_async(in, out, op);
 }
-
 void Group::reduce_scatter(Buf in, Buf out, const std::vector<int64_t>& counts, ReduceOp op) {
-  if (static_cast<int>(counts.size()) != size_)
-    fail("reduce_scatter on {}: {} counts given for {} ranks", name_, counts.size(), size_);
-  if (sum(counts) != in.elems || counts[rank_] != out.elems)
-    fail(
-        "reduce_scatter on {}: counts sum to {} (input has {}), this rank's count is {} "
-        "(output has {})",
-        name_, sum(counts), in.elems, counts[rank_], out.elems);
-  auto c = make_call(OpType::kReduceScatter, in, out);
-  c->reduce = op;
-  c->counts = counts;
-  c->equal_pieces = equal_pieces_;
-  submit(std::move(c), false);
+  Flag mark(blocking_);
+  reduce_scatter_async(in, out, counts, op);
 }
-
 void Group::all_gather(Buf in, Buf out) {
-  EqualPieces mark(equal_pieces_);
-  if (out.elems != in.elems * size_)
-    fail("all_gather on {}: output has {} elems but must have size {} x input {} = {}", name_,
-         out.elems, size_, in.elems, in.elems * size_);
-  all_gather(in, out, std::vector<int64_t>(size_, in.elems));
+  Flag mark(blocking_);
+  all_gather_async(in, out);
 }
-
 void Group::all_gather(Buf in, Buf out, const std::vector<int64_t>& counts) {
-  if (static_cast<int>(counts.size()) != size_)
-    fail("all_gather on {}: {} counts given for {} ranks", name_, counts.size(), size_);
-  if (sum(counts) != out.elems || counts[rank_] != in.elems)
-    fail(
-        "all_gather on {}: counts sum to {} (output has {}), this rank's count is {} (input "
-        "has {})",
-        name_, sum(counts), out.elems, counts[rank_], in.elems);
-  auto c = make_call(OpType::kAllGather, in, out);
-  c->counts = counts;
-  c->equal_pieces = equal_pieces_;
-  submit(std::move(c), false);
+  Flag mark(blocking_);
+  all_gather_async(in, out, counts);
 }
-
 void Group::broadcast(Buf data, int root) {
-  check_peer(root, "broadcast");
-  auto c = make_call(OpType::kBroadcast, data, data);
-  c->peer = root;
-  submit(std::move(c), false);
+  Flag mark(blocking_);
+  broadcast_async(data, root);
 }
-
 void Group::all_to_all(Buf in, Buf out) {
-  EqualPieces mark(equal_pieces_);
-  if (in.elems != out.elems || in.elems % size_ != 0)
-    fail(
-        "all_to_all on {}: input ({} elems) and output ({} elems) must be equal and divisible "
-        "by the group size {}",
-        name_, in.elems, out.elems, size_);
-  std::vector<int64_t> counts(size_, in.elems / size_);
-  all_to_all(in, out, counts, counts);
+  Flag mark(blocking_);
+  all_to_all_async(in, out);
 }
-
 void Group::all_to_all(Buf in, Buf out, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& recv_counts) {
-  if (static_cast<int>(send_counts.size()) != size_ ||
-      static_cast<int>(recv_counts.size()) != size_)
-    fail("all_to_all on {}: {} send counts and {} recv counts given for {} ranks", name_,
-         send_counts.size(), recv_counts.size(), size_);
-  if (sum(send_counts) != in.elems || sum(recv_counts) != out.elems)
-    fail(
-        "all_to_all on {}: send counts sum to {} (input has {}), recv counts to {} (output has "
-        "{})",
-        name_, sum(send_counts), in.elems, sum(recv_counts), out.elems);
-  if (in.ptr && in.ptr == out.ptr && size_ > 1)
-    fail(
-        "all_to_all on {}: input and output are the same buffer; in place is not supported, "
-        "use two buffers",
-        name_);
-  auto c = make_call(OpType::kAllToAll, in, out);
-  c->counts = send_counts;
-  c->recv_counts = recv_counts;
-  c->equal_pieces = equal_pieces_;
-  submit(std::move(c), false);
+  Flag mark(blocking_);
+  all_to_all_async(in, out, send_counts, recv_counts);
 }
 
-void Group::barrier() { submit(make_call(OpType::kBarrier, Buf{}, Buf{}), false); }
+void Group::barrier() {
+  Flag mark(blocking_);
+  barrier_async();
+}
 
 void Group::send(Buf data, int peer, int tag) { send_async(data, peer, tag)->wait(); }
 void Group::recv(Buf data, int peer, int tag) { recv_async(data, peer, tag)->wait(); }

@@ -147,6 +147,7 @@ class Group {
   int size_ = 1;
   int64_t next_seq_ = 1;
   bool equal_pieces_ = false;
+  bool blocking_ = false;                           // set while a blocking form runs its async twin
   std::map<std::pair<int, int>, int64_t> p2p_seq_;  // (peer, 0 send / 1 recv) -> next seq
   std::mutex p2p_mu_;
   std::unique_ptr<Worker> worker_;
