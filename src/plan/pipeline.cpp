@@ -8,7 +8,15 @@ PipeSchedule make_schedule(const std::string& name, int P, int v, int m) {
   return pp::build_schedule(pp::parse_schedule_kind(name), P, m, v);
 }
 
-std::vector<int> max_in_flight(const PipeSchedule& s) { return pp::peak_in_flight(s); }
+// Microbatch activation buffers a pipeline rank holds: the schedule's peak, plus the one
+// the runtime's executor keeps for a receive posted while a released buffer's last send is
+// in flight (src/train/pipeline_runner.cpp allocates peak + 1 before the first step).
+std::vector<int> max_in_flight(const PipeSchedule& s) {
+  std::vector<int> v = pp::peak_in_flight(s);
+  if (s.pp > 1)
+    for (int& x : v) x += 1;
+  return v;
+}
 
 ReplayResult replay(const PipeSchedule& s,
                     const std::function<double(int, const PipeAction&)>& cost, double p2p_s,

@@ -129,8 +129,11 @@ class StageModel final : public pp::Stage {
     for (int ch : chunks_) max_layers_ = std::max(max_layers_, part.layers[ch]);
     scratch_ = model::Block::make_scratch(c_, B_, T_);
     // One more buffer than the schedule's peak: a receive posted early may need it while a
-    // released buffer's last send is still in flight.
+    // released buffer's last send is still in flight. All of them are allocated now: whether
+    // the extra one is needed depends on timing, and growing the pool in a later step would
+    // allocate in the steady state (it did, under load).
     cap_ = pp::peak_in_flight(s)[pp_rank] + 1;
+    for (int i = 0; i < cap_; ++i) grow();
   }
 
   model::ParamStore& params() { return params_; }
@@ -230,8 +233,7 @@ class StageModel final : public pp::Stage {
     s.held = false;
     --held_;
   }
-  // Buffers are allocated on first need (during the first step) and kept: the allocator's
-  // activation peak is then exactly the buffers the schedule needed at once.
+  // Buffers are allocated before the first step (the schedule's peak + 1) and kept.
   Slot& grow() {
     const int64_t before = mem::current_tracker().snapshot().of(mem::Category::kActivations);
     const int64_t C = c_.d_model, F = c_.d_ff, n = N();
