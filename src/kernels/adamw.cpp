@@ -4,12 +4,20 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "kernels/mixed.h"
+#include "kernels/vec_math.h"
 
 namespace mt::kernels {
+namespace {
 
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t t) {
-  if (t < 1) fail("adamw_update: step t must be >= 1, got {}", t);
+// One loop for both entry points, so that the master weights of adamw_update_mixed get the
+// very bits adamw_update would give them; kBf16Copy also writes param_out = bf16(param) in
+// the same pass (not a second read of param).
+template <bool kBf16Copy>
+void adamw_impl(float* param, bf16* param_out, const float* grad, float* m, float* v, int64_t n,
+                float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                const char* what) {
+  if (t < 1) fail("{}: step t must be >= 1, got {}", what, t);
   const float c1 = 1.0f / static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
   const float c2 = 1.0f / static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
 #pragma omp parallel for simd schedule(static)
@@ -20,8 +28,26 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
     m[i] = mi;
     v[i] = vi;
     const float mhat = mi * c1, vhat = vi * c2;
-    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+    const float p = param[i] - lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+    param[i] = p;
+    if constexpr (kBf16Copy) param_out[i].bits = detail::bf16_bits(p);
   }
+}
+
+}  // namespace
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+  adamw_impl<false>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                    "adamw_update");
+}
+
+void adamw_update_mixed(float* master, bf16* param_out, const float* grad, float* m, float* v,
+                        int64_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, int64_t t) {
+  if (!param_out) fail("adamw_update_mixed: param_out (the bf16 copy) is null");
+  adamw_impl<true>(master, param_out, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                   "adamw_update_mixed");
 }
 
 }  // namespace mt::kernels

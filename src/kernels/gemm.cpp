@@ -22,8 +22,10 @@ struct MatmulKey {
   int64_t a[4], b[4], c[4];  // strides (batch1, batch2, row, col) of op(A), op(B), C
   float alpha, beta;
   int32_t threads;
-  uint8_t bf;
-  uint8_t pad[3] = {0, 0, 0};
+  uint8_t bf;    // A and B in bf16 (else f32)
+  uint8_t c_bf;  // C in bf16 (else f32)
+  uint8_t bias;  // a bias[N] (f32) added to every row (non-batched only)
+  uint8_t pad[1] = {0};
   bool operator==(const MatmulKey& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
 };
 
@@ -39,7 +41,7 @@ struct KeyHash {
 
 struct MatmulEntry {
   dnnl::matmul prim;
-  dnnl::memory a, b, c;
+  dnnl::memory a, b, c, bias;
 };
 
 dnnl::engine& cpu_engine() {
@@ -78,7 +80,9 @@ MatmulEntry& matmul_entry(const MatmulKey& k) {
   const dt in_dt = k.bf ? dt::bf16 : dt::f32;
   auto a_md = strided_md(k, k.M, k.K, k.a, in_dt);
   auto b_md = strided_md(k, k.K, k.N, k.b, in_dt);
-  auto c_md = strided_md(k, k.M, k.N, k.c, dt::f32);
+  auto c_md = strided_md(k, k.M, k.N, k.c, k.c_bf ? dt::bf16 : dt::f32);
+  dnnl::memory::desc bias_md;
+  if (k.bias) bias_md = dnnl::memory::desc({1, k.N}, dt::f32, dnnl::memory::format_tag::ab);
   dnnl::primitive_attr attr;
   if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
   if (k.beta != 0.0f) {
@@ -87,25 +91,37 @@ MatmulEntry& matmul_entry(const MatmulKey& k) {
     attr.set_post_ops(po);
   }
   auto& eng = cpu_engine();
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+  dnnl::matmul::primitive_desc pd(
+      k.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md),
+      attr, eng);
   auto e = std::make_unique<MatmulEntry>();
   e->prim = dnnl::matmul(pd);
   e->a = dnnl::memory(a_md, eng, DNNL_MEMORY_NONE);
   e->b = dnnl::memory(b_md, eng, DNNL_MEMORY_NONE);
   e->c = dnnl::memory(c_md, eng, DNNL_MEMORY_NONE);
+  if (k.bias) e->bias = dnnl::memory(bias_md, eng, DNNL_MEMORY_NONE);
   return *cache.emplace(k, std::move(e)).first->second;
 }
 
-void execute(const MatmulKey& k, const void* A, const void* B, float* C) {
+void execute(const MatmulKey& k, const void* A, const void* B, void* C,
+             const float* bias = nullptr) {
   MatmulEntry& e = matmul_entry(k);
   e.a.set_data_handle(const_cast<void*>(A));
   e.b.set_data_handle(const_cast<void*>(B));
   e.c.set_data_handle(C);
-  // The C API takes a plain array: the C++ execute() would build a hash map per call.
-  dnnl_exec_arg_t args[3] = {
-      {DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()}};
+  // The C API takes a plain array: the C++ execute() would build a hash map per call
+  // (oneDNN 2.6 still builds its own inside: about 5 small news per call, freed on return).
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e.a.get()},
+                             {DNNL_ARG_WEIGHTS, e.b.get()},
+                             {DNNL_ARG_DST, e.c.get()},
+                             {DNNL_ARG_BIAS, nullptr}};
+  int nargs = 3;
+  if (k.bias) {
+    e.bias.set_data_handle(const_cast<float*>(bias));
+    args[nargs++].memory = e.bias.get();
+  }
   auto& st = state().stream;
-  if (dnnl_primitive_execute(e.prim.get(), st.get(), 3, args) != dnnl_success)
+  if (dnnl_primitive_execute(e.prim.get(), st.get(), nargs, args) != dnnl_success)
     fail_run("oneDNN matmul failed (M={} N={} K={})", k.M, k.N, k.K);
   st.wait();
 }
@@ -196,6 +212,22 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 }
 
 namespace detail {
+
+void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
+                 int64_t lda, const bf16* B, int64_t ldb, const float* bias, float beta, void* C,
+                 bool c_bf16, int64_t ldc) {
+  check_dims("matmul_bf16", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0 || K == 0) fail("matmul_bf16: empty problem M={} N={} K={}", M, N, K);
+  MatmulKey k{};
+  k.b1 = 1, k.b2 = 1, k.M = M, k.N = N, k.K = K;
+  k.a[2] = trans_a ? 1 : lda, k.a[3] = trans_a ? lda : 1;
+  k.b[2] = trans_b ? 1 : ldb, k.b[3] = trans_b ? ldb : 1;
+  k.c[2] = ldc, k.c[3] = 1;
+  k.alpha = 1.0f, k.beta = beta;
+  k.threads = omp_get_max_threads();
+  k.bf = 1, k.c_bf = c_bf16, k.bias = bias != nullptr;
+  execute(k, A, B, C, bias);
+}
 
 void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, float alpha,
                     const StridedView& A, const StridedView& B, float beta, float* C,

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace mt::kernels::detail {
 
 // Element (i1, i2, r, c) of the operand is ptr[i1*s[0] + i2*s[1] + r*s[2] + c*s[3]]; the
@@ -19,5 +21,12 @@ struct StridedView {
 void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, float alpha,
                     const StridedView& A, const StridedView& B, float beta, float* C,
                     const int64_t c_strides[4]);
+
+// C[M,N] = op(A)[M,K] * op(B)[K,N] + bias[N] + beta * C: bf16 A and B, f32 accumulation,
+// bias f32 (may be null, fused into the primitive), C f32 or (c_bf16) bf16, rounded once
+// from the f32 result. Non-batched, no empty dimension. Cached like gemm_bf16.
+void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
+                 int64_t lda, const bf16* B, int64_t ldb, const float* bias, float beta, void* C,
+                 bool c_bf16, int64_t ldc);
 
 }  // namespace mt::kernels::detail

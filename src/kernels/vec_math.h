@@ -36,4 +36,15 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
+// The bits of f32_to_bf16(x) (core/dtype.h: to nearest, ties to even, NaN kept and made
+// quiet) without a branch, so that loops over it vectorise. Not VCVTNEPS2BF16: that
+// instruction flushes subnormals to zero.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
 }  // namespace mt::kernels::detail

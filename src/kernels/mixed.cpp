@@ -1,0 +1,143 @@
+// Mixed-precision kernels (mixed.h): bf16 conversions, the linear layer on bf16 operands
+// through oneDNN's matmul (AMX here), and its backward with fp32 gradients.
+#include "kernels/mixed.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <type_traits>
+
+#include "core/error.h"
+#include "kernels/gemm_internal.h"
+#include "kernels/kernels.h"
+#include "kernels/vec_math.h"
+
+namespace mt::kernels {
+namespace {
+
+// Below this many elements a conversion runs on the calling thread (the fork costs more
+// than the copy).
+constexpr int64_t kParallelElems = int64_t{1} << 15;
+
+// Rows [0, rows) of dy[., out]: ws = bf16(dy), and db += column sums of the f32 dy. Threads
+// split the columns and each column adds its rows in order, as linear_backward's bias_grad
+// does, so db does not depend on the thread count.
+void round_and_bias_grad(bf16* ws, float* db, const float* dy, int64_t rows, int64_t out) {
+  constexpr int64_t kCols = 64;
+  const int64_t blocks = (out + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) if (rows * out >= kParallelElems)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kCols, j1 = std::min(out, j0 + kCols);
+    float acc[kCols] = {};
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* r = dy + i * out;
+      uint16_t* o = reinterpret_cast<uint16_t*>(ws + i * out);
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) {
+        acc[j - j0] += r[j];
+        o[j] = detail::bf16_bits(r[j]);
+      }
+    }
+    for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
+  }
+}
+
+void bias_grad_only(float* db, const float* dy, int64_t n, int64_t out) {
+  constexpr int64_t kCols = 64;
+  const int64_t blocks = (out + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) if (n * out >= kParallelElems)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kCols, j1 = std::min(out, j0 + kCols);
+    float acc[kCols] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const float* r = dy + i * out;
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) acc[j - j0] += r[j];
+    }
+    for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
+  }
+}
+
+void check_linear(const char* what, int64_t n, int64_t in, int64_t out) {
+  if (n < 0 || in < 0 || out < 0) fail("{}: negative size n={} in={} out={}", what, n, in, out);
+}
+
+template <class Y>
+void forward_impl(Y* y, const bf16* x, const bf16* w, const float* b, int64_t n, int64_t in,
+                  int64_t out) {
+  check_linear("linear_forward_mixed", n, in, out);
+  if (n == 0 || out == 0) return;
+  if (in == 0) {  // an empty product: y = b (oneDNN refuses empty reductions)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) {
+        const float v = b ? b[j] : 0.0f;
+        if constexpr (std::is_same_v<Y, bf16>)
+          y[i * out + j] = f32_to_bf16(v);
+        else
+          y[i * out + j] = v;
+      }
+    return;
+  }
+  detail::matmul_bf16(false, true, n, out, in, x, in, w, in, b, 0.0f, y, std::is_same_v<Y, bf16>,
+                      out);
+}
+
+}  // namespace
+
+void to_bf16(bf16* y, const float* x, int64_t n) {
+  uint16_t* o = reinterpret_cast<uint16_t*>(y);
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElems)
+  for (int64_t i = 0; i < n; ++i) o[i] = detail::bf16_bits(x[i]);
+}
+
+void to_f32(float* y, const bf16* x, int64_t n) {
+  const uint16_t* in = reinterpret_cast<const uint16_t*>(x);
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElems)
+  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+}
+
+void linear_forward_mixed(float* y, const bf16* x, const bf16* w, const float* b, int64_t n,
+                          int64_t in, int64_t out) {
+  forward_impl(y, x, w, b, n, in, out);
+}
+
+void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b, int64_t n,
+                          int64_t in, int64_t out) {
+  forward_impl(y, x, w, b, n, in, out);
+}
+
+void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, const bf16* x,
+                           const bf16* w, int64_t n, int64_t in, int64_t out, bf16* ws,
+                           int64_t ws_elems) {
+  check_linear("linear_backward_mixed", n, in, out);
+  if (n == 0 || out == 0) {
+    if (dx && n > 0 && in > 0) std::fill(dx, dx + n * in, 0.0f);
+    return;
+  }
+  if (!dx && !dw) {
+    if (db) bias_grad_only(db, dy, n, out);
+    return;
+  }
+  if (!ws || ws_elems < out)
+    fail(
+        "linear_backward_mixed: the bf16 workspace holds {} elements, fewer than one row of dy "
+        "(out={}); give it linear_backward_mixed_ws_elems(n, out) = {} for one pass",
+        ws ? ws_elems : 0, out, n * out);
+  const int64_t chunk = std::min(n, ws_elems / out);
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    const float* dy_r = dy + r0 * out;
+    if (db)
+      round_and_bias_grad(ws, db, dy_r, rows, out);
+    else
+      to_bf16(ws, dy_r, rows * out);
+    if (in == 0) continue;
+    // dx[rows, in] = dy[rows, out] * w[out, in]
+    if (dx) gemm_bf16(false, false, rows, in, out, 1.0f, ws, out, w, in, 0.0f, dx + r0 * in, in);
+    // dw[out, in] += dy[rows, out]^T * x[rows, in], the sum added in f32 (beta = 1)
+    if (dw) gemm_bf16(true, false, out, in, rows, 1.0f, ws, out, x + r0 * in, in, 1.0f, dw, in);
+  }
+}
+
+}  // namespace mt::kernels

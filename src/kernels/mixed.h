@@ -1,0 +1,60 @@
+// Mixed-precision (bf16) kernels, for training with:
+//   - fp32 master parameters in the optimizer and a bf16 working copy that GEMMs read
+//     (adamw_update_mixed writes both);
+//   - bf16 activations where they only feed a GEMM (layer-norm output, attention output,
+//     GELU output): the `x` of linear_forward_mixed / linear_backward_mixed;
+//   - GEMMs on bf16 operands with fp32 accumulation (oneDNN matmul, AMX on this host);
+//   - fp32 everywhere else: outputs y, input gradients dx, weight and bias gradients
+//     (accumulated in fp32: dw += ... adds an fp32 product to an fp32 dw), and the math of
+//     layer norm, softmax, cross-entropy and GELU (kernels.h, unchanged).
+// Same conventions as kernels.h: forward outputs and dx overwritten, dw and db accumulated.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace mt::kernels {
+
+// ---- conversions ------------------------------------------------------------------------
+// y[i] = x[i] rounded to bf16, to nearest with ties to even (the same bits as
+// f32_to_bf16 in core/dtype.h, subnormals included: no flush to zero). inf stays inf, a
+// NaN stays a NaN of the same sign (made quiet); a finite value above the largest bf16
+// (by at least half an ulp) becomes inf, as IEEE rounding says.
+void to_bf16(bf16* y, const float* x, int64_t n);
+// y[i] = x[i] exactly (every bf16 is an f32).
+void to_f32(float* y, const bf16* x, int64_t n);
+
+// ---- linear, bf16 operands: y[n,out] = x[n,in] * w[out,in]^T + b[out] --------------------
+// The product is accumulated in f32; b (f32) may be null and is added in f32.
+void linear_forward_mixed(float* y, const bf16* x, const bf16* w, const float* b, int64_t n,
+                          int64_t in, int64_t out);
+// The same, with the f32 result (bias included) rounded once to bf16: for an output that
+// only feeds another GEMM.
+void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b, int64_t n,
+                          int64_t in, int64_t out);
+
+// Backward with dy in f32. The GEMMs need dy in bf16, so dy is rounded into `ws`, a
+// workspace of ws_elems bf16 owned by the caller (allocated once, before step 1, under
+// mem::Category::kWorkspace: this function allocates nothing). With
+// ws_elems >= n*out it runs as one pass; a smaller workspace (>= out, one row) makes it
+// work through row chunks of ws_elems/out rows (for the lm head, whose dy is [n, vocab]),
+// which only changes the order in which dw and db add up.
+//   dx[n,in]   = dy * w          (f32, overwritten; skipped when dx is null)
+//   dw[out,in] += dy^T * x       (f32 += f32 product; skipped when dw is null)
+//   db[out]    += sum_rows(dy)   (summed from the f32 dy, rows in order; db may be null)
+// dx and dw see dy rounded to bf16 (relative error <= 2^-8 per element); db does not.
+void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, const bf16* x,
+                           const bf16* w, int64_t n, int64_t in, int64_t out, bf16* ws,
+                           int64_t ws_elems);
+// The workspace that runs linear_backward_mixed in one pass.
+constexpr int64_t linear_backward_mixed_ws_elems(int64_t n, int64_t out) { return n * out; }
+
+// ---- AdamW on fp32 master weights --------------------------------------------------------
+// Exactly adamw_update on `master` (the same bits for master, m and v), then
+// param_out[i] = to_bf16(master[i]) (the working copy the GEMMs read).
+void adamw_update_mixed(float* master, bf16* param_out, const float* grad, float* m, float* v,
+                        int64_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, int64_t t);
+
+}  // namespace mt::kernels
