@@ -6,6 +6,7 @@
 namespace mt::cli {
 
 void register_train(CLI::App& app);
+void register_verify(CLI::App& app);  // verify.cpp: a layout against the single-rank oracle
 void register_eval(CLI::App& app);
 void register_prepare(CLI::App& app);
 void register_plan(CLI::App& app);       // plan.cpp

@@ -7,6 +7,7 @@ int main(int argc, char** argv) {
   CLI::App app{"meshtrain: trains GPT-style transformers with composed parallelism"};
   app.require_subcommand(1);
   mt::cli::register_train(app);
+  mt::cli::register_verify(app);
   mt::cli::register_eval(app);
   mt::cli::register_prepare(app);
   mt::cli::register_plan(app);

@@ -1,0 +1,102 @@
+#include "cli/train_flags.h"
+
+#include "core/error.h"
+
+namespace mt::cli {
+
+namespace {
+
+const std::vector<std::string> kConfigKeys = {
+    "model", "n_layer",      "n_head",     "d_model",      "d_ff",       "vocab",
+    "seq",   "bias",         "tied",       "batch",        "microbatch", "steps",
+    "lr",    "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
+    "data",  "val_data",     "eval_every", "eval_batches", "threads",    "dp",
+    "zero",  "bucket_mb",    "backend",    "tp",           "sp"};
+
+}  // namespace
+
+void TrainFlags::add_to(CLI::App& cmd) {
+  cmd.add_option("--config", config, "JSON file with any of the fields below (flags win)");
+  model.add_to(cmd);
+  cmd.add_option("--batch", batch, "global batch, in sequences");
+  cmd.add_option("--microbatch", microbatch,
+                 "sequences per forward/backward (gradient accumulation)");
+  cmd.add_option("--steps", steps, "optimizer steps");
+  cmd.add_option("--lr", lr, "peak learning rate");
+  cmd.add_option("--min-lr-ratio", min_lr_ratio, "cosine decays to this fraction of --lr");
+  cmd.add_option("--warmup", warmup, "linear warmup steps (default 5% of --steps)");
+  cmd.add_option("--weight-decay", weight_decay, "AdamW weight decay on matrices");
+  cmd.add_option("--grad-clip", grad_clip, "global gradient-norm clip (0: off)");
+  cmd.add_option("--seed", seed, "seed of initialisation and randomness");
+  cmd.add_option("--data", data, "training tokens (llm.c format, `meshtrain prepare`)");
+  cmd.add_option("--val-data", val_data, "held-out tokens (default: last 5% of --data)");
+  cmd.add_option("--eval-every", eval_every, "validation loss every N steps (and at the end)");
+  cmd.add_option("--eval-batches", eval_batches, "microbatches per validation");
+  cmd.add_option("--threads", threads,
+                 "intra-op threads per rank (default: cores / ranks on the host)");
+  cmd.add_option("--dp", dp, "data-parallel ranks (local: threads; under mpirun: -np)");
+  cmd.add_option("--zero", zero,
+                 "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters");
+  cmd.add_option("--tp", tp,
+                 "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split; world = dp "
+                 "x tp)");
+  cmd.add_flag("--sp", sp, "sequence parallelism in the tp group (needs --tp 2 or more)");
+  cmd.add_option("--pp", pipeline.pp, "pipeline ranks (world = pp x dp; docs/pipeline.md)");
+  cmd.add_option("--microbatches", pipeline.microbatches,
+                 "pipeline microbatches per step and dp replica (default: --pp)");
+  cmd.add_option("--schedule", pipeline.schedule,
+                 "pipeline schedule: gpipe, 1f1b (default), interleaved or zb1");
+  cmd.add_option("--virtual-stages", pipeline.virtual_stages,
+                 "model chunks per pipeline rank (--schedule interleaved)");
+  cmd.add_option("--pp-layers", pipeline.layers,
+                 "layers per pipeline chunk, e.g. 5,7,7,5 (default: balanced by cost)");
+  cmd.add_option("--bucket-mb", bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB (default 25)");
+  cmd.add_option("--backend", backend, "communication: auto (mpi under mpirun), local, mpi");
+  cmd.add_option("--comm-timeout", comm_timeout,
+                 "seconds a collective may wait before the job aborts");
+}
+
+train::TrainOptions TrainFlags::to_options() const {
+  train::TrainOptions o;
+  apply_to(o);
+  return o;
+}
+
+void TrainFlags::apply_to(train::TrainOptions& o) const {
+  const nlohmann::json j = read_config_file(config, kConfigKeys);
+  try {
+    model.apply(o.model, j);
+    auto take = [&](const char* key, auto& field, const auto& flag) {
+      using T = std::decay_t<decltype(field)>;
+      if (j.contains(key)) field = j.at(key).get<T>();
+      if (flag) field = static_cast<T>(*flag);
+    };
+    take("batch", o.batch, batch);
+    take("microbatch", o.microbatch, microbatch);
+    take("steps", o.steps, steps);
+    take("lr", o.lr, lr);
+    take("min_lr_ratio", o.min_lr_ratio, min_lr_ratio);
+    take("warmup", o.warmup, warmup);
+    take("weight_decay", o.adamw.weight_decay, weight_decay);
+    take("grad_clip", o.grad_clip, grad_clip);
+    take("seed", o.seed, seed);
+    take("data", o.data, data);
+    take("val_data", o.val_data, val_data);
+    take("eval_every", o.eval_every, eval_every);
+    take("eval_batches", o.eval_batches, eval_batches);
+    take("threads", o.threads, threads);
+    take("dp", o.dp, dp);
+    take("zero", o.zero, zero);
+    take("tp", o.tp, tp);
+    if (j.contains("sp")) o.sp = j.at("sp").get<bool>();
+    take("bucket_mb", o.bucket_mb, bucket_mb);
+    take("backend", o.backend, backend);
+  } catch (const nlohmann::json::exception& e) {
+    fail("config file '{}' has a value of the wrong type: {}", config, e.what());
+  }
+  if (comm_timeout) o.comm_timeout_s = *comm_timeout;
+  o.pipeline = pipeline;
+  if (sp) o.sp = true;
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,209 @@
+#include "train/verify.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace mt::train {
+
+namespace {
+
+double rel(double diff, double ref) { return ref != 0 ? diff / std::abs(ref) : diff; }
+
+// The per-forward microbatch of a layout: --microbatch (or batch / dp) without a pipeline,
+// batch / (dp x microbatches) with one (the pipeline runner's rule).
+int64_t forward_microbatch(const TrainOptions& o) {
+  if (o.pipeline.pp == 1) return o.microbatch_size();
+  const int m = o.pipeline.microbatches > 0 ? o.pipeline.microbatches : o.pipeline.pp;
+  return std::max<int64_t>(1, o.batch / (static_cast<int64_t>(o.dp) * m));
+}
+
+// A folder of its own under the system temporary folder, removed with everything in it.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           ("meshtrain-verify-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Runs `o`, exporting its final weights to `path`. Until --export composes with --pp
+// (issue 7) the pipeline runner refuses it before any work; then the run goes on without
+// export and `exported` says so (the parameters are not compared).
+TrainResult run_exporting(TrainOptions o, const std::string& path, bool& exported) {
+  o.export_path = path;
+  exported = true;
+  try {
+    return run_training(o);
+  } catch (const Error& e) {
+    const bool pp_refused_export = o.pipeline.pp > 1 && e.code() == ExitCode::kBadInput &&
+                                   std::string_view(e.what()).starts_with("--export with --pp");
+    if (!pp_refused_export) throw;
+  }
+  o.export_path.clear();
+  exported = false;
+  return run_training(o);
+}
+
+void refuse_mpi(const TrainOptions& o) {
+  if (o.backend == "mpi")
+    fail(
+        "--backend mpi: verify runs the layout and the oracle as threads of one process (drop "
+        "--backend or use --backend local)");
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* s = std::getenv(var); s && std::atoi(s) > 1)
+      fail(
+          "verify was started under mpirun ({}={}): it runs the layout and the oracle as "
+          "threads of one process (run `meshtrain verify` without mpirun)",
+          var, s);
+}
+
+// What verify needs of either run: one process, no output of its own, no peak measurement
+// (MFU is not compared).
+TrainOptions quiet_local(TrainOptions o) {
+  o.backend = "local";
+  o.quiet = true;
+  o.metrics.clear();
+  o.profile = false;
+  o.pipeline.trace.clear();
+  o.keep_final_params = false;
+  if (o.peak_flops <= 0) o.peak_flops = 1e12;
+  o.validate();
+  return o;
+}
+
+}  // namespace
+
+double StepComparison::loss_abs_diff() const {
+  return std::abs(static_cast<double>(layout_loss) - oracle_loss);
+}
+double StepComparison::loss_rel_diff() const { return rel(loss_abs_diff(), oracle_loss); }
+double StepComparison::grad_norm_rel_diff() const {
+  return rel(std::abs(layout_grad_norm - oracle_grad_norm), oracle_grad_norm);
+}
+
+double VerifyReport::worst_loss_rel() const {
+  double m = 0;
+  for (const auto& s : steps) m = std::max(m, s.loss_rel_diff());
+  return m;
+}
+
+double VerifyReport::worst_grad_norm_rel() const {
+  double m = 0;
+  for (const auto& s : steps) m = std::max(m, s.grad_norm_rel_diff());
+  return m;
+}
+
+bool VerifyReport::pass() const {
+  // Written so that a NaN difference fails.
+  return worst_loss_rel() <= tol.loss_rel && worst_grad_norm_rel() <= tol.grad_norm_rel &&
+         (!params.compared || params.abs_diff <= tol.param_abs);
+}
+
+TrainOptions oracle_options(const TrainOptions& layout) {
+  TrainOptions o = layout;
+  o.dp = 1;
+  o.tp = 1;
+  o.sp = false;
+  o.zero = 0;
+  o.pipeline = PipelineOptions{};
+  o.microbatch = forward_microbatch(layout);
+  return o;
+}
+
+std::string describe_layout(const TrainOptions& o) {
+  std::vector<std::string> parts;
+  if (o.pipeline.pp > 1) {
+    const int m = o.pipeline.microbatches > 0 ? o.pipeline.microbatches : o.pipeline.pp;
+    parts.push_back(
+        fmt::format("pp {} ({}, {} microbatches)", o.pipeline.pp, o.pipeline.schedule, m));
+  }
+  if (o.dp > 1) parts.push_back(fmt::format("dp {} (ZeRO-{})", o.dp, o.zero));
+  if (o.tp > 1) parts.push_back(fmt::format("tp {}{}", o.tp, o.sp ? " (sp)" : ""));
+  if (parts.empty()) return "1 rank";
+  std::string s = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) s += " x " + parts[i];
+  return s;
+}
+
+std::vector<StepComparison> compare_steps(const TrainResult& oracle, const TrainResult& layout) {
+  MT_ASSERT(oracle.steps.size() == layout.steps.size());
+  std::vector<StepComparison> out;
+  for (size_t i = 0; i < oracle.steps.size(); ++i) {
+    const StepRecord &a = oracle.steps[i], &b = layout.steps[i];
+    out.push_back({a.step, a.loss, b.loss, a.grad_norm, b.grad_norm});
+  }
+  return out;
+}
+
+ParamComparison compare_params(const SafetensorsFile& oracle, const SafetensorsFile& layout) {
+  ParamComparison c;
+  c.compared = true;
+  for (const auto& [name, a] : oracle.arrays) {
+    const auto it = layout.arrays.find(name);
+    if (it == layout.arrays.end() || it->second.data.size() != a.data.size())
+      fail_run("the layout's exported weights lack '{}' or differ in its shape", name);
+    const std::vector<float>& b = it->second.data;
+    double diff = 0, diff_sq = 0, ref_sq = 0;
+    for (size_t i = 0; i < a.data.size(); ++i) {
+      const double d = static_cast<double>(b[i]) - a.data[i];
+      diff = std::max(diff, std::abs(d));
+      diff_sq += d * d;
+      ref_sq += static_cast<double>(a.data[i]) * a.data[i];
+    }
+    if (std::isnan(diff_sq)) diff = diff_sq;  // std::max drops NaN; a NaN must fail
+    const double r = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
+    // `!(x <= best)` so that a NaN difference is the one reported.
+    if (c.abs_name.empty() || !(diff <= c.abs_diff)) {
+      c.abs_name = name;
+      c.abs_diff = diff;
+    }
+    if (c.rel_name.empty() || !(r <= c.rel_diff)) {
+      c.rel_name = name;
+      c.rel_diff = r;
+    }
+  }
+  if (layout.arrays.size() != oracle.arrays.size())
+    fail_run("the layout exported {} tensors, the oracle {}", layout.arrays.size(),
+             oracle.arrays.size());
+  return c;
+}
+
+VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& oracle_opts,
+                        const VerifyTolerances& tol) {
+  refuse_mpi(layout_options);
+  const TrainOptions layout = quiet_local(layout_options);
+  const TrainOptions oracle = quiet_local(oracle_opts);
+
+  TempDir dir;
+  const std::string layout_path = (dir.path / "layout.safetensors").string();
+  const std::string oracle_path = (dir.path / "oracle.safetensors").string();
+  VerifyReport report;
+  report.tol = tol;
+  bool exported = false;
+  // The layout first: its pipeline-specific refusals come before any work.
+  const TrainResult b = run_exporting(layout, layout_path, exported);
+  TrainOptions oracle_exporting = oracle;
+  oracle_exporting.export_path = oracle_path;
+  const TrainResult a = run_training(oracle_exporting);
+  report.steps = compare_steps(a, b);
+  if (exported)
+    report.params = compare_params(read_safetensors(oracle_path), read_safetensors(layout_path));
+  return report;
+}
+
+}  // namespace mt::train
