@@ -20,27 +20,61 @@ GptConfig with_tp_padding(GptConfig c, const parallel::tp::TpContext& tp) {
   if (tp.size > 1) c.vocab_pad_multiple = tp_vocab_pad(tp.size);
   return c;
 }
-std::vector<ParamSpec> rank_specs(const GptConfig& c, const parallel::tp::TpContext& tp) {
+std::vector<ParamSpec> rank_specs(const GptConfig& c, const parallel::tp::TpContext& tp,
+                                  const StageParts& parts) {
   c.validate();
-  if (tp.size == 1) return gpt_param_specs(c);
+  std::vector<ParamSpec> specs = stage_param_specs(c, parts);
+  if (tp.size == 1) return specs;
   check_tp(c, tp.size, tp.sp);
-  return tp_shard_specs(gpt_param_specs(c), tp.rank, tp.size);
+  return tp_shard_specs(std::move(specs), tp.rank, tp.size);
 }
 }  // namespace
 
-Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::tp::TpContext tp)
+std::vector<ParamSpec> stage_param_specs(const GptConfig& c, const StageParts& parts) {
+  std::vector<bool> mine(static_cast<size_t>(c.n_layer), parts.all_layers);
+  for (int l : parts.layers) {
+    if (l < 0 || l >= c.n_layer) fail("stage layer {} is outside [0, {})", l, c.n_layer);
+    mine[static_cast<size_t>(l)] = true;
+  }
+  std::vector<ParamSpec> out;
+  std::vector<ParamSpec> tail;  // the last stage's tied wte copy, after the final norm
+  for (const ParamSpec& s : gpt_param_specs(c)) {
+    if (s.layer >= 0) {
+      if (mine[static_cast<size_t>(s.layer)]) out.push_back(s);
+    } else if (s.name == "transformer.wte.weight") {
+      if (parts.embedding)
+        out.push_back(s);
+      else if (parts.head && c.tied)
+        tail.push_back(s);
+    } else if (s.name == "transformer.wpe.weight") {
+      if (parts.embedding) out.push_back(s);
+    } else if (parts.head) {
+      out.push_back(s);  // final norm, untied lm_head
+    }
+  }
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
+Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::tp::TpContext tp,
+         StageParts parts)
     : config_(with_tp_padding(config, tp)),
-      params_(rank_specs(config_, tp), DType::kF32, store),
+      parts_(std::move(parts)),
+      params_(rank_specs(config_, tp, parts_), DType::kF32, store),
       tp_(tp) {
   config_.validate();
-  params_.initialize(seed);
+  params_.initialize(seed);  // by global name and element index: the same on any layout
   const int64_t C = config_.d_model, F = config_.d_ff / tp.size, Cl = C / tp.size;
-  wte_ = &params_.get("transformer.wte.weight");
-  wpe_ = &params_.get("transformer.wpe.weight");
-  lm_head_ = config_.tied ? wte_ : &params_.get("lm_head.weight");
-  ln_f_ = {&params_.get("transformer.ln_f.weight"), maybe(params_, "transformer.ln_f.bias"), C};
+  if (parts_.embedding || (parts_.head && config_.tied))
+    wte_ = &params_.get("transformer.wte.weight");
+  if (parts_.embedding) wpe_ = &params_.get("transformer.wpe.weight");
+  if (parts_.head) {
+    lm_head_ = config_.tied ? wte_ : &params_.get("lm_head.weight");
+    ln_f_ = {&params_.get("transformer.ln_f.weight"), maybe(params_, "transformer.ln_f.bias"), C};
+  }
   for (int l = 0; l < config_.n_layer; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
+    if (!params_.find(h + "ln_1.weight")) continue;
     Block b;
     b.n_head = config_.n_head;
     b.tp = tp_;
@@ -59,9 +93,10 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
 
 std::vector<int> Gpt::unit_first_params() const {
   auto index_of = [&](const Param* p) { return static_cast<int>(p - params_.params().data()); };
-  std::vector<int> v{index_of(wte_)};
+  std::vector<int> v;
+  if (parts_.embedding) v.push_back(index_of(wte_));
   for (const Block& b : blocks_) v.push_back(index_of(b.ln_1.w));
-  v.push_back(index_of(ln_f_.w));
+  if (parts_.head) v.push_back(index_of(ln_f_.w));
   v.push_back(static_cast<int>(params_.params().size()));
   return v;
 }
@@ -79,13 +114,20 @@ std::vector<int> Gpt::sequence_parallel_params() const {
     add(b.ln_2.w);
     add(b.ln_2.b);
   }
-  add(ln_f_.w);
-  add(ln_f_.b);
+  if (parts_.head) {
+    add(ln_f_.w);
+    add(ln_f_.b);
+  }
   std::sort(v.begin(), v.end());
   return v;
 }
 
 Activations Gpt::make_activations(int64_t B, int64_t T) const {
+  return make_activations(B, T, num_blocks(), parts_.head, false);
+}
+
+Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_head,
+                                  bool split) const {
   if (T > config_.seq_len)
     fail("sequence length {} is longer than the model's seq_len {} (use --seq {} or less)", T,
          config_.seq_len, config_.seq_len);
@@ -98,8 +140,12 @@ Activations Gpt::make_activations(int64_t B, int64_t T) const {
   a.tokens.resize(N);
   a.targets.resize(N);
   a.encoded = acts({Nl, C});
-  for (int l = 0; l < config_.n_layer; ++l)
+  a.n_blocks = n_blocks;
+  for (int l = 0; l < n_blocks; ++l) {
     a.blocks.push_back(Block::make_activations(config_, B, T, tp_));
+    if (split) a.stash.push_back(Block::make_stash(config_, B, T, tp_));
+  }
+  if (!with_head) return a;
   a.lnf = acts({Nl, C});
   a.lnf_mean = acts({Nl});
   a.lnf_rstd = acts({Nl});
@@ -114,42 +160,6 @@ Activations Gpt::make_activations(int64_t B, int64_t T) const {
   return a;
 }
 
-float Gpt::forward(Activations& a, const int32_t* inputs, const int32_t* targets) {
-  const int64_t B = a.B, T = a.T, N = B * T, C = config_.d_model;
-  std::copy(inputs, inputs + N, a.tokens.begin());
-  std::copy(targets, targets + N, a.targets.begin());
-  if (tp_.active()) return forward_tp(a);
-  parallel::UnitHooks& hooks = hooks_ ? *hooks_ : no_hooks_;
-  const int head = num_units() - 1;
-  hooks.before_forward(0);
-  {
-    profile::Scope p("embedding.fwd");
-    kernels::embedding_forward(a.encoded.f32(), a.tokens.data(), wte_->value.f32(),
-                               wpe_->value.f32(), B, T, C);
-  }
-  const float* x = a.encoded.f32();
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    hooks.before_forward(static_cast<int>(l) + 1);
-    blocks_[l].forward(a.blocks[l], x, B, T);
-    x = a.blocks[l].out.f32();
-  }
-  hooks.before_forward(head);
-  ln_f_.forward(a.lnf.f32(), a.lnf_mean.f32(), a.lnf_rstd.f32(), x, N);
-  const int64_t Vp = config_.padded_vocab();
-  {
-    profile::Scope p("lm_head.fwd");
-    kernels::linear_forward(a.logits.f32(), a.lnf.f32(), lm_head_->value.f32(), nullptr, N, C, Vp);
-  }
-  {
-    profile::Scope p("cross_entropy.fwd");
-    kernels::cross_entropy_forward(a.losses.f32(), a.lse.f32(), a.logits.f32(), a.targets.data(), N,
-                                   config_.vocab, Vp);
-  }
-  double sum = 0;
-  for (int64_t i = 0; i < N; ++i) sum += a.losses.f32()[i];
-  return static_cast<float>(sum / static_cast<double>(N));
-}
-
 void Gpt::ensure_scratch(int64_t B, int64_t T) {
   if (B * T == scratch_tokens_ && scratch_.datt.defined() && scratch_.datt.dim(0) == B) return;
   scratch_ = Block::make_scratch(config_, B, T, tp_);
@@ -157,101 +167,98 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
   scratch_tokens_ = B * T;
 }
 
-void Gpt::backward(Activations& a, float dloss) {
-  const int64_t B = a.B, T = a.T, N = B * T, C = config_.d_model;
-  const int64_t Vp = config_.padded_vocab();
-  if (tp_.active()) return backward_tp(a, dloss);
-  ensure_scratch(B, T);
-  parallel::UnitHooks& hooks = hooks_ ? *hooks_ : no_hooks_;
-  const int head = num_units() - 1;
-  hooks.before_backward(head);
-  float* dlogits = a.logits.f32();  // in place
-  {
-    profile::Scope p("cross_entropy.bwd");
-    kernels::cross_entropy_backward(dlogits, a.logits.f32(), a.lse.f32(), a.targets.data(), dloss,
-                                    N, config_.vocab, Vp);
-  }
-  float* dlnf = scratch_.dln.f32();
-  {
-    profile::Scope p("lm_head.bwd");
-    // Tied: only the input gradient now; wte's gradient is added with the embedding's.
-    kernels::linear_backward(dlnf, config_.tied ? nullptr : lm_head_->grad.f32(), nullptr, dlogits,
-                             a.lnf.f32(), lm_head_->value.f32(), N, C, Vp);
-  }
-  float* dres = dres_.f32();
-  dres_.zero_();
-  const float* last = blocks_.empty() ? a.encoded.f32() : a.blocks.back().out.f32();
-  ln_f_.backward(dres, dlnf, last, a.lnf_mean.f32(), a.lnf_rstd.f32(), N);
-  hooks.after_backward(head);
-  for (int l = static_cast<int>(blocks_.size()) - 1; l >= 0; --l) {
-    hooks.before_backward(l + 1);
-    const float* x = l == 0 ? a.encoded.f32() : a.blocks[l - 1].out.f32();
-    blocks_[l].backward(dres, scratch_, a.blocks[l], x, B, T);
-    hooks.after_backward(l + 1);
-  }
-  hooks.before_backward(0);
-  {
-    profile::Scope p("embedding.bwd");
-    kernels::embedding_backward(wte_->grad.f32(), wpe_->grad.f32(), dres, a.tokens.data(), B, T, C);
-  }
-  if (config_.tied) {
-    profile::Scope p("lm_head.bwd");
-    // d(wte) += d(logits)^T · lnf: the LM head's share, kept until now (dlogits and lnf
-    // are still in the activations).
-    kernels::linear_backward(nullptr, wte_->grad.f32(), nullptr, dlogits, a.lnf.f32(),
-                             wte_->value.f32(), N, C, Vp);
-  }
-  hooks.after_backward(0);
+float Gpt::forward(Activations& a, const int32_t* inputs, const int32_t* targets) {
+  if (!parts_.embedding || !parts_.head || num_blocks() != config_.n_layer)
+    fail("Gpt::forward runs the whole model; a pipeline stage runs the pieces");
+  set_batch(a, inputs, targets);
+  embed_forward(a);
+  blocks_forward(a, 0, num_blocks());
+  return head_forward(a);
 }
 
-// ---- tensor parallelism -------------------------------------------------------------
-// Vocabulary-parallel embedding and LM head (Megatron-LM): rank r owns rows [v0, v0 + Vl)
-// of the padded vocabulary (Vl = Vp/t, v0 = r·Vl), of which the first `real` are real
-// tokens. The embedding of a token another rank owns is 0 here; g (or ḡ with --sp) sums.
-// The cross-entropy never gathers logits: row max -> all-reduce(max); sum of exp and the
-// target's logit (owned by one rank, 0 elsewhere) -> one all-reduce(sum) of 2N floats.
+void Gpt::backward(Activations& a, float dloss) {
+  ensure_scratch(a.B, a.T);
+  float* dres = dres_.f32();
+  head_backward(a, dloss, dres, BackwardPart::kAll);
+  blocks_backward(a, 0, num_blocks(), dres, BackwardPart::kAll);
+  embed_backward(a, dres);
+}
 
-float Gpt::forward_tp(Activations& a) {
+void Gpt::set_batch(Activations& a, const int32_t* inputs, const int32_t* targets) const {
+  const int64_t N = a.B * a.T;
+  std::copy(inputs, inputs + N, a.tokens.begin());
+  std::copy(targets, targets + N, a.targets.begin());
+}
+
+// ---- the pieces ---------------------------------------------------------------------
+// With tensor parallelism (Megatron-LM) the embedding and LM head are vocabulary-parallel:
+// rank r owns rows [v0, v0 + Vl) of the padded vocabulary (Vl = Vp/t, v0 = r·Vl), of which
+// the first `real` are real tokens. The embedding of a token another rank owns is 0 here;
+// g (or ḡ with --sp) sums. The cross-entropy never gathers logits: row max ->
+// all-reduce(max); sum of exp and the target's logit (owned by one rank, 0 elsewhere) ->
+// one all-reduce(sum) of 2N floats.
+
+void Gpt::embed_forward(Activations& a) {
   namespace tpo = parallel::tp;
   const int64_t B = a.B, T = a.T, N = B * T, C = config_.d_model;
+  hooks().before_forward(0);
+  profile::Scope p("embedding.fwd");
+  if (!tp_.active()) {
+    kernels::embedding_forward(a.encoded.f32(), a.tokens.data(), wte_->value.f32(),
+                               wpe_->value.f32(), B, T, C);
+    return;
+  }
+  ensure_scratch(B, T);
   const int64_t Nl = tp_.local_rows(N), row0 = tp_.first_row(N);
   const int64_t Vl = config_.padded_vocab() / tp_.size, v0 = tp_.rank * Vl;
-  const int64_t real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
+  float* partial = tp_.sp ? scratch_.part.f32() : a.encoded.f32();
+  kernels::vocab_parallel_embedding_forward(partial, a.tokens.data(), wte_->value.f32(), N, C, v0,
+                                            Vl);
+  if (tp_.sp)
+    tpo::reduce_scatter_rows(tp_, partial, a.encoded.f32(), Nl * C);
+  else
+    tpo::all_reduce(tp_, a.encoded.f32(), N * C);
+  kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
+}
+
+void Gpt::blocks_forward(Activations& a, int k0, int n) {
+  ensure_scratch(a.B, a.T);
+  a.n_blocks = n;
+  const float* x = a.encoded.f32();
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    const int k = k0 + static_cast<int>(i);
+    hooks().before_forward(block_unit(k));
+    blocks_[static_cast<size_t>(k)].forward(a.blocks[i], x, a.B, a.T, &scratch_);
+    x = a.blocks[i].out.f32();
+  }
+}
+
+float Gpt::head_forward(Activations& a) {
+  namespace tpo = parallel::tp;
+  const int64_t N = a.B * a.T, C = config_.d_model, Nl = tp_.local_rows(N);
   for (int64_t i = 0; i < N; ++i)
     if (a.targets[i] < 0 || a.targets[i] >= config_.vocab)
       fail("cross_entropy: target {} of row {} is outside [0, {})", a.targets[i], i, config_.vocab);
-  ensure_scratch(B, T);
-  parallel::UnitHooks& hooks = hooks_ ? *hooks_ : no_hooks_;
-  const int head = num_units() - 1;
-  hooks.before_forward(0);
-  {
-    profile::Scope p("embedding.fwd");
-    float* partial = tp_.sp ? scratch_.part.f32() : a.encoded.f32();
-    kernels::vocab_parallel_embedding_forward(partial, a.tokens.data(), wte_->value.f32(), N, C, v0,
-                                              Vl);
-    if (tp_.sp)
-      tpo::reduce_scatter_rows(tp_, partial, a.encoded.f32(), Nl * C);
-    else
-      tpo::all_reduce(tp_, a.encoded.f32(), N * C);
-    kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
-  }
-  const float* x = a.encoded.f32();
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    hooks.before_forward(static_cast<int>(l) + 1);
-    blocks_[l].forward(a.blocks[l], x, B, T, &scratch_);
-    x = a.blocks[l].out.f32();
-  }
-  hooks.before_forward(head);
-  ln_f_.forward(a.lnf.f32(), a.lnf_mean.f32(), a.lnf_rstd.f32(), x, Nl);
-  const float* head_in = a.lnf.f32();
-  if (tp_.sp) {
-    tpo::all_gather_rows(tp_, a.lnf.f32(), a.lnf_full.f32(), Nl * C);
-    head_in = a.lnf_full.f32();
-  }
+  hooks().before_forward(head_unit());
+  ln_f_.forward(a.lnf.f32(), a.lnf_mean.f32(), a.lnf_rstd.f32(), chunk_output(a), Nl);
+  if (tp_.sp) tpo::all_gather_rows(tp_, a.lnf.f32(), a.lnf_full.f32(), Nl * C);
+  const int64_t Vl = config_.padded_vocab() / tp_.size;
   {
     profile::Scope p("lm_head.fwd");
-    kernels::linear_forward(a.logits.f32(), head_in, lm_head_->value.f32(), nullptr, N, C, Vl);
+    kernels::linear_forward(a.logits.f32(), head_input(a), lm_head_->value.f32(), nullptr, N, C,
+                            Vl);
   }
+  double sum = 0;
+  if (!tp_.active()) {
+    {
+      profile::Scope p("cross_entropy.fwd");
+      kernels::cross_entropy_forward(a.losses.f32(), a.lse.f32(), a.logits.f32(), a.targets.data(),
+                                     N, config_.vocab, Vl);
+    }
+    for (int64_t i = 0; i < N; ++i) sum += a.losses.f32()[i];
+    return static_cast<float>(sum / static_cast<double>(N));
+  }
+  const int64_t v0 = tp_.rank * Vl, real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
   float* mx = a.ce_max.f32();
   float* sums = a.ce_sums.f32();
   {
@@ -262,7 +269,6 @@ float Gpt::forward_tp(Activations& a) {
                                     real, v0);
     tpo::all_reduce(tp_, sums, 2 * N);
   }
-  double sum = 0;
   for (int64_t i = 0; i < N; ++i) {
     const float lse = mx[i] + std::log(sums[i]);
     a.lse.f32()[i] = lse;
@@ -272,62 +278,97 @@ float Gpt::forward_tp(Activations& a) {
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
-void Gpt::backward_tp(Activations& a, float dloss) {
+void Gpt::head_backward(Activations& a, float dloss, float* dres, BackwardPart part) {
   namespace tpo = parallel::tp;
-  const int64_t B = a.B, T = a.T, N = B * T, C = config_.d_model;
-  const int64_t Nl = tp_.local_rows(N), row0 = tp_.first_row(N);
-  const int64_t Vl = config_.padded_vocab() / tp_.size, v0 = tp_.rank * Vl;
-  const int64_t real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
+  const int64_t B = a.B, T = a.T, N = B * T, C = config_.d_model, Nl = tp_.local_rows(N);
+  const int64_t Vl = config_.padded_vocab() / tp_.size;
   ensure_scratch(B, T);
-  parallel::UnitHooks& hooks = hooks_ ? *hooks_ : no_hooks_;
-  const int head = num_units() - 1;
-  hooks.before_backward(head);
+  hooks().before_backward(head_unit());
   float* dlogits = a.logits.f32();  // in place
   {
     profile::Scope p("cross_entropy.bwd");
-    kernels::vocab_parallel_ce_backward(dlogits, a.logits.f32(), a.lse.f32(), a.targets.data(),
-                                        dloss, N, Vl, real, v0);
+    if (!tp_.active()) {
+      kernels::cross_entropy_backward(dlogits, a.logits.f32(), a.lse.f32(), a.targets.data(), dloss,
+                                      N, config_.vocab, Vl);
+    } else {
+      const int64_t v0 = tp_.rank * Vl, real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
+      kernels::vocab_parallel_ce_backward(dlogits, a.logits.f32(), a.lse.f32(), a.targets.data(),
+                                          dloss, N, Vl, real, v0);
+    }
   }
-  const float* head_in = tp_.sp ? a.lnf_full.f32() : a.lnf.f32();
   float* dlnf = scratch_.dln.f32();
   {
     profile::Scope p("lm_head.bwd");
+    // The weight gradient now unless it waits: for the embedding (tied, same stage: see
+    // backward) or for W (zero-bubble).
+    const bool weight = part == BackwardPart::kAll && !defer_head_weight();
     float* partial = tp_.sp ? scratch_.part.f32() : dlnf;  // f (f̄) backward of the head input
-    kernels::linear_backward(partial, config_.tied ? nullptr : lm_head_->grad.f32(), nullptr,
-                             dlogits, head_in, lm_head_->value.f32(), N, C, Vl);
+    kernels::linear_backward(partial, weight ? lm_head_->grad.f32() : nullptr, nullptr, dlogits,
+                             head_input(a), lm_head_->value.f32(), N, C, Vl);
     if (tp_.sp)
       tpo::reduce_scatter_rows(tp_, partial, dlnf, Nl * C);
     else
       tpo::all_reduce(tp_, dlnf, N * C);
   }
-  float* dres = dres_.f32();
-  dres_.zero_();
-  const float* last = blocks_.empty() ? a.encoded.f32() : a.blocks.back().out.f32();
-  ln_f_.backward(dres, dlnf, last, a.lnf_mean.f32(), a.lnf_rstd.f32(), Nl);
-  hooks.after_backward(head);
-  for (int l = static_cast<int>(blocks_.size()) - 1; l >= 0; --l) {
-    hooks.before_backward(l + 1);
-    const float* x = l == 0 ? a.encoded.f32() : a.blocks[l - 1].out.f32();
-    blocks_[l].backward(dres, scratch_, a.blocks[l], x, B, T);
-    hooks.after_backward(l + 1);
+  std::fill_n(dres, Nl * C, 0.0f);
+  ln_f_.backward(dres, dlnf, chunk_output(a), a.lnf_mean.f32(), a.lnf_rstd.f32(), Nl);
+  hooks().after_backward(head_unit());
+}
+
+void Gpt::blocks_backward(Activations& a, int k0, int n, float* dres, BackwardPart part) {
+  ensure_scratch(a.B, a.T);
+  for (int i = n - 1; i >= 0; --i) {
+    const int k = k0 + i;
+    const Block& b = blocks_[static_cast<size_t>(k)];
+    const float* x = i == 0 ? a.encoded.f32() : a.blocks[static_cast<size_t>(i) - 1].out.f32();
+    const size_t si = static_cast<size_t>(i);
+    if (part == BackwardPart::kWeight) {
+      b.backward_weight(scratch_, a.blocks[si], a.stash[si], a.B, a.T);
+      continue;
+    }
+    hooks().before_backward(block_unit(k));
+    if (part == BackwardPart::kAll)
+      b.backward(dres, scratch_, a.blocks[si], x, a.B, a.T);
+    else
+      b.backward_input(dres, scratch_, a.blocks[si], x, a.stash[si], a.B, a.T);
+    hooks().after_backward(block_unit(k));
   }
-  hooks.before_backward(0);
+}
+
+void Gpt::embed_backward(Activations& a, const float* dres) {
+  namespace tpo = parallel::tp;
+  const int64_t B = a.B, T = a.T, N = B * T, C = config_.d_model;
+  hooks().before_backward(0);
   {
     profile::Scope p("embedding.bwd");
-    kernels::position_embedding_backward(wpe_->grad.f32(), dres, row0, Nl, T, C);
-    const float* d = dres;  // g backward: identity; ḡ backward: all-gather
-    if (tp_.sp) {
-      tpo::all_gather_rows(tp_, dres, scratch_.gath.f32(), Nl * C);
-      d = scratch_.gath.f32();
+    if (!tp_.active()) {
+      kernels::embedding_backward(wte_->grad.f32(), wpe_->grad.f32(), dres, a.tokens.data(), B, T,
+                                  C);
+    } else {
+      const int64_t Nl = tp_.local_rows(N), row0 = tp_.first_row(N);
+      const int64_t Vl = config_.padded_vocab() / tp_.size, v0 = tp_.rank * Vl;
+      ensure_scratch(B, T);
+      kernels::position_embedding_backward(wpe_->grad.f32(), dres, row0, Nl, T, C);
+      const float* d = dres;  // g backward: identity; ḡ backward: all-gather
+      if (tp_.sp) {
+        tpo::all_gather_rows(tp_, dres, scratch_.gath.f32(), Nl * C);
+        d = scratch_.gath.f32();
+      }
+      kernels::vocab_parallel_embedding_backward(wte_->grad.f32(), d, a.tokens.data(), N, C, v0,
+                                                 Vl);
     }
-    kernels::vocab_parallel_embedding_backward(wte_->grad.f32(), d, a.tokens.data(), N, C, v0, Vl);
   }
-  if (config_.tied) {
-    profile::Scope p("lm_head.bwd");
-    kernels::linear_backward(nullptr, wte_->grad.f32(), nullptr, dlogits, head_in,
-                             wte_->value.f32(), N, C, Vl);
-  }
-  hooks.after_backward(0);
+  // Tied, same stage: d(wte) += d(logits)^T · lnf, the LM head's share, kept until now
+  // (dlogits and lnf are still in the activations).
+  if (defer_head_weight()) head_weight_backward(a);
+  hooks().after_backward(0);
+}
+
+void Gpt::head_weight_backward(Activations& a) {
+  profile::Scope p("lm_head.bwd");
+  const int64_t N = a.B * a.T, C = config_.d_model, Vl = config_.padded_vocab() / tp_.size;
+  kernels::linear_backward(nullptr, lm_head_->grad.f32(), nullptr, a.logits.f32(), head_input(a),
+                           lm_head_->value.f32(), N, C, Vl);
 }
 
 double training_flops_per_token(const GptConfig& c, int64_t T) {

@@ -13,9 +13,32 @@
 
 namespace mt::model {
 
-// Everything one microbatch's backward needs, allocated once and reused.
+// The parts of the model one rank holds. Without pipeline parallelism: all of it. A
+// pipeline stage holds its chunks' blocks, the embeddings on the first stage and the final
+// norm and LM head on the last (with tied embeddings the last stage keeps its own copy of
+// wte, whose gradient is summed with the first stage's: train/).
+struct StageParts {
+  bool all_layers = true;
+  std::vector<int> layers;  // global block indices, ascending (when !all_layers)
+  bool embedding = true;
+  bool head = true;
+};
+
+// The parameter specs of a stage, in store order: embeddings, blocks, head. The last
+// stage's copy of the tied wte goes after the final norm, so that the head unit is one
+// consecutive range of parameters.
+std::vector<ParamSpec> stage_param_specs(const GptConfig& c, const StageParts& parts);
+
+// Which parts of backward one call runs: both (Backward), or the zero-bubble split into
+// the input gradients (B: what the previous pipeline stage waits for) and the weight
+// gradients (W, later).
+enum class BackwardPart : uint8_t { kAll, kInput, kWeight };
+
+// Everything one microbatch's backward needs, allocated once and reused. A pipeline slot
+// holds one chunk's: `encoded` is then the chunk's input, `blocks` its blocks.
 struct Activations {
   int64_t B = 0, T = 0;
+  int n_blocks = 0;  // blocks in use (a pipeline slot serves chunks of different sizes)
   std::vector<int32_t> targets;
   std::vector<int32_t> tokens;
   Tensor encoded;  // [N, C] embedding output = first block's input
@@ -28,6 +51,7 @@ struct Activations {
   // final-norm output [N, C] the LM head reads (lnf holds this rank's rows).
   Tensor ce_max, ce_sums;  // [N], [2N]
   Tensor lnf_full;
+  std::vector<BlockGradStash> stash;  // zero-bubble split backward (BackwardPart)
 };
 
 // The model's units, in forward order, are what data parallelism gathers and reduces
@@ -39,15 +63,22 @@ class Gpt {
   // tp: this rank's tensor-parallel group (size 1: none). The store then holds this rank's
   // slices (tp_shard_specs), each drawn from the global stream; the vocabulary is padded to
   // a multiple of lcm(128, t) (config.vocab_pad_multiple is set here).
+  // parts: the stage this rank holds (pipeline parallelism); default the whole model.
   Gpt(const GptConfig& config, uint64_t seed, StoreOptions store = {},
-      parallel::tp::TpContext tp = {});
+      parallel::tp::TpContext tp = {}, StageParts parts = {});
 
   const GptConfig& config() const { return config_; }
   const parallel::tp::TpContext& tp() const { return tp_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
 
-  int num_units() const { return static_cast<int>(config_.n_layer) + 2; }
+  const StageParts& parts() const { return parts_; }
+  int num_blocks() const { return static_cast<int>(blocks_.size()); }
+  int num_units() const { return num_blocks() + parts_.embedding + parts_.head; }
+  int block_unit(int k) const { return k + (parts_.embedding ? 1 : 0); }
+  int head_unit() const { return num_units() - 1; }
+  // The tied wte, when this rank holds a copy of it (first or last stage), else null.
+  Param* wte() { return wte_; }
   // n_units + 1 entries: unit u is parameters [v[u], v[u + 1]).
   std::vector<int> unit_first_params() const;
   // With --sp, the parameters whose gradients each tp rank computes from its own sequence
@@ -58,8 +89,15 @@ class Gpt {
   // Called around every unit's forward and backward (null: none).
   void set_hooks(parallel::UnitHooks* hooks) { hooks_ = hooks; }
 
+  // The whole stage's activations (every block this rank holds, the head if it has it).
   Activations make_activations(int64_t B, int64_t T) const;
-  // Mean loss over the B*T tokens; keeps in `a` what backward needs.
+  // One pipeline chunk's: n_blocks blocks, the head buffers when with_head, the zero-bubble
+  // stash when split.
+  Activations make_activations(int64_t B, int64_t T, int n_blocks, bool with_head,
+                               bool split) const;
+
+  // Whole model (a stage holding everything). Mean loss over the B*T tokens; keeps in `a`
+  // what backward needs.
   float forward(Activations& a, const int32_t* inputs, const int32_t* targets);
   // Accumulates into the gradients d(sum_i dloss * loss_i)/d(params), i over the tokens of
   // the microbatch. dloss = 1 / (tokens in the whole step) gives the mean over a step.
@@ -68,12 +106,36 @@ class Gpt {
   // later units is final (what UnitHooks::after_backward promises).
   void backward(Activations& a, float dloss);
 
+  // ---- the pieces, for a pipeline stage (one chunk = local blocks [k0, k0 + n))
+  void set_batch(Activations& a, const int32_t* inputs, const int32_t* targets) const;
+  void embed_forward(Activations& a);                  // tokens -> a.encoded
+  void blocks_forward(Activations& a, int k0, int n);  // a.encoded -> a.blocks[n - 1].out
+  float head_forward(Activations& a);                  // last block's out -> mean loss
+  // d(loss) -> dres ([Nl, C], overwritten) = d(last block's out). kInput skips the LM head's
+  // weight gradient (head_weight_backward adds it).
+  void head_backward(Activations& a, float dloss, float* dres, BackwardPart part);
+  // dres: d(chunk output) in, d(chunk input) out.
+  void blocks_backward(Activations& a, int k0, int n, float* dres, BackwardPart part);
+  void embed_backward(Activations& a, const float* dres);
+  void head_weight_backward(Activations& a);  // the LM head's weight gradient
+
  private:
   void ensure_scratch(int64_t B, int64_t T);
-  float forward_tp(Activations& a);
-  void backward_tp(Activations& a, float dloss);
+  parallel::UnitHooks& hooks() { return hooks_ ? *hooks_ : no_hooks_; }
+  const float* chunk_output(const Activations& a) const {
+    return a.n_blocks == 0 ? a.encoded.f32()
+                           : a.blocks[static_cast<size_t>(a.n_blocks) - 1].out.f32();
+  }
+  // The LM head's input: the final norm's output (gathered with --sp).
+  const float* head_input(const Activations& a) const {
+    return tp_.sp ? a.lnf_full.f32() : a.lnf.f32();
+  }
+  // With tied embeddings on a stage holding both, the LM head's weight gradient waits for
+  // the embedding unit (see backward).
+  bool defer_head_weight() const { return config_.tied && parts_.embedding && parts_.head; }
 
   GptConfig config_;
+  StageParts parts_;
   ParamStore params_;
   Param* wte_ = nullptr;
   Param* wpe_ = nullptr;

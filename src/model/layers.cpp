@@ -22,8 +22,8 @@ void LayerNorm::forward(float* y, float* mean, float* rstd, const float* x, int6
 void LayerNorm::backward(float* dx, const float* dy, const float* x, const float* mean,
                          const float* rstd, int64_t n) const {
   profile::Scope p("layernorm.bwd");
-  kernels::layernorm_backward(dx, w->grad.f32(), grad_of(b), dy, x, w->value.f32(), mean, rstd,
-                              n, c);
+  kernels::layernorm_backward(dx, w->grad.f32(), grad_of(b), dy, x, w->value.f32(), mean, rstd, n,
+                              c);
 }
 
 void Linear::forward(float* y, const float* x, int64_t n) const {
@@ -117,8 +117,8 @@ void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, co
   attn_proj.backward(s.datty.f32(), dres, a.atty.f32(), N);
   {
     profile::Scope p("attention.bwd");
-    kernels::attention_backward(s.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(),
-                                a.att.f32(), B, T, C, n_head);
+    kernels::attention_backward(s.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(), a.att.f32(),
+                                B, T, C, n_head);
   }
   c_attn.backward(s.dln.f32(), s.dqkv.f32(), a.ln1.f32(), N);
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), N);
@@ -218,6 +218,74 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
   }
   column_input_grad(c_attn, s.dqkv.f32(), a.ln1.f32());
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), Nl);
+}
+
+// ---- zero-bubble split backward ---------------------------------------------------------
+// Block::backward / backward_tp with the four weight-gradient GEMMs taken out. With t = 1
+// every tp helper below is the identity (no communication).
+
+BlockGradStash Block::make_stash(const GptConfig& c, int64_t B, int64_t T,
+                                 const parallel::tp::TpContext& tp) {
+  const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
+  return {acts({N, 3 * Cl}), acts({N, C}), acts({N, F}), acts({N, C})};
+}
+
+void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
+                           BlockGradStash& st, int64_t B, int64_t T) const {
+  namespace tpo = parallel::tp;
+  profile::Scope p("block.bwd_input");
+  const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
+  const int64_t Cl = C / tp.size, heads = n_head / tp.size, F = c_fc.out;
+  const bool sp = tp.active() && tp.sp;
+  // The row-parallel output gradient, whole (ḡ backward gathers it with --sp).
+  auto stash_output_grad = [&](float* dst) {
+    tpo::all_gather_rows(sp ? tp : tpo::TpContext{}, dres, dst, Nl * C);
+  };
+  // d(input) of a column-parallel layer: partial sums over tp, reduced into s.dln.
+  auto column_input_grad = [&](const Linear& l, const float* dy) {
+    float* dx = sp ? s.part.f32() : s.dln.f32();
+    kernels::linear_backward(dx, nullptr, nullptr, dy, nullptr, l.w->value.f32(), N, l.in, l.out);
+    if (sp)
+      tpo::reduce_scatter_rows(tp, dx, s.dln.f32(), Nl * C);
+    else
+      tpo::all_reduce(tp, dx, N * C);
+  };
+  // MLP branch.
+  stash_output_grad(st.dmlp.f32());
+  kernels::linear_backward(s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr,
+                           mlp_proj.w->value.f32(), N, F, C);
+  kernels::gelu_backward(st.dfch.f32(), a.fch.f32(), s.dgelu.f32(), N * F);
+  column_input_grad(c_fc, st.dfch.f32());
+  ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
+  // Attention branch.
+  stash_output_grad(st.dproj.f32());
+  kernels::linear_backward(s.datty.f32(), nullptr, nullptr, st.dproj.f32(), nullptr,
+                           attn_proj.w->value.f32(), N, Cl, C);
+  kernels::attention_backward(st.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(), a.att.f32(),
+                              B, T, Cl, heads);
+  column_input_grad(c_attn, st.dqkv.f32());
+  ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), Nl);
+}
+
+void Block::backward_weight(BlockScratch& s, const BlockActivations& a, const BlockGradStash& st,
+                            int64_t B, int64_t T) const {
+  namespace tpo = parallel::tp;
+  profile::Scope p("block.bwd_weight");
+  const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
+  const bool sp = tp.active() && tp.sp;
+  auto ln_input = [&](const float* ln_out) {  // --sp: the layer-norm output gathered again
+    if (!sp) return ln_out;
+    tpo::all_gather_rows(tp, ln_out, s.gath.f32(), Nl * C);
+    return static_cast<const float*>(s.gath.f32());
+  };
+  auto weight_grad = [&](const Linear& l, const float* dy, const float* in) {
+    kernels::linear_backward(nullptr, l.w->grad.f32(), grad_of(l.b), dy, in, l.w->value.f32(), N,
+                             l.in, l.out);
+  };
+  weight_grad(mlp_proj, st.dmlp.f32(), a.fch_gelu.f32());
+  weight_grad(c_fc, st.dfch.f32(), ln_input(a.ln2.f32()));
+  weight_grad(attn_proj, st.dproj.f32(), a.atty.f32());
+  weight_grad(c_attn, st.dqkv.f32(), ln_input(a.ln1.f32()));
 }
 
 }  // namespace mt::model

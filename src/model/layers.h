@@ -16,8 +16,8 @@ struct LayerNorm {
   int64_t c = 0;
   void forward(float* y, float* mean, float* rstd, const float* x, int64_t n) const;
   // dx += d(loss)/dx
-  void backward(float* dx, const float* dy, const float* x, const float* mean,
-                const float* rstd, int64_t n) const;
+  void backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
+                int64_t n) const;
 };
 
 struct Linear {
@@ -40,6 +40,16 @@ struct BlockActivations {
   Tensor fch;                      // [N, F] before GELU
   Tensor fch_gelu;                 // [N, F]
   Tensor out;                      // [N, C] block output (= next block's input)
+};
+
+// Zero-bubble split backward: the output gradients of the four linear layers, kept from the
+// input-gradient pass (B) for the weight-gradient pass (W) of the same microbatch. Row
+// counts are the full N (with --sp the gathered gradients).
+struct BlockGradStash {
+  Tensor dqkv;   // [N, 3C/t]
+  Tensor dproj;  // [N, C] d(attention c_proj output)
+  Tensor dfch;   // [N, F/t]
+  Tensor dmlp;   // [N, C] d(mlp c_proj output)
 };
 
 // Backward scratch shared by all blocks (one set per rank).
@@ -78,8 +88,18 @@ struct Block {
   void forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
                BlockScratch* s = nullptr) const;
   // dres holds d(loss)/d(block output) on entry and d(loss)/d(block input) on exit.
-  void backward(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
-                int64_t B, int64_t T) const;
+  void backward(float* dres, BlockScratch& s, const BlockActivations& a, const float* x, int64_t B,
+                int64_t T) const;
+  // The same backward in two passes (zero-bubble pipelines): backward_input computes
+  // d(block input) and the layer norms' weight gradients, stashing what the four linear
+  // layers' weight gradients need; backward_weight adds those later. Together they give
+  // the same gradients as backward.
+  static BlockGradStash make_stash(const GptConfig& c, int64_t B, int64_t T,
+                                   const parallel::tp::TpContext& tp = {});
+  void backward_input(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
+                      BlockGradStash& st, int64_t B, int64_t T) const;
+  void backward_weight(BlockScratch& s, const BlockActivations& a, const BlockGradStash& st,
+                       int64_t B, int64_t T) const;
 
  private:
   void forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T, BlockScratch& s) const;

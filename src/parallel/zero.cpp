@@ -109,6 +109,15 @@ ShardedParams::ShardedParams(comm::Group& dp, const FlatLayout& layout)
 void ShardedParams::start(int unit) {
   auto& w = pending_[static_cast<size_t>(unit)];
   if (w) wait(unit);
+  // A gather of another unit into the same slot may still be in flight (a prefetch that a
+  // pipeline schedule, running chunks out of model order, did not use yet): let it land and
+  // forget it, so that unit is gathered again when it is needed.
+  const int U = layout_.num_units(), slot = UnitBuffers::slot_of(unit, U);
+  for (int v = 0; v < U; ++v)
+    if (v != unit && pending_[static_cast<size_t>(v)] && UnitBuffers::slot_of(v, U) == slot) {
+      pending_[static_cast<size_t>(v)]->wait();
+      pending_[static_cast<size_t>(v)].reset();
+    }
   const int64_t lo = layout_.unit_lo(unit);
   const auto& counts = counts_[static_cast<size_t>(unit)];
   const int64_t mine = counts[static_cast<size_t>(dp_.rank())];
@@ -146,6 +155,14 @@ void ShardedParams::before_backward(int unit) {
   if (unit == 0) return;  // still gathered since the head's backward
   wait(unit);
   if (unit - 1 > 0) start(unit - 1);
+}
+
+void ShardedParams::drop_prefetches() {
+  for (auto& w : pending_)
+    if (w) {
+      w->wait();
+      w.reset();
+    }
 }
 
 void ShardedParams::gather_all(Tensor& full) {

@@ -86,6 +86,9 @@ class ShardedParams : public UnitHooks {
 
   void before_forward(int unit) override;
   void before_backward(int unit) override;
+  // Waits for and forgets any prefetch not used yet: call before the shard's values change
+  // (the optimizer step), so that no gather of old values survives into the next step.
+  void drop_prefetches();
   // All parameters gathered into `full` ([padded_elems]), e.g. to export the final weights.
   void gather_all(Tensor& full);
 

@@ -10,7 +10,7 @@ PipeSchedule make_schedule(const std::string& name, int P, int v, int m) {
 
 // Microbatch activation buffers a pipeline rank holds: the schedule's peak, plus the one
 // the runtime's executor keeps for a receive posted while a released buffer's last send is
-// in flight (src/train/pipeline_runner.cpp allocates peak + 1 before the first step).
+// in flight (src/train/pipeline_stage.cpp allocates peak + 1 before the first step).
 std::vector<int> max_in_flight(const PipeSchedule& s) {
   std::vector<int> v = pp::peak_in_flight(s);
   if (s.pp > 1)

@@ -1,5 +1,5 @@
 // Options and per-rank results of pipeline-parallel training (docs/pipeline.md); the loop
-// itself is train/pipeline_runner.cpp.
+// itself is train/trainer.cpp with train/pipeline_stage.h.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "comm/launch.h"
 #include "comm/mesh.h"
@@ -19,13 +21,25 @@
 #include "model/gpt.h"
 #include "obs/metrics.h"
 #include "parallel/data.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/verify.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
 #include "train/hf_export.h"
-#include "train/pipeline_runner.h"
+#include "train/pipeline_stage.h"
+#include "train/replica.h"
 #include "train/token_file.h"
 
 namespace mt::train {
+
+int64_t TrainOptions::microbatch_size() const {
+  if (microbatch > 0) return microbatch;
+  const int64_t per_replica = batch / dp;
+  if (pipeline.pp == 1) return per_replica;
+  const int m = pipeline.microbatches > 0 ? pipeline.microbatches : pipeline.pp;
+  return per_replica / m;
+}
 
 void TrainOptions::validate() const {
   model.validate();
@@ -49,6 +63,20 @@ void TrainOptions::validate() const {
         "--batch {} is not divisible by --dp {} (every dp rank takes batch / dp samples; use "
         "--batch {} or {}, or a --dp that divides {})",
         batch, dp, batch / dp * dp > 0 ? batch / dp * dp : dp, (batch / dp + 1) * dp, batch);
+  }
+  if (pipeline.pp < 1) fail("--pp {} must be at least 1", pipeline.pp);
+  if (pipeline.pp > 1) {
+    const int m = pipeline.microbatches > 0 ? pipeline.microbatches : pipeline.pp;
+    parallel::pp::check_schedule_args(parallel::pp::parse_schedule_kind(pipeline.schedule),
+                                      pipeline.pp, m, pipeline.virtual_stages);
+    if (batch % (static_cast<int64_t>(dp) * m) != 0)
+      fail(
+          "--batch {} is not divisible by --dp {} x --microbatches {} = {} (each pipeline "
+          "microbatch holds batch / (dp x microbatches) sequences)",
+          batch, dp, m, dp * m);
+    if (microbatch > 0 && microbatch != batch / dp / m)
+      fail("--microbatch {} disagrees with --batch {} / (--dp {} x --microbatches {}) = {}",
+           microbatch, batch, dp, m, batch / dp / m);
   }
   if (steps < 1) fail("--steps {} must be at least 1", steps);
   if (!(lr > 0) || !std::isfinite(lr)) fail("--lr {} must be a positive number", lr);
@@ -92,181 +120,56 @@ int64_t first_sample(int64_t step, int64_t B, int d, int D, int64_t m, int64_t m
   return step * B + d * (B / D) + m * mb;
 }
 
-parallel::FlatLayout flat_layout(const model::Gpt& gpt) {
-  parallel::FlatLayout l;
-  for (const auto& p : gpt.params().params()) l.param_offsets.push_back(p.offset_elems);
-  l.param_offsets.push_back(gpt.params().numel());
-  l.unit_first_param = gpt.unit_first_params();
-  l.padded_elems = gpt.params().padded_numel();
-  return l;
-}
-
 // Intra-op threads of one rank: cores on this host shared by the ranks on this host.
 int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
   if (o.threads > 0) return o.threads;
-  int on_host = o.dp * o.tp;
+  int on_host = o.world_size();
   if (backend == comm::BackendKind::kMpi)
     if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) on_host = std::atoi(s);
   return std::max(1, kernels::host_cores() / std::max(1, on_host));
 }
 
-// The data-parallel machinery of one rank for its ZeRO stage: which full-size buffers
-// exist, where the optimizer's shard is, and the hooks that reduce and gather.
-//   stage 0: full values, full grads, bucketed all-reduce, AdamW on everything
-//   stage 1: full values, full grads, bucketed reduce-scatter, AdamW on the shard, all-gather
-//   stage 2: full values, shard grads (+ unit pool), per-unit reduce-scatter, AdamW on the
-//            shard, all-gather
-//   stage 3: shard values and grads (+ unit pools), per-unit all-gather before forward and
-//            backward, per-unit reduce-scatter, AdamW on the shard
-struct Replica {
-  Replica(const TrainOptions& o, comm::Group& dp_group, parallel::tp::TpContext tp_ctx = {})
-      : dp(dp_group),
-        zero(o.zero),
-        gpt(o.model, o.seed, model::StoreOptions{dp_group.size(), o.zero < 3, o.zero < 2}, tp_ctx),
-        layout(flat_layout(gpt)),
-        shard(dp_group.rank(), dp_group.size(), layout.padded_elems) {
-    model::ParamStore& ps = gpt.params();
-    const auto& first = layout.unit_first_param;
-    if (zero >= 2) {
-      grads = std::make_unique<parallel::ShardedGrads>(dp, layout);
-      for (int u = 0; u < layout.num_units(); ++u)
-        ps.bind_grads(first[u], first[u + 1], grads->unit_grads(u));
+// The mesh: --mesh-order names pp, dp and tp, slowest first (ep and cp have size 1 here).
+comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
+  std::vector<std::string> order;
+  std::string name;
+  for (char ch : o.mesh_order + ",") {
+    if (ch != ',') {
+      name += ch;
+      continue;
     }
-    if (zero == 3) {
-      values = std::make_unique<parallel::ShardedParams>(dp, layout);
-      for (int u = 0; u < layout.num_units(); ++u)
-        ps.bind_values(first[u], first[u + 1], values->unit_values(u));
-      // Layout independence: the shard draws its own elements of the global init.
-      ps.initialize_range(o.seed, shard.lo(), shard.shard_elems, values->shard_values().f32());
-      chain = std::make_unique<parallel::HookChain>(
-          std::vector<parallel::UnitHooks*>{values.get(), grads.get()});
-      gpt.set_hooks(chain.get());
-    } else if (zero == 2) {
-      gpt.set_hooks(grads.get());
-    } else if (dp.size() > 1 || zero == 1) {
-      const int64_t bucket_elems =
-          std::max<int64_t>(1, static_cast<int64_t>(o.bucket_mb * (1 << 20)) / 4);
-      buckets = std::make_unique<parallel::BucketReducer>(
-          dp, layout, ps.flat_grads(),
-          zero == 0 ? parallel::BucketReducer::Mode::kAllReduce
-                    : parallel::BucketReducer::Mode::kReduceScatter,
-          bucket_elems);
-      gpt.set_hooks(buckets.get());
-    }
-    // Stage 0 updates every element; the others only the shard.
-    opt_lo = zero == 0 ? 0 : shard.lo();
-    opt_hi = zero == 0 ? ps.numel() : shard.hi();
-    opt = std::make_unique<AdamW>(ps, o.adamw, opt_lo, opt_hi);
-    // Tensor parallelism: replicated parameters (layer norms, row-parallel biases, wpe).
-    for (const auto& p : ps.params())
-      if (p.spec.tp_split == model::TpSplit::kReplicated)
-        replicated.emplace_back(p.offset_elems, p.offset_elems + shape_numel(p.spec.shape));
-    if (tp_ctx.sp) {  // layer norms, wpe: their gradients are sums over one sequence shard
-      std::vector<std::pair<int64_t, int64_t>> partial;
-      for (int i : gpt.sequence_parallel_params()) {
-        const model::Param& p = ps.params()[static_cast<size_t>(i)];
-        partial.emplace_back(p.offset_elems, p.offset_elems + shape_numel(p.spec.shape));
-      }
-      tp_sync = std::make_unique<parallel::tp::ReplicatedGradSync>(partial, opt_lo, opt_hi);
-    }
+    if (name != "pp" && name != "dp" && name != "tp")
+      fail("--mesh-order '{}': '{}' is not pp, dp or tp (e.g. --mesh-order pp,dp,tp)", o.mesh_order,
+           name);
+    order.push_back(name);
+    name.clear();
   }
-  // Squared norm of this rank's owned gradients, counting a replicated parameter on tp rank
-  // 0 only (the sum over all ranks then counts every element of the model once).
-  double owned_norm_sq() {
-    const auto& tp = gpt.tp();
-    if (!tp.active()) return kernels::sum_squares(owned_grads(), owned_elems());
-    const float* g = owned_grads();
-    const int64_t lo = shard.lo(), hi = shard.hi();
-    double sum = 0;
-    size_t k = 0;  // next replicated range
-    for (int64_t e = lo; e < hi;) {
-      while (k < replicated.size() && replicated[k].second <= e) ++k;
-      const bool in_rep = k < replicated.size() && replicated[k].first <= e;
-      const int64_t end = std::min(
-          hi, in_rep ? replicated[k].second : (k < replicated.size() ? replicated[k].first : hi));
-      if (!in_rep || tp.rank == 0) sum += kernels::sum_squares(g + (e - lo), end - e);
-      e = end;
-    }
-    return sum;
-  }
-
-  void begin_step() {
-    if (grads)
-      grads->zero_shard();
-    else
-      gpt.params().zero_grads();
-  }
-  void begin_microbatch(bool last) {
-    if (buckets) buckets->set_enabled(last);  // DDP / ZeRO-1 reduce once per step
-  }
-  void end_backward() {
-    if (buckets) buckets->finish();
-    if (grads) grads->finish();
-    if (tp_sync) tp_sync->sync(gpt.tp(), opt_grads());  // --sp: sum the partial sums over tp
-  }
-  // This rank's reduced gradients: each element of [0, Ψp) is owned by exactly one rank,
-  // so the squares summed over owned ranges and then over ranks count each once.
-  float* owned_grads() {
-    if (grads) return grads->shard_grads().f32();
-    return gpt.params().flat_grads().f32() + shard.lo();
-  }
-  int64_t owned_elems() const { return shard.shard_elems; }
-  // What clipping scales: everything this rank's optimizer reads.
-  float* opt_grads() {
-    if (grads) return grads->shard_grads().f32();
-    return gpt.params().flat_grads().f32() + opt_lo;
-  }
-  float* opt_values() {
-    if (values) return values->shard_values().f32();
-    return gpt.params().flat_values().f32() + opt_lo;
-  }
-  void optimizer_step(float lr) {
-    opt->step(lr, opt_values(), opt_grads());
-    if (zero == 1 || zero == 2) {  // every rank needs every updated value again
-      Tensor& v = gpt.params().flat_values();
-      dp.all_gather(comm::Buf(v.f32() + shard.lo(), shard.shard_elems), comm::Buf(v));
-    }
-  }
-  // ZeRO-3: gathers the final weights into a full buffer and points the views there (for
-  // export and the tests); the hooks are off from here on.
-  void materialize_full() {
-    if (!values) return;
-    full = Tensor::empty({layout.padded_elems}, DType::kF32, mem::Category::kParameters);
-    values->gather_all(full);
-    gpt.set_hooks(nullptr);
-    gpt.params().bind_values(0, layout.num_params(), full);
-  }
-  const float* full_values() { return values ? full.f32() : gpt.params().flat_values().f32(); }
-
-  comm::Group& dp;
-  int zero;
-  model::Gpt gpt;
-  parallel::FlatLayout layout;
-  parallel::Shard shard;
-  std::unique_ptr<parallel::BucketReducer> buckets;
-  std::unique_ptr<parallel::ShardedGrads> grads;
-  std::unique_ptr<parallel::ShardedParams> values;
-  std::unique_ptr<parallel::HookChain> chain;
-  std::unique_ptr<AdamW> opt;
-  int64_t opt_lo = 0, opt_hi = 0;
-  Tensor full;
-  std::vector<std::pair<int64_t, int64_t>> replicated;  // flat ranges of replicated params
-  std::unique_ptr<parallel::tp::ReplicatedGradSync> tp_sync;
-};
+  if (order.size() != 3 || std::set<std::string>(order.begin(), order.end()).size() != 3)
+    fail("--mesh-order '{}' must name pp, dp and tp once each (e.g. pp,dp,tp)", o.mesh_order);
+  order.push_back("ep");
+  order.push_back("cp");
+  return comm::MeshShape({{"pp", o.pipeline.pp}, {"dp", o.dp}, {"tp", o.tp}}, world, order);
+}
 
 // Mean loss over the first `batches` global batches of the held-out split; each rank
-// evaluates its share (the same samples as training's sharding picks).
-float evaluate(Replica& r, model::Activations& acts, const SequenceSampler& val, int64_t batches,
-               int64_t B, int64_t n_micro, comm::Group* scalars, std::vector<int32_t>& in,
-               std::vector<int32_t>& tgt) {
+// evaluates its share (the same samples as training's sharding picks). Counted on one rank
+// of each tp group, on the last pipeline stage.
+float evaluate(Replica& r, model::Activations* acts, PipelineStage* stage, comm::Group& ppg,
+               const SequenceSampler& val, int64_t batches, int64_t B, int64_t n_micro, int64_t mb,
+               comm::Group* scalars, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
   double sum = 0;
-  const int64_t mb = acts.B;
-  for (int64_t k = 0; k < batches; ++k)
+  for (int64_t k = 0; k < batches; ++k) {
+    if (stage) {
+      sum += stage->forward_only(ppg, val, first_sample(k, B, r.dp.rank(), r.dp.size(), 0, mb),
+                                 static_cast<int>(n_micro));
+      continue;
+    }
     for (int64_t m = 0; m < n_micro; ++m) {
       val.fill(first_sample(k, B, r.dp.rank(), r.dp.size(), m, mb), mb, in.data(), tgt.data());
-      sum += r.gpt.forward(acts, in.data(), tgt.data());
+      sum += r.gpt.forward(*acts, in.data(), tgt.data());
     }
-  if (r.gpt.tp().rank != 0) sum = 0;  // every tp rank has the same loss: count it once
+  }
+  if (r.gpt.tp().rank != 0 || !r.gpt.parts().head) sum = 0;  // count each loss once
   if (scalars) {
     float s = static_cast<float>(sum);
     scalars->all_reduce(comm::Buf(&s, 1));
@@ -275,24 +178,27 @@ float evaluate(Replica& r, model::Activations& acts, const SequenceSampler& val,
   return static_cast<float>(sum / static_cast<double>(batches * n_micro * r.dp.size()));
 }
 
-// The worst rank's peak bytes. An int64 travels as the bits of two f32 elements through an
-// all-gather, which copies and never does arithmetic on them.
-int64_t worst_peak(comm::Group* scalars, int64_t mine) {
-  if (!scalars) return mine;
-  std::vector<int64_t> all(static_cast<size_t>(scalars->size()));
-  scalars->all_gather(comm::Buf(reinterpret_cast<float*>(&mine), 2),
-                      comm::Buf(reinterpret_cast<float*>(all.data()), 2 * scalars->size()));
-  return *std::max_element(all.begin(), all.end());
+// int64 values travel as the bits of two f32 elements through an all-gather, which copies
+// and never does arithmetic on them.
+std::vector<int64_t> gather_int64(comm::Group* g, const std::vector<int64_t>& mine) {
+  if (!g) return mine;
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(g->size()));
+  const int64_t n = 2 * static_cast<int64_t>(mine.size());
+  g->all_gather(comm::Buf(reinterpret_cast<float*>(const_cast<int64_t*>(mine.data())), n),
+                comm::Buf(reinterpret_cast<float*>(all.data()), n * g->size()));
+  return all;
 }
 
-// Tensor parallelism: the whole model from the tp group's shards (an all-gather of each
-// parameter over tp, every slice put back where for_each_tp_run says), as a single-rank
-// Gpt (the vocabulary padded to 128 again; the extra tp padding rows are zero). Collective
-// over `tp`; returns the model on tp rank 0, nullptr elsewhere.
+// Tensor parallelism: the rank's (stage) model from the tp group's shards (an all-gather
+// of each parameter over tp, every slice put back where for_each_tp_run says), as a
+// tp = 1 Gpt of the same stage (the vocabulary padded to 128 again; the extra tp padding
+// rows are dropped). Collective over `tp`; returns the model on tp rank 0, null elsewhere.
 std::unique_ptr<model::Gpt> gather_tp_shards(const model::Gpt& gpt, comm::Group& tp,
                                              const model::GptConfig& config, uint64_t seed) {
   std::unique_ptr<model::Gpt> whole;
-  if (tp.rank() == 0) whole = std::make_unique<model::Gpt>(config, seed);
+  if (tp.rank() == 0)
+    whole = std::make_unique<model::Gpt>(config, seed, model::StoreOptions{},
+                                         parallel::tp::TpContext{}, gpt.parts());
   const auto& mine = gpt.params().params();
   std::vector<float> gathered, global;
   for (size_t i = 0; i < mine.size(); ++i) {
@@ -316,10 +222,49 @@ std::unique_ptr<model::Gpt> gather_tp_shards(const model::Gpt& gpt, comm::Group&
   return whole;
 }
 
+// The whole model on world rank 0, for export, when it is spread over tp or pp ranks:
+// ZeRO-3 shards gathered over dp (every rank), tp shards over the tp group of dp rank 0,
+// and the pipeline stages of that replica sent to the first stage, parameter by parameter
+// (the last stage's tied wte copy equals the first stage's and stays home). Returns null
+// on every other rank.
+std::unique_ptr<model::Gpt> gather_whole_model(Replica& rep, comm::Group& tp_group,
+                                               comm::Group& ppg, const TrainOptions& o,
+                                               const parallel::pp::Schedule* sched,
+                                               const parallel::pp::Partition* part) {
+  rep.materialize_full();
+  if (rep.dp.rank() != 0) return nullptr;
+  std::unique_ptr<model::Gpt> stage;
+  model::Gpt* mine = &rep.gpt;
+  if (o.tp > 1) {
+    stage = gather_tp_shards(rep.gpt, tp_group, o.model, o.seed);
+    mine = stage.get();
+  }
+  if (tp_group.rank() != 0) return nullptr;
+  if (o.pipeline.pp == 1) return stage;
+  const int p = ppg.rank();
+  if (p != 0) {
+    for (const model::Param& prm : mine->params().params())
+      if (!(prm.spec.name == "transformer.wte.weight" && !mine->parts().embedding))
+        ppg.send(comm::Buf(prm.value), 0);
+    return nullptr;
+  }
+  auto whole = std::make_unique<model::Gpt>(o.model, o.seed);
+  for (const model::Param& prm : mine->params().params())
+    whole->params().get(prm.spec.name).value.copy_from(prm.value);
+  for (int q = 1; q < o.pipeline.pp; ++q)
+    for (const model::ParamSpec& spec :
+         model::stage_param_specs(whole->config(), stage_parts(*sched, *part, q)))
+      if (!(spec.name == "transformer.wte.weight" && q != 0))
+        ppg.recv(comm::Buf(whole->params().get(spec.name).value), q);
+  return whole;
+}
+
 struct Shared {
   const TrainOptions& o;
   const Splits& data;
   int threads;
+  const parallel::pp::Schedule* schedule;    // --pp > 1
+  const parallel::pp::Partition* partition;  // --pp > 1
   std::mutex mu;
   TrainResult result;
 };
@@ -331,31 +276,49 @@ void run_rank(Shared& sh, comm::Group& world) {
   kernels::set_threads(sh.threads);
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
-  comm::DeviceMesh mesh(world, comm::MeshShape({{"dp", o.dp}, {"tp", o.tp}}, world.size()));
+  comm::DeviceMesh mesh(world, make_mesh_shape(o, world.size()));
   comm::Group& dp = mesh.group("dp");
   comm::Group& tp_group = mesh.group("tp");
-  const int D = dp.size(), d = dp.rank();
+  comm::Group& ppg = mesh.group("pp");
+  const int D = dp.size(), d = dp.rank(), P = ppg.size(), p = ppg.rank();
   const bool lead = world.rank() == 0;
-  // Scalars (loss, norm, peak bytes) travel on their own group so that the dp group's byte
-  // counters hold exactly the gradient and parameter traffic.
+  // Scalars (loss, norm, peak bytes) travel on their own group so that the byte counters
+  // of dp, tp and pp hold exactly the model's traffic.
   std::unique_ptr<comm::Group> scalars_group;
-  if (D > 1 && o.tp == 1)
-    scalars_group = dp.split(
-        0, d, "dp_scalars[" + std::to_string(mesh.shape().group_index({"dp"}, world.rank())) + "]");
-  else if (o.tp > 1)
-    scalars_group = world.split(0, world.rank(), "scalars");
+  if (world.size() > 1) scalars_group = world.split(0, world.rank(), "scalars");
   comm::Group* scalars = scalars_group.get();
+  // The tied embedding / LM head: the first and the last stage of each (dp, tp) position.
+  const bool tied_sync = o.model.tied && P > 1;
+  std::unique_ptr<comm::Group> tied;
+  if (tied_sync) {
+    const int pos = d * o.tp + tp_group.rank();
+    tied = world.split(p == 0 || p == P - 1 ? pos : -1, p, "tied[" + std::to_string(pos) + "]");
+  }
 
   obs::Progress progress;
   std::unique_ptr<obs::MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<obs::MetricsWriter>(o.metrics);
   const bool talk = lead && !o.quiet;
 
-  Replica rep(o, dp,
-              o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{});
+  ReplicaOptions ro;
+  ro.zero = o.zero;
+  ro.bucket_mb = o.bucket_mb;
+  ro.pipelined = P > 1;
+  ro.skip_tied_copy_in_norm = tied_sync && p == P - 1;
+  Replica rep(o.model, o.seed, o.adamw, ro, dp,
+              o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{},
+              P > 1 ? stage_parts(*sh.schedule, *sh.partition, p) : model::StageParts{});
   const int64_t T = o.model.seq_len, B = o.batch, mb = o.microbatch_size();
-  const int64_t n_micro = B / D / mb;
-  model::Activations acts = rep.gpt.make_activations(mb, T);
+  const int64_t n_micro = o.microbatches_per_step();
+  std::unique_ptr<PipelineStage> stage;
+  std::unique_ptr<parallel::pp::Executor> exec;
+  model::Activations acts;
+  if (P > 1) {
+    stage = std::make_unique<PipelineStage>(rep.gpt, *sh.schedule, *sh.partition, p, mb);
+    exec = std::make_unique<parallel::pp::Executor>(*sh.schedule, p, ppg);
+  } else {
+    acts = rep.gpt.make_activations(mb, T);
+  }
   std::vector<int32_t> inputs(mb * T), targets(mb * T);
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
   const double flops_per_token = model::training_flops_per_token(o.model, T);
@@ -363,65 +326,109 @@ void run_rank(Shared& sh, comm::Group& world) {
       o.peak_flops > 0 ? o.peak_flops : kernels::peak_flops(DType::kF32, sh.threads);
   const Splits& data = sh.data;
 
-  if (talk)
+  if (talk) {
+    std::string layout =
+        fmt::format("dp {} (ZeRO-{}, {} backend)", D, o.zero, world.backend_kind());
+    if (o.tp > 1)
+      layout += fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "");
+    if (P > 1)
+      layout += fmt::format(", pp {} ({} schedule, {} chunk(s) per rank, layers per chunk {})", P,
+                            parallel::pp::schedule_kind_name(sh.schedule->kind),
+                            sh.schedule->virtual_stages, fmt::join(sh.partition->layers, ","));
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads, vocab {} padded to {}), {:.2f}M "
-        "parameters; batch {} x seq {}; dp {} (ZeRO-{}, {} backend){}, {} microbatch(es) of {} "
-        "per rank; {} thread(s) per rank; data {} ({} train sequences)",
+        "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
+        "replica; {} thread(s) per rank; data {} ({} train sequences)",
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head, o.model.vocab,
-        rep.gpt.config().padded_vocab(),
-        model::count_params(model::gpt_param_specs(rep.gpt.config())) / 1e6, B, T, D, o.zero,
-        world.backend_kind(),
-        o.tp > 1 ? fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "") : "",
-        n_micro, mb, sh.threads, o.data, data.train->num_samples()));
+        rep.gpt.config().padded_vocab(), model::count_params(model::gpt_param_specs(o.model)) / 1e6,
+        B, T, layout, o.mesh_order, n_micro, mb, sh.threads, o.data, data.train->num_samples()));
+  }
 
   RankRecord rec;
   rec.rank = world.rank();
   std::vector<StepRecord> steps;
   std::vector<std::pair<int64_t, float>> val_losses;
+  std::vector<PipelineTraceEvent> trace;
+  PipelineRankStats st;
+  st.rank = world.rank();
+  st.pp_rank = p;
+  st.dp_rank = d;
+  if (stage) {
+    st.chunks = stage->chunks();
+    for (int ch : st.chunks) st.chunk_layers.push_back(sh.partition->layers[ch]);
+    st.schedule_peak = parallel::pp::peak_in_flight(*sh.schedule)[p];
+  }
   int64_t allocations_after_step1 = 0;
-  comm::ByteCount before = dp.recorder().bytes_of_group(dp.name());
-  comm::ByteCount tp_before = tp_group.recorder().bytes_of_group(tp_group.name());
+  auto bytes_of = [](comm::Group& g) { return g.recorder().bytes_of_group(g.name()).recv_bytes; };
+  int64_t dp_before = bytes_of(dp), tp_before = bytes_of(tp_group), pp_before = bytes_of(ppg);
+  int64_t dp_sent_before = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
+  const double run_t0 = now_s();
   for (int64_t step = 0; step < o.steps; ++step) {
     const double t0 = now_s();
     rep.begin_step();
-    double loss_sum = 0;
-    for (int64_t m = 0; m < n_micro; ++m) {
-      rep.begin_microbatch(m == n_micro - 1);
-      data.train->fill(first_sample(step, B, d, D, m, mb), mb, inputs.data(), targets.data());
-      loss_sum += rep.gpt.forward(acts, inputs.data(), targets.data());
-      rep.gpt.backward(acts, 1.0f / static_cast<float>(B * T));
+    double loss_sum = 0, compute = 0;
+    if (stage) {
+      stage->begin_step(data.train.get(), first_sample(step, B, d, D, 0, mb),
+                        1.0f / static_cast<float>(B * T));
+      exec->run(*stage);
+      loss_sum = stage->loss_sum();
+      for (const parallel::pp::ExecEvent& e : exec->events()) {
+        if (e.action.is_compute()) compute += e.end_s - e.start_s;
+        if (!o.pipeline.trace.empty())
+          trace.push_back({e.action, e.wait, t0 - run_t0 + e.start_s, e.end_s - e.start_s});
+      }
+      if (tied) tied->all_reduce(comm::Buf(rep.gpt.wte()->grad));
+    } else {
+      for (int64_t m = 0; m < n_micro; ++m) {
+        rep.begin_microbatch(m == n_micro - 1);
+        data.train->fill(first_sample(step, B, d, D, m, mb), mb, inputs.data(), targets.data());
+        loss_sum += rep.gpt.forward(acts, inputs.data(), targets.data());
+        rep.gpt.backward(acts, 1.0f / static_cast<float>(B * T));
+      }
     }
     rep.end_backward();
     // Global loss and gradient norm: sums over ranks of this rank's shares.
     double norm_sq = rep.owned_norm_sq();
-    if (o.tp > 1 && tp_group.rank() != 0) loss_sum = 0;  // the tp ranks agree: count once
+    if (tp_group.rank() != 0 || p != P - 1) loss_sum = 0;  // count each loss once
+    double sums[2] = {loss_sum, norm_sq};
     if (scalars) {
-      float s[2] = {static_cast<float>(loss_sum), static_cast<float>(norm_sq)};
-      scalars->all_reduce(comm::Buf(s, 2));
-      loss_sum = s[0];
-      norm_sq = s[1];
+      float f[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
+      scalars->all_reduce(comm::Buf(f, 2));
+      sums[0] = f[0];
+      sums[1] = f[1];
     }
-    const float loss = static_cast<float>(loss_sum / static_cast<double>(n_micro * D));
+    const float loss = static_cast<float>(sums[0] / static_cast<double>(n_micro * D));
     if (!std::isfinite(loss))
       fail_run("loss is {} at step {} (lower --lr, raise --warmup, or check the data)", loss,
                step + 1);
-    const double norm = std::sqrt(norm_sq);
+    const double norm = std::sqrt(sums[1]);
     if (o.grad_clip > 0 && norm > o.grad_clip)
       kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (norm + 1e-6)),
-                     rep.opt_hi - rep.opt_lo);
+                     rep.opt_elems());
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
     rep.optimizer_step(lr);
     const double dt = now_s() - t0;
-    if (step == 0) allocations_after_step1 = tracker.snapshot().allocations;
-
-    const comm::ByteCount now = dp.recorder().bytes_of_group(dp.name());
-    rec.step_sent_bytes.push_back(now.sent_bytes - before.sent_bytes);
-    rec.step_recv_bytes.push_back(now.recv_bytes - before.recv_bytes);
-    before = now;
-    const comm::ByteCount tp_now = tp_group.recorder().bytes_of_group(tp_group.name());
-    rec.step_tp_recv_bytes.push_back(tp_now.recv_bytes - tp_before.recv_bytes);
+    // Bytes this rank received in the step over each mesh dimension (the optimizer's
+    // all-gather included); summed over ranks with the compute time, for the metrics.
+    const int64_t dp_now = bytes_of(dp), tp_now = bytes_of(tp_group), pp_now = bytes_of(ppg);
+    const int64_t dp_sent_now = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
+    rec.step_recv_bytes.push_back(dp_now - dp_before);
+    rec.step_sent_bytes.push_back(dp_sent_now - dp_sent_before);
+    rec.step_tp_recv_bytes.push_back(tp_now - tp_before);
+    rec.step_pp_recv_bytes.push_back(pp_now - pp_before);
+    float job[4] = {static_cast<float>(dp_now - dp_before), static_cast<float>(tp_now - tp_before),
+                    static_cast<float>(pp_now - pp_before), static_cast<float>(compute)};
+    dp_before = dp_now;
+    dp_sent_before = dp_sent_now;
     tp_before = tp_now;
+    pp_before = pp_now;
+    if (scalars) scalars->all_reduce(comm::Buf(job, 4));
+    if (step == 0) {
+      allocations_after_step1 = tracker.snapshot().allocations;
+    } else {
+      st.compute_s += compute;
+      st.steps_s += dt;
+    }
 
     StepRecord r;
     r.step = step + 1;
@@ -430,9 +437,15 @@ void run_rank(Shared& sh, comm::Group& world) {
     r.grad_norm = norm;
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
-    r.mfu = r.tokens_per_s / (D * o.tp) * flops_per_token / peak;
-    r.peak_bytes = worst_peak(scalars, tracker.snapshot().total_peak_bytes);
+    r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
+    const std::vector<int64_t> peaks = gather_int64(scalars, {tracker.snapshot().total_peak_bytes});
+    r.worst_rank = static_cast<int>(std::max_element(peaks.begin(), peaks.end()) - peaks.begin());
+    r.peak_bytes = peaks[static_cast<size_t>(r.worst_rank)];
     r.comm_bytes = rec.step_recv_bytes.back();
+    r.dp_bytes = job[0];
+    r.tp_bytes = job[1];
+    r.pp_bytes = job[2];
+    if (P > 1) r.bubble = std::max(0.0, 1 - job[3] / (world.size() * dt));
     steps.push_back(r);
 
     nlohmann::json row = {{"step", r.step},
@@ -442,15 +455,20 @@ void run_rank(Shared& sh, comm::Group& world) {
                           {"tokens_per_s", r.tokens_per_s},
                           {"mfu", r.mfu},
                           {"peak_bytes", r.peak_bytes},
+                          {"peak_rank", r.worst_rank},
                           {"time_s", r.time_s},
-                          {"comm_bytes", r.comm_bytes}};
+                          {"comm_bytes", r.comm_bytes},
+                          {"dp_bytes", r.dp_bytes},
+                          {"tp_bytes", r.tp_bytes},
+                          {"pp_bytes", r.pp_bytes}};
+    if (P > 1) row["bubble"] = r.bubble;
     const bool eval_now =
         data.val && ((o.eval_every > 0 && r.step % o.eval_every == 0) || r.step == o.steps);
     if (eval_now) {
       const int64_t batches =
           std::max<int64_t>(1, std::min(o.eval_batches, data.val->num_samples() / B));
-      const float vl =
-          evaluate(rep, acts, *data.val, batches, B, n_micro, scalars, inputs, targets);
+      const float vl = evaluate(rep, &acts, stage.get(), ppg, *data.val, batches, B, n_micro, mb,
+                                scalars, inputs, targets);
       val_losses.emplace_back(r.step, vl);
       row["val_loss"] = vl;
     }
@@ -458,10 +476,11 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (talk) {
       std::string text = fmt::format(
           "step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-          "peak {} | comm {} | {:.0f} ms",
+          "peak {} (rank {}) | comm dp {} tp {} pp {}{} | {:.0f} ms",
           r.step, o.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, 100 * r.mfu,
-          obs::human_bytes(static_cast<double>(r.peak_bytes)),
-          obs::human_bytes(static_cast<double>(r.comm_bytes)), 1000 * dt);
+          obs::human_bytes(static_cast<double>(r.peak_bytes)), r.worst_rank,
+          obs::human_bytes(r.dp_bytes), obs::human_bytes(r.tp_bytes), obs::human_bytes(r.pp_bytes),
+          P > 1 ? fmt::format(" | bubble {:.0f}%", 100 * r.bubble) : "", 1000 * dt);
       if (row.contains("val_loss"))
         text += fmt::format(" | val loss {:.4f}", row["val_loss"].get<float>());
       if (progress.is_terminal() && !row.contains("val_loss") && r.step % 10 != 0 &&
@@ -473,6 +492,38 @@ void run_rank(Shared& sh, comm::Group& world) {
   }
   rec.allocations_after_first_step = tracker.snapshot().allocations - allocations_after_step1;
   rec.memory = tracker.snapshot();
+
+  // Peak memory by category of the worst rank, named by its mesh coordinates.
+  {
+    std::vector<int64_t> mine(rec.memory.peak_bytes.begin(), rec.memory.peak_bytes.end());
+    mine.push_back(rec.memory.total_peak_bytes);
+    const std::vector<int64_t> all = gather_int64(scalars, mine);
+    const size_t w = mine.size();
+    size_t worst = 0;
+    for (size_t r = 0; r < all.size() / w; ++r)
+      if (all[r * w + w - 1] > all[worst * w + w - 1]) worst = r;
+    if (talk) {
+      std::string cats;
+      for (int c = 0; c < mem::kNumCategories; ++c)
+        cats +=
+            fmt::format("{}{} {}", c ? ", " : "", mem::category_name(static_cast<mem::Category>(c)),
+                        obs::human_bytes(static_cast<double>(all[worst * w + c])));
+      const auto at = mesh.shape().coords(static_cast<int>(worst));
+      progress.line(fmt::format(
+          "peak memory: worst rank {} (pp {} dp {} tp {}) {}: {}", worst, at.at("pp"), at.at("dp"),
+          at.at("tp"), obs::human_bytes(static_cast<double>(all[worst * w + w - 1])), cats));
+    }
+  }
+  if (stage) {
+    st.held_peak = stage->held_peak();
+    st.pool_buffers = stage->pool_buffers();
+    st.buffer_bytes = stage->buffer_bytes();
+    st.activation_peak_bytes = rec.memory.peak_of(mem::Category::kActivations);
+    if (!o.pipeline.trace.empty()) {
+      write_pipeline_trace(world, p + P * d, trace, o.pipeline.trace);
+      if (talk) progress.line(fmt::format("wrote the pipeline trace to {}", o.pipeline.trace));
+    }
+  }
 
   if (o.profile && talk) {
     double total = 0;
@@ -491,55 +542,64 @@ void run_rank(Shared& sh, comm::Group& world) {
     const float* v = rep.full_values();
     rec.final_params.assign(v, v + rep.gpt.params().numel());
   }
-  if (!o.export_path.empty() && o.tp > 1 && d == 0) {
-    // The tp group of dp rank 0 gathers its shards; world rank 0 writes the whole model.
-    std::unique_ptr<model::Gpt> whole = gather_tp_shards(rep.gpt, tp_group, o.model, o.seed);
-    if (lead) export_hf_safetensors(*whole, o.export_path);
-  } else if (lead && !o.export_path.empty()) {
-    export_hf_safetensors(rep.gpt, o.export_path);
+  if (!o.export_path.empty()) {
+    std::unique_ptr<model::Gpt> whole;
+    if (o.tp > 1 || P > 1)
+      whole = gather_whole_model(rep, tp_group, ppg, o, sh.schedule, sh.partition);
+    if (lead) {
+      export_hf_safetensors(whole ? *whole : rep.gpt, o.export_path);
+      if (!o.quiet) progress.line(fmt::format("exported weights to {}", o.export_path));
+    }
   }
-  if (lead && !o.export_path.empty() && !o.quiet)
-    progress.line(fmt::format("exported weights to {}", o.export_path));
 
   std::lock_guard lock(sh.mu);
   TrainResult& res = sh.result;
   if (res.ranks.size() < static_cast<size_t>(world.size()))
     res.ranks.resize(static_cast<size_t>(world.size()));
+  if (stage) {
+    if (res.pipeline.size() < static_cast<size_t>(world.size()))
+      res.pipeline.resize(static_cast<size_t>(world.size()));
+    res.pipeline[static_cast<size_t>(world.rank())] = st;
+  }
   res.allocations_after_first_step =
       std::max(res.allocations_after_first_step, rec.allocations_after_first_step);
-  res.ranks[static_cast<size_t>(world.rank())] = std::move(rec);
   if (lead) {
     res.steps = std::move(steps);
     res.val_losses = std::move(val_losses);
     res.padded_params = rep.layout.padded_elems;
     res.gathered_param_elems = rep.values ? rep.values->pool_elems() : 0;
     res.gradient_pool_elems = rep.grads ? rep.grads->pool_elems() : 0;
-    if (o.keep_final_params) {
-      const float* v = rep.full_values();
-      res.final_params.assign(v, v + rep.gpt.params().numel());
-    }
+    if (o.keep_final_params) res.final_params = rec.final_params;
   }
+  res.ranks[static_cast<size_t>(world.rank())] = std::move(rec);
 }
 
 }  // namespace
 
 TrainResult run_training(const TrainOptions& o) {
   o.validate();
-  if (o.pipeline.pp != 1) return run_pipeline_training(o);
   comm::LaunchOptions lo;
   lo.backend = comm::parse_backend(o.backend);
   const comm::BackendKind kind = comm::resolve_backend(lo);
-  lo.world_size = kind == comm::BackendKind::kMpi ? 0 : o.dp * o.tp;
+  lo.world_size = kind == comm::BackendKind::kMpi ? 0 : o.world_size();
   lo.timeout_s = o.comm_timeout_s;
   const int world = comm::launch_world_size(lo);
-  if (o.tp > 1 && world != o.dp * o.tp)
-    fail("mpirun started {} processes but --dp {} x --tp {} is {} (run mpirun -np {})", world, o.dp,
-         o.tp, o.dp * o.tp, o.dp * o.tp);
-  if (world != o.dp * o.tp)
-    fail("mpirun started {} processes but --dp is {} (pass --dp {}, or run mpirun -np {})", world,
-         o.dp, world, o.dp);
+  if (world != o.world_size())
+    fail("mpirun started {} processes but --pp {} x --dp {} x --tp {} is {} (run mpirun -np {})",
+         world, o.pipeline.pp, o.dp, o.tp, o.world_size(), o.world_size());
+  // The pipeline schedule (verified: complete and deadlock-free) and the layer split.
+  std::unique_ptr<parallel::pp::Schedule> sched;
+  std::unique_ptr<parallel::pp::Partition> part;
+  if (o.pipeline.pp > 1) {
+    const PipelineOptions& po = o.pipeline;
+    sched = std::make_unique<parallel::pp::Schedule>(parallel::pp::build_schedule(
+        parallel::pp::parse_schedule_kind(po.schedule), po.pp,
+        po.microbatches > 0 ? po.microbatches : po.pp, po.virtual_stages));
+    parallel::pp::verify_or_throw(*sched);
+    part = std::make_unique<parallel::pp::Partition>(make_partition(o, sched->num_chunks()));
+  }
   const Splits data = make_splits(o);  // read-only, shared by the rank threads
-  Shared sh{o, data, rank_threads(o, kind), {}, {}};
+  Shared sh{o, data, rank_threads(o, kind), sched.get(), part.get(), {}, {}};
   comm::launch(lo, [&](comm::Group& w) { run_rank(sh, w); });
   return std::move(sh.result);
 }

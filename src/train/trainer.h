@@ -20,7 +20,7 @@ struct TrainOptions {
   int64_t batch = 16;            // global batch, in sequences (the same whatever the layout)
   int64_t microbatch = 0;        // sequences per forward/backward on a rank; 0 = batch / dp
   int dp = 1;                    // data-parallel ranks
-  int tp = 1;                    // tensor-parallel ranks (world = dp x tp)
+  int tp = 1;                    // tensor-parallel ranks (world = pp x dp x tp)
   bool sp = false;               // sequence parallelism inside the tp group
   int zero = 0;                  // ZeRO stage: 0 DDP, 1 optimizer state, 2 + gradients, 3 + params
   double bucket_mb = 25;         // DDP / ZeRO-1 gradient bucket (MiB, PyTorch DDP's default)
@@ -45,9 +45,16 @@ struct TrainOptions {
   double peak_flops = 0;           // 0: measured GEMM peak (`meshtrain bench peak`)
   bool quiet = false;              // no per-step lines (tests)
   bool keep_final_params = false;  // copy the final weights into TrainResult
-  PipelineOptions pipeline;        // --pp > 1: train/pipeline_runner.h
+  PipelineOptions pipeline;        // --pp > 1: train/pipeline_stage.h
+  // The mesh's dimensions, slowest to fastest: tp fastest keeps a tp group's ranks on
+  // neighbouring ranks (one host under mpirun's default mapping), pp slowest.
+  std::string mesh_order = "pp,dp,tp";
 
-  int64_t microbatch_size() const { return microbatch > 0 ? microbatch : batch / dp; }
+  int world_size() const { return pipeline.pp * dp * tp; }
+  // Sequences per forward/backward: --microbatch, else batch / dp (batch / (dp x
+  // microbatches) with --pp > 1).
+  int64_t microbatch_size() const;
+  int64_t microbatches_per_step() const { return batch / dp / microbatch_size(); }
   void validate() const;
 };
 
@@ -59,8 +66,12 @@ struct StepRecord {
   double tokens_per_s = 0;  // of the whole job (global batch tokens / step time)
   double mfu = 0;           // per rank: tokens_per_s / dp against one rank's peak
   int64_t peak_bytes = 0;   // the worst rank's peak so far
+  int worst_rank = 0;       // ... and which rank that is
   double time_s = 0;
   int64_t comm_bytes = 0;  // bytes rank 0 received over the dp group in this step
+  // Bytes received in this step by all ranks together, per mesh dimension.
+  double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0;
+  double bubble = 0;  // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
 };
 
 // What each rank saw (the local backend fills every rank's; under mpirun only this
@@ -70,7 +81,9 @@ struct RankRecord {
   mem::Snapshot memory;  // at the end of the last step (peaks over the whole run)
   std::vector<int64_t> step_sent_bytes, step_recv_bytes;  // over the dp group, per step
   std::vector<int64_t> step_tp_recv_bytes;                // over the tp group, per step
-  std::vector<float> final_params;  // this rank's flat values (keep_final_params; TP shards)
+  std::vector<int64_t> step_pp_recv_bytes;                // over the pp group, per step
+  std::vector<float> final_params;  // this rank's flat values (keep_final_params; TP shards,
+                                    // the pipeline stage's parameters)
   int64_t allocations_after_first_step = 0;
 };
 
@@ -78,7 +91,7 @@ struct TrainResult {
   std::vector<StepRecord> steps;
   std::vector<std::pair<int64_t, float>> val_losses;  // (step, loss)
   int64_t allocations_after_first_step = 0;           // by steps 2..N, worst rank (should be 0)
-  std::vector<float> final_params;                    // flat, full (gathered under ZeRO-3)
+  std::vector<float> final_params;                    // rank 0's flat (gathered under ZeRO-3)
   std::vector<RankRecord> ranks;
   int64_t padded_params = 0;         // Ψ rounded up to a multiple of dp
   int64_t gathered_param_elems = 0;  // ZeRO-3 parameter pool (unit buffers)

@@ -45,7 +45,7 @@ TEST(DpCli, UnderMpirunZero3Runs) {
   const RunResult bad = run_command(env + "mpirun -np 2 --oversubscribe " + MT_BINARY + " " +
                                     small_run() + " --dp 4");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("mpirun started 2 processes but --dp is 4"), std::string::npos)
+  EXPECT_NE(bad.output.find("mpirun started 2 processes but --pp 1 x --dp 4 x --tp 1 is 4"), std::string::npos)
       << bad.output;
 }
 

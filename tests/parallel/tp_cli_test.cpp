@@ -108,7 +108,7 @@ TEST(TpCli, UnderMpirunMatchesTheLocalBackend) {
   const RunResult bad =
       run_command(env + "mpirun -np 2 --oversubscribe " + MT_BINARY + " " + flags);
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("mpirun started 2 processes but --dp 2 x --tp 2 is 4"),
+  EXPECT_NE(bad.output.find("mpirun started 2 processes but --pp 1 x --dp 2 x --tp 2 is 4"),
             std::string::npos)
       << bad.output;
 }

@@ -1,0 +1,154 @@
+#include "train/replica.h"
+
+#include <algorithm>
+
+#include "kernels/kernels.h"
+
+namespace mt::train {
+
+parallel::FlatLayout flat_layout(const model::Gpt& gpt) {
+  parallel::FlatLayout l;
+  for (const auto& p : gpt.params().params()) l.param_offsets.push_back(p.offset_elems);
+  l.param_offsets.push_back(gpt.params().numel());
+  l.unit_first_param = gpt.unit_first_params();
+  l.padded_elems = gpt.params().padded_numel();
+  return l;
+}
+
+namespace {
+std::pair<int64_t, int64_t> range_of(const model::Param& p) {
+  return {p.offset_elems, p.offset_elems + shape_numel(p.spec.shape)};
+}
+}  // namespace
+
+Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfig& adamw,
+                 const ReplicaOptions& ro, comm::Group& dp_group, parallel::tp::TpContext tp_ctx,
+                 model::StageParts parts)
+    : dp(dp_group),
+      options(ro),
+      zero(ro.zero),
+      gpt(config, seed,
+          model::StoreOptions{dp_group.size(), ro.zero < 3, ro.zero < 2 || ro.pipelined}, tp_ctx,
+          std::move(parts)),
+      layout(flat_layout(gpt)),
+      shard(dp_group.rank(), dp_group.size(), layout.padded_elems) {
+  model::ParamStore& ps = gpt.params();
+  const auto& first = layout.unit_first_param;
+  if (zero >= 2 && !ro.pipelined) {
+    grads = std::make_unique<parallel::ShardedGrads>(dp, layout);
+    for (int u = 0; u < layout.num_units(); ++u)
+      ps.bind_grads(first[u], first[u + 1], grads->unit_grads(u));
+  }
+  if (zero == 3) {
+    values = std::make_unique<parallel::ShardedParams>(dp, layout);
+    for (int u = 0; u < layout.num_units(); ++u)
+      ps.bind_values(first[u], first[u + 1], values->unit_values(u));
+    // Layout independence: the shard draws its own elements of the global init.
+    ps.initialize_range(seed, shard.lo(), shard.shard_elems, values->shard_values().f32());
+    if (grads) {
+      chain = std::make_unique<parallel::HookChain>(
+          std::vector<parallel::UnitHooks*>{values.get(), grads.get()});
+      gpt.set_hooks(chain.get());
+    } else {
+      gpt.set_hooks(values.get());
+    }
+  } else if (grads) {
+    gpt.set_hooks(grads.get());
+  }
+  if (!grads && (dp.size() > 1 || zero >= 1)) {
+    const int64_t bucket_elems =
+        std::max<int64_t>(1, static_cast<int64_t>(ro.bucket_mb * (1 << 20)) / 4);
+    buckets = std::make_unique<parallel::BucketReducer>(
+        dp, layout, ps.flat_grads(),
+        zero == 0 ? parallel::BucketReducer::Mode::kAllReduce
+                  : parallel::BucketReducer::Mode::kReduceScatter,
+        bucket_elems);
+    // Pipelined: the buckets are reduced at the step's end only (end_backward).
+    if (!ro.pipelined && zero < 3) gpt.set_hooks(buckets.get());
+  }
+  // Stage 0 updates every element; the others only the shard.
+  opt_lo = zero == 0 ? 0 : shard.lo();
+  opt_hi = zero == 0 ? ps.numel() : shard.hi();
+  opt = std::make_unique<AdamW>(ps, adamw, opt_lo, opt_hi);
+
+  const parallel::tp::TpContext& tp = gpt.tp();
+  for (const auto& p : ps.params()) {
+    const bool replicated_elsewhere =
+        tp.active() && tp.rank != 0 && p.spec.tp_split == model::TpSplit::kReplicated;
+    const bool tied_copy = ro.skip_tied_copy_in_norm && gpt.wte() == &p;
+    if (replicated_elsewhere || tied_copy) uncounted.push_back(range_of(p));
+  }
+  std::sort(uncounted.begin(), uncounted.end());
+  if (tp_ctx.sp) {  // layer norms, wpe: their gradients are sums over one sequence shard
+    std::vector<std::pair<int64_t, int64_t>> partial;
+    for (int i : gpt.sequence_parallel_params())
+      partial.push_back(range_of(ps.params()[static_cast<size_t>(i)]));
+    tp_sync = std::make_unique<parallel::tp::ReplicatedGradSync>(partial, opt_lo, opt_hi);
+  }
+}
+
+double Replica::owned_norm_sq() {
+  const float* g = owned_grads();
+  const int64_t lo = shard.lo(), hi = shard.hi();
+  if (uncounted.empty()) return kernels::sum_squares(g, hi - lo);
+  double sum = 0;
+  int64_t e = lo;
+  for (const auto& [a, b] : uncounted) {
+    const int64_t stop = std::clamp(a, e, hi);
+    if (stop > e) sum += kernels::sum_squares(g + (e - lo), stop - e);
+    e = std::max(e, std::min(b, hi));
+  }
+  if (hi > e) sum += kernels::sum_squares(g + (e - lo), hi - e);
+  return sum;
+}
+
+void Replica::begin_step() {
+  if (grads)
+    grads->zero_shard();
+  else
+    gpt.params().zero_grads();
+}
+
+void Replica::begin_microbatch(bool last) {
+  if (buckets) buckets->set_enabled(last);  // DDP / ZeRO-1 reduce once per step
+}
+
+void Replica::end_backward() {
+  if (buckets) buckets->finish();
+  if (grads) grads->finish();
+  if (tp_sync) tp_sync->sync(gpt.tp(), opt_grads());  // --sp: sum the partial sums over tp
+  if (values) values->drop_prefetches();              // the values change next
+}
+
+float* Replica::owned_grads() {
+  if (grads) return grads->shard_grads().f32();
+  return gpt.params().flat_grads().f32() + shard.lo();
+}
+
+float* Replica::opt_grads() {
+  if (grads) return grads->shard_grads().f32();
+  return gpt.params().flat_grads().f32() + opt_lo;
+}
+
+float* Replica::opt_values() {
+  if (values) return values->shard_values().f32();
+  return gpt.params().flat_values().f32() + opt_lo;
+}
+
+void Replica::optimizer_step(float lr) {
+  opt->step(lr, opt_values(), opt_grads());
+  if (zero == 1 || zero == 2) {  // every rank needs every updated value again
+    Tensor& v = gpt.params().flat_values();
+    dp.all_gather(comm::Buf(v.f32() + shard.lo(), shard.shard_elems), comm::Buf(v));
+  }
+}
+
+void Replica::materialize_full() {
+  if (!values || full.defined()) return;
+  full = Tensor::empty({layout.padded_elems}, DType::kF32, mem::Category::kParameters);
+  values->gather_all(full);
+  gpt.set_hooks(nullptr);
+  gpt.params().bind_values(0, layout.num_params(), full);
+}
+
+}  // namespace mt::train

@@ -1,0 +1,93 @@
+// One rank's model and its data-parallel machinery (ZeRO stage 0-3) over the dp group:
+// which full-size buffers exist, where the optimizer's shard is, and the hooks that reduce
+// and gather. Used by every layout: the rank's model is the whole GPT, or its pipeline
+// stage, each tensor-parallel sharded over tp.
+//
+//   stage 0: full values, full grads, bucketed all-reduce, AdamW on everything
+//   stage 1: full values, full grads, bucketed reduce-scatter, AdamW on the shard, all-gather
+//   stage 2: full values, shard grads (+ unit pool), per-unit reduce-scatter, AdamW on the
+//            shard, all-gather
+//   stage 3: shard values and grads (+ unit pools), per-unit all-gather before forward and
+//            backward, per-unit reduce-scatter, AdamW on the shard
+//
+// With pipeline parallelism (`pipelined`) the schedule interleaves the microbatches, so a
+// unit's gradient is final only at the end of the step: every stage keeps a full gradient
+// buffer for the step and reduces it once at the end (all-reduce for stage 0,
+// reduce-scatter for 1-3), after the tied embedding's gradient has been summed between the
+// first and last stage. Stage 2 then saves what stage 1 does; stage 3 still shards the
+// parameters (gathered per unit). This is what torchtitan does with FSDP + PP and
+// Megatron-LM's distributed optimizer does with PP (docs/parallel_3d.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "comm/group.h"
+#include "model/gpt.h"
+#include "parallel/data.h"
+#include "parallel/layout.h"
+#include "parallel/tp.h"
+#include "parallel/zero.h"
+#include "train/optimizer.h"
+
+namespace mt::train {
+
+struct ReplicaOptions {
+  int zero = 0;
+  double bucket_mb = 25;
+  bool pipelined = false;
+  // This rank's copy of the tied wte is counted once in the gradient norm, on the first
+  // stage: the last stage (not also first) skips its copy.
+  bool skip_tied_copy_in_norm = false;
+};
+
+parallel::FlatLayout flat_layout(const model::Gpt& gpt);
+
+struct Replica {
+  Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfig& adamw,
+          const ReplicaOptions& ro, comm::Group& dp_group, parallel::tp::TpContext tp_ctx = {},
+          model::StageParts parts = {});
+
+  // Squared norm of this rank's owned gradients: each element of the padded flat buffer is
+  // owned by exactly one dp rank; a tp-replicated parameter counts on tp rank 0 only, the
+  // tied wte copy of the last stage not at all. The sum over all ranks is the model's.
+  double owned_norm_sq();
+
+  void begin_step();
+  void begin_microbatch(bool last);
+  void end_backward();
+  // This rank's reduced gradients (the owned shard).
+  float* owned_grads();
+  int64_t owned_elems() const { return shard.shard_elems; }
+  // What clipping scales: everything this rank's optimizer reads.
+  float* opt_grads();
+  float* opt_values();
+  int64_t opt_elems() const { return opt_hi - opt_lo; }
+  void optimizer_step(float lr);
+  // ZeRO-3: gathers the final weights into a full buffer and points the views there (for
+  // export and the tests); the hooks are off from here on.
+  void materialize_full();
+  const float* full_values() { return values ? full.f32() : gpt.params().flat_values().f32(); }
+
+  comm::Group& dp;
+  ReplicaOptions options;
+  int zero;
+  model::Gpt gpt;
+  parallel::FlatLayout layout;
+  parallel::Shard shard;
+  std::unique_ptr<parallel::BucketReducer> buckets;
+  std::unique_ptr<parallel::ShardedGrads> grads;
+  std::unique_ptr<parallel::ShardedParams> values;
+  std::unique_ptr<parallel::HookChain> chain;
+  std::unique_ptr<AdamW> opt;
+  int64_t opt_lo = 0, opt_hi = 0;
+  Tensor full;
+  // Flat ranges not counted in the norm on this rank: tp-replicated parameters on tp ranks
+  // other than 0, the last stage's tied wte copy. Sorted, disjoint.
+  std::vector<std::pair<int64_t, int64_t>> uncounted;
+  std::unique_ptr<parallel::tp::ReplicatedGradSync> tp_sync;
+};
+
+}  // namespace mt::train

@@ -1,0 +1,90 @@
+// Shared by the 3D tests (dp x tp x pp, docs/parallel_3d.md): a 4-layer model with 12 heads
+// of 8 (d_model 96, d_ff 384, seq 24: heads divide over tp 2, 3, 4 and layers over pp 2, 4
+// or 2 x 2 interleaved chunks), global batch 16, on the demo text; and the comparison of two
+// runs' exported weights.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "test_util.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
+
+namespace mt::test {
+
+struct Layout3d {
+  int dp = 1, tp = 1, pp = 1;
+  int zero = 0;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool sp = false;
+  int microbatches = 0;  // per replica; 0: 4 with pp > 1
+};
+
+inline std::string name_of(const Layout3d& l) {
+  std::string n = "dp" + std::to_string(l.dp) + "_tp" + std::to_string(l.tp) + "_pp" +
+                  std::to_string(l.pp) + "_zero" + std::to_string(l.zero);
+  if (l.pp > 1)
+    n += "_" + l.schedule + (l.virtual_stages > 1 ? "_v" + std::to_string(l.virtual_stages) : "");
+  if (l.sp) n += "_sp";
+  return n;
+}
+
+// One scratch directory per process (scratch_dir empties it on every call).
+inline const std::filesystem::path& dir3d() {
+  static const std::filesystem::path dir = scratch_dir("3d");
+  return dir;
+}
+
+inline const std::string& demo3d_data() {
+  static const std::string path = demo_tokens(dir3d());
+  return path;
+}
+
+inline train::TrainOptions options3d(const Layout3d& l, int64_t steps) {
+  train::TrainOptions o;
+  o.model = model::preset("tiny");
+  o.model.n_layer = 4;
+  o.model.n_head = 12;
+  o.model.d_model = 96;
+  o.model.d_ff = 384;
+  o.model.seq_len = 24;
+  o.batch = 16;
+  o.steps = steps;
+  o.data = demo3d_data();
+  o.threads = 1;
+  o.quiet = true;
+  o.peak_flops = 1e11;  // MFU is not under test; skip measuring the peak
+  o.backend = "local";
+  o.bucket_mb = 0.25;
+  o.dp = l.dp;
+  o.tp = l.tp;
+  o.sp = l.sp;
+  o.zero = l.zero;
+  o.pipeline.pp = l.pp;
+  o.pipeline.schedule = l.schedule;
+  o.pipeline.virtual_stages = l.virtual_stages;
+  o.pipeline.microbatches = l.pp > 1 ? (l.microbatches > 0 ? l.microbatches : 4) : 0;
+  return o;
+}
+
+// Largest |difference| between the tensors of two exported weight files (same names).
+inline double max_weight_diff(const std::string& a, const std::string& b, std::string* where) {
+  const train::SafetensorsFile fa = train::read_safetensors(a), fb = train::read_safetensors(b);
+  double worst = fa.arrays.size() == fb.arrays.size() ? 0 : INFINITY;
+  for (const auto& [name, x] : fa.arrays) {
+    auto it = fb.arrays.find(name);
+    if (it == fb.arrays.end() || it->second.data.size() != x.data.size()) return INFINITY;
+    for (size_t i = 0; i < x.data.size(); ++i) {
+      const double d = std::abs(static_cast<double>(x.data[i]) - it->second.data[i]);
+      if (d > worst) {
+        worst = d;
+        if (where) *where = name;
+      }
+    }
+  }
+  return worst;
+}
+
+}  // namespace mt::test
