@@ -7,11 +7,12 @@ namespace mt::cli {
 namespace {
 
 const std::vector<std::string> kConfigKeys = {
-    "model", "n_layer",      "n_head",     "d_model",      "d_ff",       "vocab",
-    "seq",   "bias",         "tied",       "batch",        "microbatch", "steps",
-    "lr",    "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
-    "data",  "val_data",     "eval_every", "eval_batches", "threads",    "dp",
-    "zero",  "bucket_mb",    "backend",    "tp",           "sp"};
+    "model",    "n_layer",      "n_head",     "d_model",      "d_ff",       "vocab",
+    "seq",      "bias",         "tied",       "batch",        "microbatch", "steps",
+    "lr",       "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
+    "data",     "val_data",     "eval_every", "eval_batches", "threads",    "dp",
+    "zero",     "bucket_mb",    "backend",    "tp",           "sp",         "mesh_order",
+    "recompute"};
 
 }  // namespace
 
@@ -52,6 +53,15 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "layers per pipeline chunk, e.g. 5,7,7,5 (default: balanced by cost)");
   cmd.add_option("--bucket-mb", bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB (default 25)");
   cmd.add_option("--backend", backend, "communication: auto (mpi under mpirun), local, mpi");
+  cmd.add_option("--mesh-order", mesh_order,
+                 "mesh dimensions slowest to fastest (default pp,dp,tp: a tp group on "
+                 "neighbouring ranks)");
+  cmd.add_option("--recompute", recompute,
+                 "activation recomputation: none, selective (attention probabilities), full "
+                 "(each block's forward again in backward)");
+  cmd.add_option("--dtype", dtype,
+                 "training precision: f32, or bf16 (GEMMs on bf16 operands, f32 master weights, "
+                 "gradients and optimizer state; docs/mixed_precision.md)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  "seconds a collective may wait before the job aborts");
 }
@@ -91,10 +101,13 @@ void TrainFlags::apply_to(train::TrainOptions& o) const {
     if (j.contains("sp")) o.sp = j.at("sp").get<bool>();
     take("bucket_mb", o.bucket_mb, bucket_mb);
     take("backend", o.backend, backend);
+    take("mesh_order", o.mesh_order, mesh_order);
+    take("recompute", o.recompute, recompute);
   } catch (const nlohmann::json::exception& e) {
     fail("config file '{}' has a value of the wrong type: {}", config, e.what());
   }
   if (comm_timeout) o.comm_timeout_s = *comm_timeout;
+  if (dtype) o.dtype = *dtype;
   o.pipeline = pipeline;
   if (sp) o.sp = true;
 }

@@ -20,8 +20,9 @@ struct TrainFlags {
   std::optional<std::string> data, val_data;
   std::optional<double> bucket_mb, comm_timeout;
   std::optional<int> dp, zero, tp;
-  std::optional<std::string> backend;
-  train::PipelineOptions pipeline;  // --pp, --microbatches, --schedule, ...
+  std::optional<std::string> backend, mesh_order, recompute;
+  std::optional<std::string> dtype;  // --dtype f32 | bf16
+  train::PipelineOptions pipeline;   // --pp, --microbatches, --schedule, ...
   bool sp = false;
 
   // Registers the flags above on `cmd` (not --metrics, --export, --trace, --profile or

@@ -30,6 +30,24 @@ std::vector<ParamSpec> rank_specs(const GptConfig& c, const parallel::tp::TpCont
 }
 }  // namespace
 
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  fail("unknown --recompute '{}' (choose none, selective or full)", name);
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+    default:
+      return "none";
+  }
+}
+
 std::vector<ParamSpec> stage_param_specs(const GptConfig& c, const StageParts& parts) {
   std::vector<bool> mine(static_cast<size_t>(c.n_layer), parts.all_layers);
   for (int l : parts.layers) {
@@ -42,9 +60,10 @@ std::vector<ParamSpec> stage_param_specs(const GptConfig& c, const StageParts& p
     if (s.layer >= 0) {
       if (mine[static_cast<size_t>(s.layer)]) out.push_back(s);
     } else if (s.name == "transformer.wte.weight") {
-      if (parts.embedding)
+      if (parts.embedding) {
         out.push_back(s);
-      else if (parts.head && c.tied)
+        out.back().gemm_weight = c.tied && parts.head;  // the LM head reads it here too
+      } else if (parts.head && c.tied)
         tail.push_back(s);
     } else if (s.name == "transformer.wpe.weight") {
       if (parts.embedding) out.push_back(s);
@@ -64,6 +83,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
       tp_(tp) {
   config_.validate();
   params_.initialize(seed);  // by global name and element index: the same on any layout
+  if (store.bf16_copy) mp_ = std::make_unique<MixedPrecision>();
   const int64_t C = config_.d_model, F = config_.d_ff / tp.size, Cl = C / tp.size;
   if (parts_.embedding || (parts_.head && config_.tied))
     wte_ = &params_.get("transformer.wte.weight");
@@ -87,6 +107,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
     b.c_fc = {&params_.get(h + "mlp.c_fc.weight"), maybe(params_, h + "mlp.c_fc.bias"), C, F};
     b.mlp_proj = {&params_.get(h + "mlp.c_proj.weight"), maybe(params_, h + "mlp.c_proj.bias"), F,
                   C};
+    for (Linear* l : {&b.c_attn, &b.attn_proj, &b.c_fc, &b.mlp_proj}) l->mp = mp_.get();
     blocks_.push_back(b);
   }
 }
@@ -141,8 +162,25 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
   a.targets.resize(N);
   a.encoded = acts({Nl, C});
   a.n_blocks = n_blocks;
+  const Block::Keep keep = recompute_ == Recompute::kFull        ? Block::Keep::kOutputOnly
+                           : recompute_ == Recompute::kSelective ? Block::Keep::kNoAttention
+                                                                 : Block::Keep::kAll;
+  if (keep == Block::Keep::kOutputOnly && !recomputed_.att.defined())
+    recomputed_ = Block::make_activations(config_, B, T, tp_);
+  if (keep == Block::Keep::kNoAttention && !recomputed_.att.defined())
+    recomputed_.att = acts({B, config_.n_head / tp_.size, T, T});
+  if (keep != Block::Keep::kAll && recomputed_.att.dim(0) != B)
+    fail("activations for microbatches of {} after ones of {}: recomputation shares one set", B,
+         recomputed_.att.dim(0));
   for (int l = 0; l < n_blocks; ++l) {
-    a.blocks.push_back(Block::make_activations(config_, B, T, tp_));
+    BlockActivations b = Block::make_activations(config_, B, T, tp_, keep);
+    if (keep == Block::Keep::kNoAttention) b.att = recomputed_.att;
+    if (keep == Block::Keep::kOutputOnly) {
+      Tensor out = b.out;
+      b = recomputed_;
+      b.out = out;
+    }
+    a.blocks.push_back(std::move(b));
     if (split) a.stash.push_back(Block::make_stash(config_, B, T, tp_));
   }
   if (!with_head) return a;
@@ -165,6 +203,13 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
   scratch_ = Block::make_scratch(config_, B, T, tp_);
   dres_ = Tensor::empty({B * T, config_.d_model}, DType::kF32, mem::Category::kWorkspace);
   scratch_tokens_ = B * T;
+  if (mp_) {  // bf16: the largest GEMM input (C or F/t wide) and output gradient
+    const int64_t N = B * T, C = config_.d_model, F = config_.d_ff / tp_.size;
+    const int64_t widest = std::max({3 * C / tp_.size, C, F});
+    mp_->x = Tensor::empty({N * std::max(C, F)}, DType::kBF16, mem::Category::kWorkspace);
+    mp_->dy = Tensor::empty({std::max(N * widest, config_.padded_vocab() / tp_.size)}, DType::kBF16,
+                            mem::Category::kWorkspace);
+  }
 }
 
 float Gpt::forward(Activations& a, const int32_t* inputs, const int32_t* targets) {
@@ -240,13 +285,13 @@ float Gpt::head_forward(Activations& a) {
     if (a.targets[i] < 0 || a.targets[i] >= config_.vocab)
       fail("cross_entropy: target {} of row {} is outside [0, {})", a.targets[i], i, config_.vocab);
   hooks().before_forward(head_unit());
+  ensure_scratch(a.B, a.T);  // bf16: the GEMM workspaces
   ln_f_.forward(a.lnf.f32(), a.lnf_mean.f32(), a.lnf_rstd.f32(), chunk_output(a), Nl);
   if (tp_.sp) tpo::all_gather_rows(tp_, a.lnf.f32(), a.lnf_full.f32(), Nl * C);
   const int64_t Vl = config_.padded_vocab() / tp_.size;
   {
     profile::Scope p("lm_head.fwd");
-    kernels::linear_forward(a.logits.f32(), head_input(a), lm_head_->value.f32(), nullptr, N, C,
-                            Vl);
+    gemm_forward(mp_.get(), a.logits.f32(), head_input(a), *lm_head_, nullptr, N, C, Vl);
   }
   double sum = 0;
   if (!tp_.active()) {
@@ -303,8 +348,8 @@ void Gpt::head_backward(Activations& a, float dloss, float* dres, BackwardPart p
     // backward) or for W (zero-bubble).
     const bool weight = part == BackwardPart::kAll && !defer_head_weight();
     float* partial = tp_.sp ? scratch_.part.f32() : dlnf;  // f (f̄) backward of the head input
-    kernels::linear_backward(partial, weight ? lm_head_->grad.f32() : nullptr, nullptr, dlogits,
-                             head_input(a), lm_head_->value.f32(), N, C, Vl);
+    gemm_backward(mp_.get(), partial, weight ? lm_head_->grad.f32() : nullptr, nullptr, dlogits,
+                  head_input(a), *lm_head_, N, C, Vl);
     if (tp_.sp)
       tpo::reduce_scatter_rows(tp_, partial, dlnf, Nl * C);
     else
@@ -327,6 +372,12 @@ void Gpt::blocks_backward(Activations& a, int k0, int n, float* dres, BackwardPa
       continue;
     }
     hooks().before_backward(block_unit(k));
+    if (recompute_ == Recompute::kFull) {  // the block's forward again, into the shared set
+      profile::Scope p("recompute.fwd");
+      b.forward(a.blocks[si], x, a.B, a.T, &scratch_);
+    } else if (recompute_ == Recompute::kSelective) {
+      b.recompute_attention(a.blocks[si], a.B, a.T);
+    }
     if (part == BackwardPart::kAll)
       b.backward(dres, scratch_, a.blocks[si], x, a.B, a.T);
     else
@@ -367,8 +418,8 @@ void Gpt::embed_backward(Activations& a, const float* dres) {
 void Gpt::head_weight_backward(Activations& a) {
   profile::Scope p("lm_head.bwd");
   const int64_t N = a.B * a.T, C = config_.d_model, Vl = config_.padded_vocab() / tp_.size;
-  kernels::linear_backward(nullptr, lm_head_->grad.f32(), nullptr, a.logits.f32(), head_input(a),
-                           lm_head_->value.f32(), N, C, Vl);
+  gemm_backward(mp_.get(), nullptr, lm_head_->grad.f32(), nullptr, a.logits.f32(), head_input(a),
+                *lm_head_, N, C, Vl);
 }
 
 double training_flops_per_token(const GptConfig& c, int64_t T) {

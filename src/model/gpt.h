@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -28,6 +30,13 @@ struct StageParts {
 // stage's copy of the tied wte goes after the final norm, so that the head unit is one
 // consecutive range of parameters.
 std::vector<ParamSpec> stage_param_specs(const GptConfig& c, const StageParts& parts);
+
+// Activation recomputation (--recompute): none; selective (the attention probabilities,
+// the B·(n_head/t)·T² term, recomputed in backward from qkv); full (each block keeps only
+// its input; its whole forward runs again in backward).
+enum class Recompute : uint8_t { kNone, kSelective, kFull };
+Recompute parse_recompute(const std::string& name);  // "none", "selective", "full"
+const char* recompute_name(Recompute r);
 
 // Which parts of backward one call runs: both (Backward), or the zero-bubble split into
 // the input gradients (B: what the previous pipeline stage waits for) and the weight
@@ -89,6 +98,10 @@ class Gpt {
   // Called around every unit's forward and backward (null: none).
   void set_hooks(parallel::UnitHooks* hooks) { hooks_ = hooks; }
 
+  // Call before make_activations (the activations it makes depend on it).
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
+
   // The whole stage's activations (every block this rank holds, the head if it has it).
   Activations make_activations(int64_t B, int64_t T) const;
   // One pipeline chunk's: n_blocks blocks, the head buffers when with_head, the zero-bubble
@@ -136,6 +149,10 @@ class Gpt {
 
   GptConfig config_;
   StageParts parts_;
+  Recompute recompute_ = Recompute::kNone;
+  // With recomputation, the one set of the tensors blocks do not keep (allocated with the
+  // first activations; every Activations made later points into it).
+  mutable BlockActivations recomputed_;
   ParamStore params_;
   Param* wte_ = nullptr;
   Param* wpe_ = nullptr;
@@ -148,6 +165,9 @@ class Gpt {
   parallel::UnitHooks* hooks_ = nullptr;
   parallel::UnitHooks no_hooks_;
   parallel::tp::TpContext tp_;
+  // --dtype bf16 (StoreOptions::bf16_copy): the GEMM workspaces, made with the scratch; on
+  // the heap, so that the blocks' pointers to it survive moving the model. Null: f32.
+  std::unique_ptr<MixedPrecision> mp_;
 };
 
 // Training FLOPs per token (forward + backward, no recomputation): see docs/flops.md.

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/profile.h"
 #include "kernels/kernels.h"
+#include "kernels/mixed.h"
 #include "kernels/vocab_parallel.h"
 
 namespace mt::model {
@@ -26,26 +27,56 @@ void LayerNorm::backward(float* dx, const float* dy, const float* x, const float
                               c);
 }
 
+void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Param& w,
+                  const float* b, int64_t n, int64_t in, int64_t out) {
+  if (!mp) {
+    kernels::linear_forward(y, x, w.value.f32(), b, n, in, out);
+    return;
+  }
+  MT_ASSERT(w.value_bf16.defined() && mp->x.numel() >= n * in);
+  bf16* xb = mp->x.bf16p();
+  kernels::to_bf16(xb, x, n * in);
+  kernels::linear_forward_mixed(y, xb, w.value_bf16.bf16p(), b, n, in, out);
+}
+
+void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
+                   const float* x, const Param& w, int64_t n, int64_t in, int64_t out) {
+  if (!mp) {
+    kernels::linear_backward(dx, dw, db, dy, x, w.value.f32(), n, in, out);
+    return;
+  }
+  MT_ASSERT(w.value_bf16.defined() && mp->x.numel() >= n * in);
+  bf16* xb = nullptr;
+  if (dw) {
+    xb = mp->x.bf16p();
+    kernels::to_bf16(xb, x, n * in);
+  }
+  kernels::linear_backward_mixed(dx, dw, db, dy, xb, w.value_bf16.bf16p(), n, in, out,
+                                 mp->dy.bf16p(), mp->dy.numel());
+}
+
 void Linear::forward(float* y, const float* x, int64_t n) const {
   profile::Scope p("linear.fwd");
-  kernels::linear_forward(y, x, w->value.f32(), value_of(b), n, in, out);
+  gemm_forward(mp, y, x, *w, value_of(b), n, in, out);
 }
 
 void Linear::backward(float* dx, const float* dy, const float* x, int64_t n) const {
   profile::Scope p("linear.bwd");
-  kernels::linear_backward(dx, w->grad.f32(), grad_of(b), dy, x, w->value.f32(), n, in, out);
+  gemm_backward(mp, dx, w->grad.f32(), grad_of(b), dy, x, *w, n, in, out);
 }
 
 BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t T,
-                                         const parallel::tp::TpContext& tp) {
+                                         const parallel::tp::TpContext& tp, Keep keep) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
   const int64_t Nl = tp.local_rows(N);  // rows of the residual / layer-norm region
   BlockActivations a;
+  a.out = acts({Nl, C});
+  if (keep == Keep::kOutputOnly) return a;
   a.ln1 = acts({Nl, C});
   a.ln1_mean = acts({Nl});
   a.ln1_rstd = acts({Nl});
   a.qkv = acts({N, 3 * Cl});
-  a.att = acts({B, c.n_head / tp.size, T, T});
+  if (keep == Keep::kAll) a.att = acts({B, c.n_head / tp.size, T, T});
   a.atty = acts({N, Cl});
   a.res2 = acts({Nl, C});
   a.ln2 = acts({Nl, C});
@@ -53,8 +84,14 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
   a.ln2_rstd = acts({Nl});
   a.fch = acts({N, F});
   a.fch_gelu = acts({N, F});
-  a.out = acts({Nl, C});
   return a;
+}
+
+void Block::recompute_attention(BlockActivations& a, int64_t B, int64_t T) const {
+  profile::Scope p("attention.recompute");
+  // Writes atty again too: the same values (the kernel is deterministic).
+  kernels::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, ln_1.c / tp.size,
+                             n_head / tp.size);
 }
 
 BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
@@ -135,7 +172,7 @@ void Block::row_parallel_forward(const Linear& l, float* y, const float* x, cons
   float* partial = tp.sp ? s.part.f32() : y;
   {
     profile::Scope p("linear.fwd");
-    kernels::linear_forward(partial, x, l.w->value.f32(), nullptr, N, l.in, l.out);
+    gemm_forward(l.mp, partial, x, *l.w, nullptr, N, l.in, l.out);
   }
   if (tp.sp)
     tpo::reduce_scatter_rows(tp, partial, y, Nl * C);  // ḡ
@@ -244,7 +281,7 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
   // d(input) of a column-parallel layer: partial sums over tp, reduced into s.dln.
   auto column_input_grad = [&](const Linear& l, const float* dy) {
     float* dx = sp ? s.part.f32() : s.dln.f32();
-    kernels::linear_backward(dx, nullptr, nullptr, dy, nullptr, l.w->value.f32(), N, l.in, l.out);
+    gemm_backward(l.mp, dx, nullptr, nullptr, dy, nullptr, *l.w, N, l.in, l.out);
     if (sp)
       tpo::reduce_scatter_rows(tp, dx, s.dln.f32(), Nl * C);
     else
@@ -252,15 +289,15 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
   };
   // MLP branch.
   stash_output_grad(st.dmlp.f32());
-  kernels::linear_backward(s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr,
-                           mlp_proj.w->value.f32(), N, F, C);
+  gemm_backward(mlp_proj.mp, s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr, *mlp_proj.w,
+                N, F, C);
   kernels::gelu_backward(st.dfch.f32(), a.fch.f32(), s.dgelu.f32(), N * F);
   column_input_grad(c_fc, st.dfch.f32());
   ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
   // Attention branch.
   stash_output_grad(st.dproj.f32());
-  kernels::linear_backward(s.datty.f32(), nullptr, nullptr, st.dproj.f32(), nullptr,
-                           attn_proj.w->value.f32(), N, Cl, C);
+  gemm_backward(attn_proj.mp, s.datty.f32(), nullptr, nullptr, st.dproj.f32(), nullptr,
+                *attn_proj.w, N, Cl, C);
   kernels::attention_backward(st.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(), a.att.f32(),
                               B, T, Cl, heads);
   column_input_grad(c_attn, st.dqkv.f32());
@@ -279,8 +316,7 @@ void Block::backward_weight(BlockScratch& s, const BlockActivations& a, const Bl
     return static_cast<const float*>(s.gath.f32());
   };
   auto weight_grad = [&](const Linear& l, const float* dy, const float* in) {
-    kernels::linear_backward(nullptr, l.w->grad.f32(), grad_of(l.b), dy, in, l.w->value.f32(), N,
-                             l.in, l.out);
+    gemm_backward(l.mp, nullptr, l.w->grad.f32(), grad_of(l.b), dy, in, *l.w, N, l.in, l.out);
   };
   weight_grad(mlp_proj, st.dmlp.f32(), a.fch_gelu.f32());
   weight_grad(c_fc, st.dfch.f32(), ln_input(a.ln2.f32()));

@@ -20,10 +20,28 @@ struct LayerNorm {
                 int64_t n) const;
 };
 
+// --dtype bf16 (docs/mixed_precision.md): a rank's bf16 workspaces, allocated with the
+// model's scratch (before step 1, mem::Category::kWorkspace). Null (f32 training): none.
+struct MixedPrecision {
+  Tensor x;   // bf16 [largest GEMM input]: the activation input rounded on the fly
+  Tensor dy;  // bf16: the output gradient rounded (the LM head's in row chunks)
+};
+
+// The one dispatch point of every weight GEMM (the blocks' linears and the LM head):
+// y = x·wᵀ (+ b) and its backward (dx overwritten, dw += and db +=, each skipped when
+// null; x is only read for dw). mp null: the f32 kernels. Else x and dy are rounded to
+// bf16 into mp's workspaces, w's bf16 copy (Param::value_bf16) is read, and the products
+// are accumulated in f32 (kernels/mixed.h); y, dx, dw, db stay f32.
+void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Param& w,
+                  const float* b, int64_t n, int64_t in, int64_t out);
+void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
+                   const float* x, const Param& w, int64_t n, int64_t in, int64_t out);
+
 struct Linear {
   Param* w = nullptr;  // [out, in]
   Param* b = nullptr;  // [out] or null
   int64_t in = 0, out = 0;
+  const MixedPrecision* mp = nullptr;  // bf16 GEMMs (the model's), null: f32
   void forward(float* y, const float* x, int64_t n) const;
   // dx overwritten (skipped when null)
   void backward(float* dx, const float* dy, const float* x, int64_t n) const;
@@ -79,8 +97,17 @@ struct Block {
   int64_t n_head = 0;  // global heads
   parallel::tp::TpContext tp;
 
+  // What a block keeps for backward (activation recomputation, Korthikanti et al. 2022):
+  // everything; everything but the attention probabilities (selective: recomputed from qkv
+  // in backward); or only its output, the next block's input (full: the block's forward
+  // runs again in backward). Tensors not kept are left undefined here; the model points
+  // them at one shared set.
+  enum class Keep : uint8_t { kAll, kNoAttention, kOutputOnly };
   static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T,
-                                           const parallel::tp::TpContext& tp = {});
+                                           const parallel::tp::TpContext& tp = {},
+                                           Keep keep = Keep::kAll);
+  // Selective recomputation: the attention probabilities again, from the kept qkv.
+  void recompute_attention(BlockActivations& a, int64_t B, int64_t T) const;
   static BlockScratch make_scratch(const GptConfig& c, int64_t B, int64_t T,
                                    const parallel::tp::TpContext& tp = {});
 

@@ -78,6 +78,15 @@ void TrainOptions::validate() const {
       fail("--microbatch {} disagrees with --batch {} / (--dp {} x --microbatches {}) = {}",
            microbatch, batch, dp, m, batch / dp / m);
   }
+  const model::Recompute rc = model::parse_recompute(recompute);
+  if (rc == model::Recompute::kFull && pipeline.pp > 1 &&
+      parallel::pp::parse_schedule_kind(pipeline.schedule) == parallel::pp::ScheduleKind::kZbH1)
+    fail(
+        "--recompute full with --schedule zb1: the W pass reads a block's activations after "
+        "other blocks' recomputation has reused them (use --recompute selective, or another "
+        "schedule)");
+  if (dtype != "f32" && dtype != "bf16")
+    fail("--dtype '{}' is not a training precision (choose f32 or bf16)", dtype);
   if (steps < 1) fail("--steps {} must be at least 1", steps);
   if (!(lr > 0) || !std::isfinite(lr)) fail("--lr {} must be a positive number", lr);
   if (data.empty())
@@ -305,9 +314,11 @@ void run_rank(Shared& sh, comm::Group& world) {
   ro.bucket_mb = o.bucket_mb;
   ro.pipelined = P > 1;
   ro.skip_tied_copy_in_norm = tied_sync && p == P - 1;
+  ro.bf16 = o.dtype == "bf16";
   Replica rep(o.model, o.seed, o.adamw, ro, dp,
               o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{},
               P > 1 ? stage_parts(*sh.schedule, *sh.partition, p) : model::StageParts{});
+  rep.gpt.set_recompute(model::parse_recompute(o.recompute));
   const int64_t T = o.model.seq_len, B = o.batch, mb = o.microbatch_size();
   const int64_t n_micro = o.microbatches_per_step();
   std::unique_ptr<PipelineStage> stage;
@@ -322,13 +333,15 @@ void run_rank(Shared& sh, comm::Group& world) {
   std::vector<int32_t> inputs(mb * T), targets(mb * T);
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
   const double flops_per_token = model::training_flops_per_token(o.model, T);
-  const double peak =
-      o.peak_flops > 0 ? o.peak_flops : kernels::peak_flops(DType::kF32, sh.threads);
+  const double peak = o.peak_flops > 0
+                          ? o.peak_flops
+                          : kernels::peak_flops(ro.bf16 ? DType::kBF16 : DType::kF32, sh.threads);
   const Splits& data = sh.data;
 
   if (talk) {
-    std::string layout =
-        fmt::format("dp {} (ZeRO-{}, {} backend)", D, o.zero, world.backend_kind());
+    std::string layout = fmt::format("dtype {}{}; dp {} (ZeRO-{}, {} backend)", o.dtype,
+                                     ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "", D, o.zero,
+                                     world.backend_kind());
     if (o.tp > 1)
       layout += fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "");
     if (P > 1)
@@ -338,10 +351,11 @@ void run_rank(Shared& sh, comm::Group& world) {
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads, vocab {} padded to {}), {:.2f}M "
         "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
-        "replica; {} thread(s) per rank; data {} ({} train sequences)",
+        "replica; recompute {}; {} thread(s) per rank; data {} ({} train sequences)",
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head, o.model.vocab,
         rep.gpt.config().padded_vocab(), model::count_params(model::gpt_param_specs(o.model)) / 1e6,
-        B, T, layout, o.mesh_order, n_micro, mb, sh.threads, o.data, data.train->num_samples()));
+        B, T, layout, o.mesh_order, n_micro, mb, o.recompute, sh.threads, o.data,
+        data.train->num_samples()));
   }
 
   RankRecord rec;
@@ -569,6 +583,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     res.padded_params = rep.layout.padded_elems;
     res.gathered_param_elems = rep.values ? rep.values->pool_elems() : 0;
     res.gradient_pool_elems = rep.grads ? rep.grads->pool_elems() : 0;
+    res.bf16_param_elems = rep.bf16_param_elems();
     if (o.keep_final_params) res.final_params = rec.final_params;
   }
   res.ranks[static_cast<size_t>(world.rank())] = std::move(rec);

@@ -38,17 +38,21 @@ struct TrainOptions {
   double val_fraction = 0.05;
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batches = 4;
-  int threads = 0;                 // per rank; 0: cores on the host / ranks on the host
-  std::string metrics;             // JSON lines, one per step
-  std::string export_path;         // safetensors of the final weights
-  bool profile = false;            // per-kernel time breakdown at the end
-  double peak_flops = 0;           // 0: measured GEMM peak (`meshtrain bench peak`)
+  int threads = 0;          // per rank; 0: cores on the host / ranks on the host
+  std::string metrics;      // JSON lines, one per step
+  std::string export_path;  // safetensors of the final weights
+  bool profile = false;     // per-kernel time breakdown at the end
+  double peak_flops = 0;    // 0: measured GEMM peak (`meshtrain bench peak`)
+  // f32, or bf16: mixed precision (f32 master weights, gradients and optimizer state; the
+  // weight GEMMs on bf16 operands: docs/mixed_precision.md).
+  std::string dtype = "f32";
   bool quiet = false;              // no per-step lines (tests)
   bool keep_final_params = false;  // copy the final weights into TrainResult
   PipelineOptions pipeline;        // --pp > 1: train/pipeline_stage.h
   // The mesh's dimensions, slowest to fastest: tp fastest keeps a tp group's ranks on
   // neighbouring ranks (one host under mpirun's default mapping), pp slowest.
   std::string mesh_order = "pp,dp,tp";
+  std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
 
   int world_size() const { return pipeline.pp * dp * tp; }
   // Sequences per forward/backward: --microbatch, else batch / dp (batch / (dp x
@@ -93,9 +97,10 @@ struct TrainResult {
   int64_t allocations_after_first_step = 0;           // by steps 2..N, worst rank (should be 0)
   std::vector<float> final_params;                    // rank 0's flat (gathered under ZeRO-3)
   std::vector<RankRecord> ranks;
-  int64_t padded_params = 0;         // Ψ rounded up to a multiple of dp
-  int64_t gathered_param_elems = 0;  // ZeRO-3 parameter pool (unit buffers)
-  int64_t gradient_pool_elems = 0;   // ZeRO-2/3 gradient pool (unit buffers)
+  int64_t padded_params = 0;                // Ψ rounded up to a multiple of dp
+  int64_t gathered_param_elems = 0;         // ZeRO-3 parameter pool (unit buffers)
+  int64_t gradient_pool_elems = 0;          // ZeRO-2/3 gradient pool (unit buffers)
+  int64_t bf16_param_elems = 0;             // --dtype bf16: rank 0's bf16 weight copy (or slots)
   std::vector<PipelineRankStats> pipeline;  // per world rank, with --pp > 1
 };
 
