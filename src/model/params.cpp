@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "kernels/mixed.h"
 
 namespace mt::model {
 
@@ -29,6 +30,7 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
   };
   add("transformer.wte.weight", {vp, d}, Init::kNormal, kStd, TpSplit::kRows, -1);
   s.back().real_rows = c.vocab;
+  s.back().gemm_weight = c.tied;  // the LM head
   add("transformer.wpe.weight", {c.seq_len, d}, Init::kNormal, kStd, TpSplit::kReplicated, -1);
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
@@ -50,7 +52,10 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
   if (!c.tied) {
     add("lm_head.weight", {vp, d}, Init::kNormal, kStd, TpSplit::kRows, -1);
     s.back().real_rows = c.vocab;
+    s.back().gemm_weight = true;
   }
+  for (ParamSpec& p : s)  // a block's four linear weights
+    if (p.layer >= 0 && p.shape.size() == 2) p.gemm_weight = true;
   return s;
 }
 
@@ -162,22 +167,32 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype, StoreOptions o
   }
   if (options.full_grads)
     flat_grads_ = Tensor::zeros({padded_numel_}, DType::kF32, mem::Category::kGradients);
-  int64_t offset = 0;
+  bf16_copy_ = options.bf16_copy;
+  int64_t offset = 0, bf16_offset = 0;
   for (auto& spec : specs) {
     Param p;
     const int64_t n = shape_numel(spec.shape);
     if (options.full_values) p.value = flat_values_.view(offset, spec.shape);
     if (options.full_grads) p.grad = flat_grads_.view(offset, spec.shape);
     p.offset_elems = offset;
+    if (bf16_copy_ && spec.gemm_weight) {
+      p.bf16_offset_elems = bf16_offset;
+      bf16_offset += n;
+    }
     p.spec = std::move(spec);
     offset += n;
     params_.push_back(std::move(p));
+  }
+  if (bf16_copy_ && options.full_bf16 && bf16_offset > 0) {
+    flat_bf16_ = Tensor::empty({bf16_offset}, DType::kBF16, mem::Category::kParameters);
+    bind_bf16(0, static_cast<int>(params_.size()), flat_bf16_);
   }
 }
 
 void ParamStore::initialize(uint64_t seed) {
   if (!flat_values_.defined()) return;
   for (auto& p : params_) init_param_local(p.spec, seed, 0, p.value.numel(), p.value.f32());
+  if (flat_bf16_.defined()) refresh_bf16();
 }
 
 void ParamStore::initialize_range(uint64_t seed, int64_t first, int64_t n, float* out) const {
@@ -206,6 +221,33 @@ void ParamStore::bind_values(int first, int end, const Tensor& buffer) {
 
 void ParamStore::bind_grads(int first, int end, const Tensor& buffer) {
   bind(params_, first, end, buffer, false);
+}
+
+void ParamStore::bind_bf16(int first, int end, const Tensor& buffer) {
+  int64_t base = -1;
+  for (int i = first; i < end; ++i) {
+    Param& p = params_[static_cast<size_t>(i)];
+    if (p.bf16_offset_elems < 0) continue;
+    if (base < 0) base = p.bf16_offset_elems;
+    p.value_bf16 = buffer.view(p.bf16_offset_elems - base, p.spec.shape);
+  }
+}
+
+void ParamStore::refresh_bf16(int first, int end) {
+  for (int i = first; i < end; ++i) {
+    Param& p = params_[static_cast<size_t>(i)];
+    if (p.bf16_offset_elems >= 0)
+      kernels::to_bf16(p.value_bf16.bf16p(), p.value.f32(), p.value.numel());
+  }
+}
+
+int64_t ParamStore::bf16_elems(int first, int end) const {
+  int64_t n = 0;
+  for (int i = first; i < end; ++i) {
+    const Param& p = params_[static_cast<size_t>(i)];
+    if (p.bf16_offset_elems >= 0) n += shape_numel(p.spec.shape);
+  }
+  return n;
 }
 
 Param& ParamStore::get(const std::string& name) {

@@ -34,6 +34,9 @@ struct ParamSpec {
   bool weight_decay = false;   // matrices only
   bool hf_transposed = false;  // stored [out, in]; HF Conv1D stores [in, out]
   int layer = -1;              // block index, -1 for embeddings and the final norm
+  // Read by a GEMM (a block's four linear weights, the LM head's weight: lm_head, or wte
+  // when tied and the rank holds the head): with --dtype bf16 it has a bf16 working copy.
+  bool gemm_weight = false;
   // Tensor parallelism: `shape` is this rank's slice of `global_shape` (empty: the same,
   // no TP). tp_rank of tp_size picks the slice by tp_split (tp_shard_specs).
   Shape global_shape;
@@ -50,6 +53,11 @@ struct Param {
   Tensor value;
   Tensor grad;
   int64_t offset_elems = 0;  // into the flat buffers
+  // --dtype bf16, GEMM weights only: the bf16 working copy the GEMMs read (a view of the
+  // flat bf16 buffer, or of a ZeRO-3 unit slot), and its offset in the flat bf16 layout
+  // (-1: none).
+  Tensor value_bf16;
+  int64_t bf16_offset_elems = -1;
 };
 
 // How a ParamStore holds its buffers. Data parallelism pads the flat buffers to a multiple
@@ -60,6 +68,11 @@ struct StoreOptions {
   int64_t pad_multiple = 1;
   bool full_values = true;
   bool full_grads = true;
+  // Mixed precision (docs/mixed_precision.md): a bf16 copy of the GEMM weights, refreshed
+  // from the f32 values (the master weights). Full: one flat buffer of them all; else
+  // (ZeRO-3) the views are bound later into per-unit slots, like the values.
+  bool bf16_copy = false;
+  bool full_bf16 = true;
 };
 
 // All parameters of a rank in two contiguous buffers (values, gradients), in spec order,
@@ -77,6 +90,15 @@ class ParamStore {
   // element 0 is the first one's element 0 (they are consecutive, as in the flat buffer).
   void bind_values(int first, int end, const Tensor& buffer);
   void bind_grads(int first, int end, const Tensor& buffer);
+  // The bf16 copies of the GEMM weights among parameters [first, end), packed from element
+  // 0 of `buffer` (bf16) in parameter order.
+  void bind_bf16(int first, int end, const Tensor& buffer);
+  // value_bf16 = bf16(value) (round to nearest even) for the GEMM weights in [first, end).
+  void refresh_bf16(int first, int end);
+  void refresh_bf16() { refresh_bf16(0, static_cast<int>(params_.size())); }
+  bool has_bf16() const { return bf16_copy_; }
+  // Elements of the bf16 copy of parameters [first, end) (the GEMM weights among them).
+  int64_t bf16_elems(int first, int end) const;
 
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
@@ -84,6 +106,7 @@ class ParamStore {
   const Param* find(const std::string& name) const;
   Tensor& flat_values() { return flat_values_; }
   Tensor& flat_grads() { return flat_grads_; }
+  Tensor& flat_bf16() { return flat_bf16_; }              // undefined unless full bf16 copy
   int64_t numel() const { return numel_; }                // real parameters (Ψ)
   int64_t padded_numel() const { return padded_numel_; }  // the flat buffers' length
 
@@ -92,6 +115,8 @@ class ParamStore {
   int64_t numel_ = 0, padded_numel_ = 0;
   Tensor flat_values_;
   Tensor flat_grads_;
+  bool bf16_copy_ = false;
+  Tensor flat_bf16_;
 };
 
 // Draws a parameter's global elements [first, first + n) into out.

@@ -19,6 +19,27 @@ namespace {
 std::pair<int64_t, int64_t> range_of(const model::Param& p) {
   return {p.offset_elems, p.offset_elems + shape_numel(p.spec.shape)};
 }
+
+// ZeRO-3 with bf16: after ShardedParams has gathered a unit (it runs first in the chain),
+// its GEMM weights are rounded into the unit's bf16 slot. A bf16 slot is written only here,
+// for a unit of the same f32 slot, so it holds a unit's copy exactly while the f32 slot
+// holds that unit's values. The head's backward reads wte, gathered with it (unit 0).
+class Bf16Refresh : public parallel::UnitHooks {
+ public:
+  Bf16Refresh(model::ParamStore& ps, std::vector<int> first) : ps_(ps), first_(std::move(first)) {}
+  void before_forward(int unit) override { refresh(unit); }
+  void before_backward(int unit) override {
+    refresh(unit);
+    if (unit == static_cast<int>(first_.size()) - 2 && unit > 0) refresh(0);
+  }
+
+ private:
+  void refresh(int unit) {
+    ps_.refresh_bf16(first_[static_cast<size_t>(unit)], first_[static_cast<size_t>(unit) + 1]);
+  }
+  model::ParamStore& ps_;
+  std::vector<int> first_;
+};
 }  // namespace
 
 Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfig& adamw,
@@ -28,8 +49,9 @@ Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfi
       options(ro),
       zero(ro.zero),
       gpt(config, seed,
-          model::StoreOptions{dp_group.size(), ro.zero < 3, ro.zero < 2 || ro.pipelined}, tp_ctx,
-          std::move(parts)),
+          model::StoreOptions{dp_group.size(), ro.zero < 3, ro.zero < 2 || ro.pipelined, ro.bf16,
+                              ro.zero < 3},
+          tp_ctx, std::move(parts)),
       layout(flat_layout(gpt)),
       shard(dp_group.rank(), dp_group.size(), layout.padded_elems) {
   model::ParamStore& ps = gpt.params();
@@ -45,9 +67,28 @@ Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfi
       ps.bind_values(first[u], first[u + 1], values->unit_values(u));
     // Layout independence: the shard draws its own elements of the global init.
     ps.initialize_range(seed, shard.lo(), shard.shard_elems, values->shard_values().f32());
-    if (grads) {
-      chain = std::make_unique<parallel::HookChain>(
-          std::vector<parallel::UnitHooks*>{values.get(), grads.get()});
+    std::vector<parallel::UnitHooks*> hooks{values.get()};
+    if (ro.bf16) {
+      const int U = layout.num_units();
+      bf16_slots.resize(4);
+      std::vector<int64_t> elems(4, 0);
+      for (int u = 0; u < U; ++u) {
+        int64_t& e = elems[static_cast<size_t>(parallel::UnitBuffers::slot_of(u, U))];
+        e = std::max(e, ps.bf16_elems(first[u], first[u + 1]));
+      }
+      for (size_t k = 0; k < elems.size(); ++k)
+        if (elems[k] > 0)
+          bf16_slots[k] = Tensor::zeros({elems[k]}, DType::kBF16, mem::Category::kParameters);
+      for (int u = 0; u < U; ++u)
+        if (ps.bf16_elems(first[u], first[u + 1]) > 0)
+          ps.bind_bf16(first[u], first[u + 1],
+                       bf16_slots[static_cast<size_t>(parallel::UnitBuffers::slot_of(u, U))]);
+      bf16_refresh = std::make_unique<Bf16Refresh>(ps, first);
+      hooks.push_back(bf16_refresh.get());
+    }
+    if (grads) hooks.push_back(grads.get());
+    if (hooks.size() > 1) {
+      chain = std::make_unique<parallel::HookChain>(hooks);
       gpt.set_hooks(chain.get());
     } else {
       gpt.set_hooks(values.get());
@@ -141,6 +182,19 @@ void Replica::optimizer_step(float lr) {
     Tensor& v = gpt.params().flat_values();
     dp.all_gather(comm::Buf(v.f32() + shard.lo(), shard.shard_elems), comm::Buf(v));
   }
+  // The working copy from the new master weights (ZeRO-3: at each unit's next gather).
+  if (options.bf16 && !values) gpt.params().refresh_bf16();
+}
+
+int64_t Replica::bf16_param_elems() const {
+  if (!options.bf16) return 0;
+  if (values) {
+    int64_t n = 0;
+    for (const Tensor& t : bf16_slots) n += t.defined() ? t.numel() : 0;
+    return n;
+  }
+  const model::ParamStore& ps = gpt.params();
+  return ps.bf16_elems(0, static_cast<int>(ps.params().size()));
 }
 
 void Replica::materialize_full() {
@@ -149,6 +203,13 @@ void Replica::materialize_full() {
   values->gather_all(full);
   gpt.set_hooks(nullptr);
   gpt.params().bind_values(0, layout.num_params(), full);
+  if (options.bf16) {  // a whole bf16 copy too, for any forward from here on
+    model::ParamStore& ps = gpt.params();
+    full_bf16 = Tensor::empty({ps.bf16_elems(0, layout.num_params())}, DType::kBF16,
+                              mem::Category::kParameters);
+    ps.bind_bf16(0, layout.num_params(), full_bf16);
+    ps.refresh_bf16();
+  }
 }
 
 }  // namespace mt::train

@@ -41,6 +41,10 @@ struct ReplicaOptions {
   // This rank's copy of the tied wte is counted once in the gradient norm, on the first
   // stage: the last stage (not also first) skips its copy.
   bool skip_tied_copy_in_norm = false;
+  // --dtype bf16: the GEMM weights get a bf16 working copy (docs/mixed_precision.md),
+  // refreshed after every optimizer step (ZeRO 0-2) or after every gather of a unit
+  // (ZeRO-3, into bf16 unit slots beside the f32 ones).
+  bool bf16 = false;
 };
 
 parallel::FlatLayout flat_layout(const model::Gpt& gpt);
@@ -88,6 +92,13 @@ struct Replica {
   // other than 0, the last stage's tied wte copy. Sorted, disjoint.
   std::vector<std::pair<int64_t, int64_t>> uncounted;
   std::unique_ptr<parallel::tp::ReplicatedGradSync> tp_sync;
+  // ZeRO-3 with bf16: the bf16 copies of the gathered units (one slot per f32 slot, as
+  // large as the GEMM weights of the largest unit it serves), and the hook that converts a
+  // unit's gathered values into them.
+  std::vector<Tensor> bf16_slots;
+  std::unique_ptr<parallel::UnitHooks> bf16_refresh;
+  Tensor full_bf16;                  // materialize_full's
+  int64_t bf16_param_elems() const;  // this rank's bf16 copy (full, or the ZeRO-3 slots)
 };
 
 }  // namespace mt::train
