@@ -11,6 +11,7 @@
 namespace mt::model {
 
 namespace {
+constexpr int64_t kMixedHeadRows = 256;  // see ensure_scratch
 Tensor acts(const Shape& s) { return Tensor::empty(s, DType::kF32, mem::Category::kActivations); }
 Param* maybe(ParamStore& s, const std::string& name) {
   const Param* p = s.find(name);
@@ -207,8 +208,11 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
     const int64_t N = B * T, C = config_.d_model, F = config_.d_ff / tp_.size;
     const int64_t widest = std::max({3 * C / tp_.size, C, F});
     mp_->x = Tensor::empty({N * std::max(C, F)}, DType::kBF16, mem::Category::kWorkspace);
-    mp_->dy = Tensor::empty({std::max(N * widest, config_.padded_vocab() / tp_.size)}, DType::kBF16,
-                            mem::Category::kWorkspace);
+    // The LM head's [N, Vp/t] output gradient goes through it in chunks of at least
+    // kMixedHeadRows rows: each chunk reads and writes the whole f32 d(wte), so tiny chunks
+    // (N·widest / Vp rows: 62 for Model M) made its backward slower than f32.
+    const int64_t head = std::min(N, kMixedHeadRows) * (config_.padded_vocab() / tp_.size);
+    mp_->dy = Tensor::empty({std::max(N * widest, head)}, DType::kBF16, mem::Category::kWorkspace);
   }
 }
 
