@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   mt::cli::register_simulate(app);
   mt::cli::register_calibrate(app);
   mt::cli::register_schedule(app);
+  mt::cli::register_checkpoint(app);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks of meshtrain itself");
   bench->require_subcommand(1);
   mt::cli::register_bench_kernels(*bench);

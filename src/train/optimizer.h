@@ -26,6 +26,7 @@ class AdamW {
   // The same on explicit buffers: values and grads point at flat element lo.
   void step(float lr, float* values, const float* grads);
   int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
   model::ParamStore& params() { return *params_; }
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }

@@ -26,6 +26,7 @@
 #include "parallel/pipeline/verify.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
+#include "train/checkpoint.h"
 #include "train/hf_export.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
@@ -88,6 +89,11 @@ void TrainOptions::validate() const {
   if (dtype != "f32" && dtype != "bf16")
     fail("--dtype '{}' is not a training precision (choose f32 or bf16)", dtype);
   if (steps < 1) fail("--steps {} must be at least 1", steps);
+  if (checkpoint_every < 0) fail("--checkpoint-every {} must be 0 or more", checkpoint_every);
+  if (keep_checkpoints < 0) fail("--keep {} must be 0 (all) or more", keep_checkpoints);
+  if (max_restarts < 0) fail("--max-restarts {} must be 0 or more", max_restarts);
+  if (checkpoint_dir.empty() && (checkpoint_every > 0 || resume == "auto" || max_restarts > 0))
+    fail("--checkpoint-every, --resume auto and --max-restarts need --checkpoint-dir DIR");
   if (!(lr > 0) || !std::isfinite(lr)) fail("--lr {} must be a positive number", lr);
   if (data.empty())
     fail("no training data: pass --data FILE.bin (make one with `meshtrain prepare`)");
@@ -358,6 +364,10 @@ void run_rank(Shared& sh, comm::Group& world) {
         data.train->num_samples()));
   }
 
+  // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
+  const ckpt::RankGroups groups{world, dp, tp_group, ppg};
+  const int64_t start_step = ckpt::resume(o, groups, rep, talk);
+
   RankRecord rec;
   rec.rank = world.rank();
   std::vector<StepRecord> steps;
@@ -377,7 +387,7 @@ void run_rank(Shared& sh, comm::Group& world) {
   int64_t dp_before = bytes_of(dp), tp_before = bytes_of(tp_group), pp_before = bytes_of(ppg);
   int64_t dp_sent_before = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
   const double run_t0 = now_s();
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = start_step; step < o.steps; ++step) {
     const double t0 = now_s();
     rep.begin_step();
     double loss_sum = 0, compute = 0;
@@ -437,7 +447,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     tp_before = tp_now;
     pp_before = pp_now;
     if (scalars) scalars->all_reduce(comm::Buf(job, 4));
-    if (step == 0) {
+    if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
     } else {
       st.compute_s += compute;
@@ -503,6 +513,10 @@ void run_rank(Shared& sh, comm::Group& world) {
       else
         progress.line(text);
     }
+    if (!o.checkpoint_dir.empty() &&
+        ((o.checkpoint_every > 0 && r.step % o.checkpoint_every == 0) || r.step == o.steps))
+      ckpt::save(o, groups, rep, r.step, talk);
+    ckpt::maybe_fault("step", r.step, world.rank());
   }
   rec.allocations_after_first_step = tracker.snapshot().allocations - allocations_after_step1;
   rec.memory = tracker.snapshot();
@@ -581,6 +595,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     res.steps = std::move(steps);
     res.val_losses = std::move(val_losses);
     res.padded_params = rep.layout.padded_elems;
+    res.start_step = start_step;
     res.gathered_param_elems = rep.values ? rep.values->pool_elems() : 0;
     res.gradient_pool_elems = rep.grads ? rep.grads->pool_elems() : 0;
     res.bf16_param_elems = rep.bf16_param_elems();
@@ -614,9 +629,26 @@ TrainResult run_training(const TrainOptions& o) {
     part = std::make_unique<parallel::pp::Partition>(make_partition(o, sched->num_chunks()));
   }
   const Splits data = make_splits(o);  // read-only, shared by the rank threads
-  Shared sh{o, data, rank_threads(o, kind), sched.get(), part.get(), {}, {}};
-  comm::launch(lo, [&](comm::Group& w) { run_rank(sh, w); });
-  return std::move(sh.result);
+  // --max-restarts (local backend; under mpirun a supervisor restarts the job): a run that
+  // fails (a dead rank, a timeout) starts again from the newest checkpoint.
+  TrainOptions run = o;
+  for (int attempt = 0;; ++attempt) {
+    Shared sh{run, data, rank_threads(o, kind), sched.get(), part.get(), {}, {}};
+    try {
+      comm::launch(lo, [&](comm::Group& w) { run_rank(sh, w); });
+    } catch (const Error& e) {
+      if (e.code() != ExitCode::kRunFailure || attempt >= o.max_restarts ||
+          kind == comm::BackendKind::kMpi)
+        throw;
+      fmt::print(stderr,
+                 "error: {}\nrestarting from the newest checkpoint in {} (restart {} of {})\n",
+                 e.what(), o.checkpoint_dir, attempt + 1, o.max_restarts);
+      run.resume = "auto";
+      continue;
+    }
+    sh.result.restarts = attempt;
+    return std::move(sh.result);
+  }
 }
 
 }  // namespace mt::train

@@ -53,6 +53,12 @@ struct TrainOptions {
   // neighbouring ranks (one host under mpirun's default mapping), pp slowest.
   std::string mesh_order = "pp,dp,tp";
   std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
+  // Checkpoints (train/checkpoint.h, docs/checkpoints.md).
+  std::string checkpoint_dir;    // "": none
+  int64_t checkpoint_every = 0;  // save every N steps (and after the last); 0: after the last
+  int keep_checkpoints = 3;      // the newest K stay; 0: all
+  std::string resume;            // "": no; "auto": newest valid in checkpoint_dir (or scratch)
+  int max_restarts = 0;          // local backend: re-run from the newest checkpoint on failure
 
   int world_size() const { return pipeline.pp * dp * tp; }
   // Sequences per forward/backward: --microbatch, else batch / dp (batch / (dp x
@@ -102,6 +108,8 @@ struct TrainResult {
   int64_t gradient_pool_elems = 0;          // ZeRO-2/3 gradient pool (unit buffers)
   int64_t bf16_param_elems = 0;             // --dtype bf16: rank 0's bf16 weight copy (or slots)
   std::vector<PipelineRankStats> pipeline;  // per world rank, with --pp > 1
+  int64_t start_step = 0;  // steps restored from a checkpoint (the last attempt's)
+  int restarts = 0;        // --max-restarts: attempts that failed before this one
 };
 
 TrainResult run_training(const TrainOptions& opts);

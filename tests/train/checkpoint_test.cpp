@@ -1,0 +1,243 @@
+// Distributed checkpoints (docs/checkpoints.md): the sharded save (index, atomic rename,
+// latest, keep K), exact resume in the same layout (bitwise), resharding into other
+// layouts (within the equivalence tolerance), damaged input, the offline reshard.
+#include "train/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "parallel/parallel3d_test_util.h"
+
+namespace mt::test {
+namespace {
+
+namespace fs = std::filesystem;
+using train::TrainOptions;
+using train::TrainResult;
+namespace ckpt = train::ckpt;
+
+fs::path fresh(const std::string& name) {
+  const fs::path d = dir3d() / name;
+  fs::remove_all(d);
+  return d;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s;
+}
+
+// 8 steps with a checkpoint every 4 (and after the last).
+TrainResult run_saving(const Layout3d& l, const fs::path& dir, int keep = 3) {
+  TrainOptions o = options3d(l, 8);
+  o.checkpoint_dir = dir.string();
+  o.checkpoint_every = 4;
+  o.keep_checkpoints = keep;
+  o.keep_final_params = true;
+  return train::run_training(o);
+}
+
+TrainResult run_resumed(const Layout3d& l, const fs::path& ckpt_dir) {
+  TrainOptions o = options3d(l, 8);
+  o.resume = ckpt_dir.string();
+  o.keep_final_params = true;
+  return train::run_training(o);
+}
+
+TEST(Checkpoint, Crc32cKnownValue) {
+  // RFC 3720 (iSCSI), B.4: CRC32C of "123456789" is 0xE3069283.
+  EXPECT_EQ(ckpt::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(ckpt::crc32c("6789", 4, ckpt::crc32c("12345", 5)), 0xE3069283u);
+}
+
+TEST(Checkpoint, SavesShardsIndexLatestAndKeepsK) {
+  const fs::path dir = fresh("save");
+  const Layout3d l{.dp = 2, .tp = 2, .pp = 2, .zero = 1};
+  run_saving(l, dir, /*keep=*/1);
+  // keep 1: only step 8 is left; no temporary directory.
+  EXPECT_EQ(ckpt::list_checkpoints(dir.string()),
+            std::vector<std::string>{(dir / "step-00000008").string()});
+  EXPECT_EQ(read_text(dir / "latest"), "step-00000008\n");
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  const ckpt::Index idx = ckpt::read_index((dir / "step-00000008").string());
+  EXPECT_EQ(idx.step, 8);
+  EXPECT_EQ(idx.adam_steps, 8);
+  EXPECT_EQ(idx.dp, 2);
+  EXPECT_EQ(idx.tp, 2);
+  EXPECT_EQ(idx.pp, 2);
+  // ZeRO-1: every one of the 8 ranks writes its shard.
+  EXPECT_EQ(idx.files.size(), 8u);
+  EXPECT_TRUE(ckpt::verify(idx).empty());
+  // Every element of every tensor is saved once: master + m + v, 4 bytes each, plus headers.
+  int64_t elems = 0;
+  for (const ckpt::Piece& p : idx.pieces) elems += p.elems();
+  model::GptConfig c = idx.config;
+  c.vocab_pad_multiple = model::tp_vocab_pad(2);
+  EXPECT_EQ(elems, model::count_params(model::gpt_param_specs(c)));
+  EXPECT_GT(idx.data_bytes(), elems * 12);
+}
+
+// Same layout: the continued run's losses and final weights are bitwise the uninterrupted
+// run's.
+class ExactResume : public ::testing::TestWithParam<Layout3d> {};
+
+TEST_P(ExactResume, BitwiseSameLossesAndWeights) {
+  const Layout3d l = GetParam();
+  const fs::path dir = fresh("exact_" + name_of(l));
+  const TrainResult full = run_saving(l, dir);
+  const TrainResult cont = run_resumed(l, dir / "step-00000004");
+  EXPECT_EQ(cont.start_step, 4);
+  ASSERT_EQ(cont.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(cont.steps[i].step, full.steps[i + 4].step);
+    EXPECT_EQ(cont.steps[i].loss, full.steps[i + 4].loss) << "step " << cont.steps[i].step;
+    EXPECT_EQ(cont.steps[i].grad_norm, full.steps[i + 4].grad_norm);
+  }
+  ASSERT_EQ(cont.ranks.size(), full.ranks.size());
+  for (size_t r = 0; r < full.ranks.size(); ++r)
+    EXPECT_TRUE(cont.ranks[r].final_params == full.ranks[r].final_params) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ExactResume,
+                         ::testing::Values(Layout3d{}, Layout3d{.dp = 2, .zero = 0},
+                                           Layout3d{.dp = 2, .zero = 3},
+                                           Layout3d{.dp = 2, .tp = 2, .pp = 2, .zero = 1},
+                                           Layout3d{.dp = 2, .tp = 2, .zero = 2, .sp = true}),
+                         [](const auto& info) { return name_of(info.param); });
+
+// Resharding: saved under dp2 tp2 pp2 ZeRO-1, continued under other layouts.
+class Reshard : public ::testing::TestWithParam<Layout3d> {};
+
+TEST_P(Reshard, ContinuesWithinTheEquivalenceTolerance) {
+  static const fs::path dir = fresh("reshard_src");
+  static const TrainResult full = run_saving({.dp = 2, .tp = 2, .pp = 2, .zero = 1}, dir);
+  const TrainResult cont = run_resumed(GetParam(), dir / "step-00000004");
+  ASSERT_EQ(cont.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    // 5e-5: the 3D equivalence tolerance of the loss (parallel3d_equiv_test: layouts differ
+    // from the single rank by summation order only, ~1e-6 on this model).
+    EXPECT_NEAR(cont.steps[i].loss, full.steps[i + 4].loss, 5e-5) << "step " << i + 5;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Reshard,
+                         ::testing::Values(Layout3d{}, Layout3d{.dp = 4, .zero = 3},
+                                           Layout3d{.tp = 2, .pp = 2},
+                                           Layout3d{.dp = 2, .tp = 4, .zero = 2},
+                                           Layout3d{.tp = 3, .pp = 2, .zero = 0}),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST(Checkpoint, OfflineReshardLoadsLikeTheOriginal) {
+  const fs::path src = fresh("offline_src"), out = fresh("offline_out");
+  const Layout3d saved{.dp = 2, .tp = 2, .zero = 3};
+  const TrainResult full = run_saving(saved, src);
+  const ckpt::Index idx = ckpt::read_index((src / "step-00000004").string());
+  TrainOptions target = options3d({.dp = 1, .tp = 1, .pp = 2}, 8);
+  EXPECT_EQ(ckpt::write_resharded(idx, ckpt::load_global(idx), target, out.string()), 2);
+  const ckpt::Index re = ckpt::read_index((out / "step-00000004").string());
+  EXPECT_TRUE(ckpt::verify(re).empty());
+  EXPECT_EQ(re.pp, 2);
+  const TrainResult cont = run_resumed({.pp = 2}, out / "step-00000004");
+  ASSERT_EQ(cont.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(cont.steps[i].loss, full.steps[i + 4].loss, 5e-5);  // as Reshard
+}
+
+// ---- damaged input --------------------------------------------------------------------
+
+void flip_byte(const fs::path& file, int64_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+std::string error_of(const TrainOptions& o) {
+  try {
+    train::run_training(o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct Damaged : ::testing::Test {
+  const Layout3d l{.dp = 2, .zero = 1};
+  fs::path dir;
+  TrainResult full;
+  void SetUp() override {
+    dir = fresh(std::string("damaged_") +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    full = run_saving(l, dir);
+  }
+  fs::path newest() const { return dir / "step-00000008"; }
+  fs::path shard1() const { return newest() / "rank-00001.safetensors"; }
+  TrainOptions resume(const std::string& what) const {
+    TrainOptions o = options3d(l, 8);
+    o.checkpoint_dir = dir.string();
+    o.resume = what;
+    return o;
+  }
+};
+
+TEST_F(Damaged, CorruptShardIsNamedAndAutoFallsBack) {
+  flip_byte(shard1(), static_cast<int64_t>(fs::file_size(shard1())) - 100);
+  const std::string e = error_of(resume(newest().string()));
+  EXPECT_NE(e.find("rank-00001.safetensors' is damaged"), std::string::npos) << e;
+  EXPECT_NE(e.find("checksum"), std::string::npos) << e;
+  // auto: step 8 is damaged, step 4 is used; the run continues from there.
+  TrainOptions o = resume("auto");
+  o.keep_final_params = true;
+  const TrainResult cont = train::run_training(o);
+  EXPECT_EQ(cont.start_step, 4);
+  ASSERT_EQ(cont.steps.size(), 4u);
+  EXPECT_EQ(cont.steps.back().loss, full.steps.back().loss);
+}
+
+TEST_F(Damaged, TruncatedShardIsNamed) {
+  fs::resize_file(shard1(), fs::file_size(shard1()) - 1000);
+  const std::string e = error_of(resume(newest().string()));
+  EXPECT_NE(e.find("rank-00001.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  EXPECT_EQ(train::run_training(resume("auto")).start_step, 4);
+}
+
+TEST_F(Damaged, MissingShardIsNamed) {
+  fs::remove(shard1());
+  const std::string e = error_of(resume(newest().string()));
+  EXPECT_NE(e.find("rank-00001.safetensors' is missing"), std::string::npos) << e;
+  EXPECT_EQ(train::run_training(resume("auto")).start_step, 4);
+}
+
+TEST_F(Damaged, CorruptIndexIsNamed) {
+  flip_byte(newest() / "index.json", 5);
+  const std::string e = error_of(resume(newest().string()));
+  EXPECT_NE(e.find("index.json"), std::string::npos) << e;
+  EXPECT_EQ(train::run_training(resume("auto")).start_step, 4);
+}
+
+TEST_F(Damaged, AnotherModelIsRefused) {
+  TrainOptions o = resume(newest().string());
+  o.model.n_layer = 2;
+  const std::string e = error_of(o);
+  EXPECT_NE(e.find("holds another model"), std::string::npos) << e;
+  // auto: no checkpoint in DIR fits, which is an error, not a silent fresh start.
+  o.resume = "auto";
+  EXPECT_NE(error_of(o).find("no loadable checkpoint"), std::string::npos);
+}
+
+TEST_F(Damaged, AutoWithAnEmptyDirectoryStartsFromScratch) {
+  TrainOptions o = resume("auto");
+  o.checkpoint_dir = fresh("damaged_empty").string();
+  EXPECT_EQ(train::run_training(o).start_step, 0);
+}
+
+}  // namespace
+}  // namespace mt::test
