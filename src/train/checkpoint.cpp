@@ -218,31 +218,42 @@ int64_t write_shard(const fs::path& path, std::vector<PieceData>& pieces,
   while ((text.size() + 8) % 8 != 0) text += ' ';
   const int64_t base = 8 + static_cast<int64_t>(text.size());
   for (size_t i = 0; i < pieces.size(); ++i)
-    for (int k = 0; k < kArrays; ++k) {
-      PieceData& p = pieces[i];
-      p.meta.offset_bytes[k] = base + rel[i * kArrays + k];
-      p.meta.crc[k] = crc32c(p.src[k], static_cast<size_t>(p.meta.elems()) * 4);
-    }
+    for (int k = 0; k < kArrays; ++k) pieces[i].meta.offset_bytes[k] = base + rel[i * kArrays + k];
   const std::string name = path.string();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail_run("cannot create checkpoint shard '{}': {}", name, std::strerror(errno));
   const uint64_t n = text.size();
   write_all(fd, &n, 8, name);
   write_all(fd, text.data(), static_cast<int64_t>(text.size()), name);
-  // Pieces adjacent in memory go out in one write.
+  // Pieces adjacent in memory go out in one write, in chunks of at most 64 MiB; each
+  // piece's checksum is taken just before (its bytes are then in cache), and the disk is
+  // told to start writing each chunk back at once (sync_file_range), so that the fsync at
+  // the end finds little left to do and the disk is busy from the first chunk on.
+  int64_t written = base;
+  constexpr int64_t kChunkElems = int64_t{16} << 20;
+  auto flush = [&](const float* start, int64_t len) {
+    for (int64_t at = 0; at < len; at += kChunkElems) {
+      const int64_t bytes = std::min(kChunkElems, len - at) * 4;
+      write_all(fd, start + at, bytes, name);
+      ::sync_file_range(fd, written, bytes, SYNC_FILE_RANGE_WRITE);
+      written += bytes;
+    }
+  };
+
   for (int k = 0; k < kArrays; ++k) {
     const float* start = nullptr;
     int64_t len = 0;
-    for (const PieceData& p : pieces) {
-      if (start && start + len == p.src[k]) {
+    for (PieceData& p : pieces) {
+      p.meta.crc[k] = crc32c(p.src[k], static_cast<size_t>(p.meta.elems()) * 4);
+      if (start && start + len == p.src[k] && len + p.meta.elems() <= kChunkElems) {
         len += p.meta.elems();
         continue;
       }
-      if (start) write_all(fd, start, len * 4, name);
+      if (start) flush(start, len);
       start = p.src[k];
       len = p.meta.elems();
     }
-    if (start) write_all(fd, start, len * 4, name);
+    if (start) flush(start, len);
   }
   if (::fsync(fd) != 0) fail_run("fsync of '{}' failed: {}", name, std::strerror(errno));
   ::close(fd);
@@ -609,46 +620,50 @@ void load_targets(const Index& idx, const std::vector<Target>& targets) {
       if (fd >= 0) ::close(fd);
   };
   try {
-    for (size_t pi = 0; pi < idx.pieces.size(); ++pi) {
-      const std::vector<Copy>& copies = by_piece[pi];
-      if (copies.empty()) continue;
-      const Piece& pc = idx.pieces[pi];
-      const FileInfo& f = idx.files[static_cast<size_t>(pc.file)];
-      const std::string path = (fs::path(idx.dir) / f.name).string();
-      int& fd = fds[static_cast<size_t>(pc.file)];
-      if (fd < 0) {
-        fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-          fail("checkpoint '{}': cannot open shard file '{}': {}", idx.dir, path,
-               std::strerror(errno));
-      }
-      const int64_t bytes = pc.elems() * 4;
-      for (int k = 0; k < kArrays; ++k) {
-        bool wanted = false;
-        for (const Copy& c : copies) wanted = wanted || c.dst[k];
-        if (!wanted) continue;
-        const bool direct =
-            copies.size() == 1 && copies[0].piece_off == 0 && copies[0].n == pc.elems();
-        float* buf = direct ? copies[0].dst[k] : nullptr;
-        if (!direct) {
-          if (staging.size() < static_cast<size_t>(pc.elems())) staging.resize(pc.elems());
-          buf = staging.data();
+    // Array by array, pieces in file order: each file is read front to back three times
+    // (sequential reads, which the kernel's readahead keeps ahead of us).
+    for (int k = 0; k < kArrays; ++k)
+      for (size_t pi = 0; pi < idx.pieces.size(); ++pi) {
+        const std::vector<Copy>& copies = by_piece[pi];
+        if (copies.empty()) continue;
+        const Piece& pc = idx.pieces[pi];
+        const FileInfo& f = idx.files[static_cast<size_t>(pc.file)];
+        const std::string path = (fs::path(idx.dir) / f.name).string();
+        int& fd = fds[static_cast<size_t>(pc.file)];
+        if (fd < 0) {
+          fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+          if (fd < 0)
+            fail("checkpoint '{}': cannot open shard file '{}': {}", idx.dir, path,
+                 std::strerror(errno));
+          ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         }
-        if (!read_at(fd, buf, bytes, pc.offset_bytes[k]))
-          fail("checkpoint '{}': shard file '{}' is truncated: {} of '{}' needs bytes [{}, {})",
-               idx.dir, path, kArrayNames[k], pc.tensor, pc.offset_bytes[k],
-               pc.offset_bytes[k] + bytes);
-        const uint32_t crc = crc32c(buf, static_cast<size_t>(bytes));
-        if (crc != pc.crc[k])
-          fail(
-              "checkpoint '{}': shard file '{}' is damaged: {} of '{}' (tp-local elements [{}, "
-              "{})) fails its checksum (CRC32C {:08x} in the index, {:08x} read)",
-              idx.dir, path, kArrayNames[k], pc.tensor, pc.local_lo, pc.local_hi, pc.crc[k], crc);
-        if (!direct)
-          for (const Copy& c : copies)
-            if (c.dst[k]) std::memcpy(c.dst[k], buf + c.piece_off, static_cast<size_t>(c.n) * 4);
+        const int64_t bytes = pc.elems() * 4;
+        {
+          bool wanted = false;
+          for (const Copy& c : copies) wanted = wanted || c.dst[k];
+          if (!wanted) continue;
+          const bool direct =
+              copies.size() == 1 && copies[0].piece_off == 0 && copies[0].n == pc.elems();
+          float* buf = direct ? copies[0].dst[k] : nullptr;
+          if (!direct) {
+            if (staging.size() < static_cast<size_t>(pc.elems())) staging.resize(pc.elems());
+            buf = staging.data();
+          }
+          if (!read_at(fd, buf, bytes, pc.offset_bytes[k]))
+            fail("checkpoint '{}': shard file '{}' is truncated: {} of '{}' needs bytes [{}, {})",
+                 idx.dir, path, kArrayNames[k], pc.tensor, pc.offset_bytes[k],
+                 pc.offset_bytes[k] + bytes);
+          const uint32_t crc = crc32c(buf, static_cast<size_t>(bytes));
+          if (crc != pc.crc[k])
+            fail(
+                "checkpoint '{}': shard file '{}' is damaged: {} of '{}' (tp-local elements [{}, "
+                "{})) fails its checksum (CRC32C {:08x} in the index, {:08x} read)",
+                idx.dir, path, kArrayNames[k], pc.tensor, pc.local_lo, pc.local_hi, pc.crc[k], crc);
+          if (!direct)
+            for (const Copy& c : copies)
+              if (c.dst[k]) std::memcpy(c.dst[k], buf + c.piece_off, static_cast<size_t>(c.n) * 4);
+        }
       }
-    }
   } catch (...) {
     close_all();
     throw;
