@@ -17,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "comm/group.h"
 #include "core/clock.h"
@@ -107,6 +108,39 @@ void write_all(int fd, const void* data, int64_t bytes, const std::string& path)
     p += n;
     bytes -= n;
   }
+}
+
+void pwrite_all(int fd, const void* data, int64_t bytes, int64_t offset, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n =
+        ::pwrite(fd, p, static_cast<size_t>(std::min<int64_t>(bytes, 1 << 30)), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_run("writing '{}' failed: {} (disk full?)", path, std::strerror(errno));
+    }
+    p += n;
+    bytes -= n;
+    offset += n;
+  }
+}
+
+// fn(k) for the three arrays at once, on threads of their own; the first error rethrown.
+template <typename Fn>
+void for_each_array(Fn fn) {
+  std::exception_ptr err[kArrays];
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kArrays; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        fn(k);
+      } catch (...) {
+        err[k] = std::current_exception();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : err)
+    if (e) std::rethrow_exception(e);
 }
 
 // Reads exactly `bytes` at `offset`; false when the file ends first.
@@ -225,22 +259,23 @@ int64_t write_shard(const fs::path& path, std::vector<PieceData>& pieces,
   const uint64_t n = text.size();
   write_all(fd, &n, 8, name);
   write_all(fd, text.data(), static_cast<int64_t>(text.size()), name);
-  // Pieces adjacent in memory go out in one write, in chunks of at most 64 MiB; each
+  // The three arrays are written at once, on three threads (their regions' offsets are
+  // known). Pieces adjacent in memory go out in one write, in chunks of at most 64 MiB; each
   // piece's checksum is taken just before (its bytes are then in cache), and the disk is
   // told to start writing each chunk back at once (sync_file_range), so that the fsync at
   // the end finds little left to do and the disk is busy from the first chunk on.
-  int64_t written = base;
   constexpr int64_t kChunkElems = int64_t{16} << 20;
-  auto flush = [&](const float* start, int64_t len) {
-    for (int64_t at = 0; at < len; at += kChunkElems) {
-      const int64_t bytes = std::min(kChunkElems, len - at) * 4;
-      write_all(fd, start + at, bytes, name);
-      ::sync_file_range(fd, written, bytes, SYNC_FILE_RANGE_WRITE);
-      written += bytes;
-    }
-  };
-
-  for (int k = 0; k < kArrays; ++k) {
+  for_each_array([&](int k) {
+    if (pieces.empty()) return;
+    int64_t written = pieces[0].meta.offset_bytes[k];
+    auto flush = [&](const float* start, int64_t len) {
+      for (int64_t at = 0; at < len; at += kChunkElems) {
+        const int64_t bytes = std::min(kChunkElems, len - at) * 4;
+        pwrite_all(fd, start + at, bytes, written, name);
+        ::sync_file_range(fd, written, bytes, SYNC_FILE_RANGE_WRITE);
+        written += bytes;
+      }
+    };
     const float* start = nullptr;
     int64_t len = 0;
     for (PieceData& p : pieces) {
@@ -254,7 +289,7 @@ int64_t write_shard(const fs::path& path, std::vector<PieceData>& pieces,
       len = p.meta.elems();
     }
     if (start) flush(start, len);
-  }
+  });
   if (::fsync(fd) != 0) fail_run("fsync of '{}' failed: {}", name, std::strerror(errno));
   ::close(fd);
   return base + off;
@@ -612,58 +647,62 @@ void load_targets(const Index& idx, const std::vector<Target>& targets) {
   }
 
   // Read each needed piece once (straight into the destination when it is all of it),
-  // check its checksum, scatter.
+  // check its checksum, scatter. The three arrays on three threads, each going through
+  // the pieces in file order: three sequential streams, which the kernel's readahead keeps
+  // ahead of us while we checksum (one stream leaves the disk idle meanwhile).
   std::vector<int> fds(idx.files.size(), -1);
-  std::vector<float> staging;
   auto close_all = [&] {
     for (int fd : fds)
       if (fd >= 0) ::close(fd);
   };
   try {
-    // Array by array, pieces in file order: each file is read front to back three times
-    // (sequential reads, which the kernel's readahead keeps ahead of us).
-    for (int k = 0; k < kArrays; ++k)
+    for (size_t pi = 0; pi < idx.pieces.size(); ++pi) {
+      if (by_piece[pi].empty()) continue;
+      const int file = idx.pieces[pi].file;
+      if (fds[static_cast<size_t>(file)] >= 0) continue;
+      const std::string path =
+          (fs::path(idx.dir) / idx.files[static_cast<size_t>(file)].name).string();
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0)
+        fail("checkpoint '{}': cannot open shard file '{}': {}", idx.dir, path,
+             std::strerror(errno));
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+      fds[static_cast<size_t>(file)] = fd;
+    }
+    for_each_array([&](int k) {
+      std::vector<float> staging;
       for (size_t pi = 0; pi < idx.pieces.size(); ++pi) {
         const std::vector<Copy>& copies = by_piece[pi];
-        if (copies.empty()) continue;
+        bool wanted = false;
+        for (const Copy& c : copies) wanted = wanted || c.dst[k];
+        if (!wanted) continue;
         const Piece& pc = idx.pieces[pi];
-        const FileInfo& f = idx.files[static_cast<size_t>(pc.file)];
-        const std::string path = (fs::path(idx.dir) / f.name).string();
-        int& fd = fds[static_cast<size_t>(pc.file)];
-        if (fd < 0) {
-          fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-          if (fd < 0)
-            fail("checkpoint '{}': cannot open shard file '{}': {}", idx.dir, path,
-                 std::strerror(errno));
-          ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-        }
+        const std::string path =
+            (fs::path(idx.dir) / idx.files[static_cast<size_t>(pc.file)].name).string();
+        const int fd = fds[static_cast<size_t>(pc.file)];
         const int64_t bytes = pc.elems() * 4;
-        {
-          bool wanted = false;
-          for (const Copy& c : copies) wanted = wanted || c.dst[k];
-          if (!wanted) continue;
-          const bool direct =
-              copies.size() == 1 && copies[0].piece_off == 0 && copies[0].n == pc.elems();
-          float* buf = direct ? copies[0].dst[k] : nullptr;
-          if (!direct) {
-            if (staging.size() < static_cast<size_t>(pc.elems())) staging.resize(pc.elems());
-            buf = staging.data();
-          }
-          if (!read_at(fd, buf, bytes, pc.offset_bytes[k]))
-            fail("checkpoint '{}': shard file '{}' is truncated: {} of '{}' needs bytes [{}, {})",
-                 idx.dir, path, kArrayNames[k], pc.tensor, pc.offset_bytes[k],
-                 pc.offset_bytes[k] + bytes);
-          const uint32_t crc = crc32c(buf, static_cast<size_t>(bytes));
-          if (crc != pc.crc[k])
-            fail(
-                "checkpoint '{}': shard file '{}' is damaged: {} of '{}' (tp-local elements [{}, "
-                "{})) fails its checksum (CRC32C {:08x} in the index, {:08x} read)",
-                idx.dir, path, kArrayNames[k], pc.tensor, pc.local_lo, pc.local_hi, pc.crc[k], crc);
-          if (!direct)
-            for (const Copy& c : copies)
-              if (c.dst[k]) std::memcpy(c.dst[k], buf + c.piece_off, static_cast<size_t>(c.n) * 4);
+        const bool direct =
+            copies.size() == 1 && copies[0].piece_off == 0 && copies[0].n == pc.elems();
+        float* buf = direct ? copies[0].dst[k] : nullptr;
+        if (!direct) {
+          if (staging.size() < static_cast<size_t>(pc.elems())) staging.resize(pc.elems());
+          buf = staging.data();
         }
+        if (!read_at(fd, buf, bytes, pc.offset_bytes[k]))
+          fail("checkpoint '{}': shard file '{}' is truncated: {} of '{}' needs bytes [{}, {})",
+               idx.dir, path, kArrayNames[k], pc.tensor, pc.offset_bytes[k],
+               pc.offset_bytes[k] + bytes);
+        const uint32_t crc = crc32c(buf, static_cast<size_t>(bytes));
+        if (crc != pc.crc[k])
+          fail(
+              "checkpoint '{}': shard file '{}' is damaged: {} of '{}' (tp-local elements [{}, "
+              "{})) fails its checksum (CRC32C {:08x} in the index, {:08x} read)",
+              idx.dir, path, kArrayNames[k], pc.tensor, pc.local_lo, pc.local_hi, pc.crc[k], crc);
+        if (!direct)
+          for (const Copy& c : copies)
+            if (c.dst[k]) std::memcpy(c.dst[k], buf + c.piece_off, static_cast<size_t>(c.n) * 4);
       }
+    });
   } catch (...) {
     close_all();
     throw;
