@@ -17,12 +17,10 @@ namespace {
 
 double rel(double diff, double ref) { return ref != 0 ? diff / std::abs(ref) : diff; }
 
-// The per-forward microbatch of a layout: --microbatch (or batch / dp) without a pipeline,
-// batch / (dp x microbatches) with one (the pipeline runner's rule).
+// The per-forward microbatch of a layout: --microbatch, else batch / dp, or
+// batch / (dp x microbatches) with a pipeline.
 int64_t forward_microbatch(const TrainOptions& o) {
-  if (o.pipeline.pp == 1) return o.microbatch_size();
-  const int m = o.pipeline.microbatches > 0 ? o.pipeline.microbatches : o.pipeline.pp;
-  return std::max<int64_t>(1, o.batch / (static_cast<int64_t>(o.dp) * m));
+  return std::max<int64_t>(1, o.microbatch_size());
 }
 
 // A folder of its own under the system temporary folder, removed with everything in it.
@@ -40,24 +38,6 @@ struct TempDir {
     std::filesystem::remove_all(path, ec);
   }
 };
-
-// Runs `o`, exporting its final weights to `path`. Until --export composes with --pp
-// (issue 7) the pipeline runner refuses it before any work; then the run goes on without
-// export and `exported` says so (the parameters are not compared).
-TrainResult run_exporting(TrainOptions o, const std::string& path, bool& exported) {
-  o.export_path = path;
-  exported = true;
-  try {
-    return run_training(o);
-  } catch (const Error& e) {
-    const bool pp_refused_export = o.pipeline.pp > 1 && e.code() == ExitCode::kBadInput &&
-                                   std::string_view(e.what()).starts_with("--export with --pp");
-    if (!pp_refused_export) throw;
-  }
-  o.export_path.clear();
-  exported = false;
-  return run_training(o);
-}
 
 void refuse_mpi(const TrainOptions& o) {
   if (o.backend == "mpi")
@@ -194,15 +174,15 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   const std::string oracle_path = (dir.path / "oracle.safetensors").string();
   VerifyReport report;
   report.tol = tol;
-  bool exported = false;
-  // The layout first: its pipeline-specific refusals come before any work.
-  const TrainResult b = run_exporting(layout, layout_path, exported);
+  // The layout first: its refusals come before any work.
+  TrainOptions layout_exporting = layout;
+  layout_exporting.export_path = layout_path;
+  const TrainResult b = run_training(layout_exporting);
   TrainOptions oracle_exporting = oracle;
   oracle_exporting.export_path = oracle_path;
   const TrainResult a = run_training(oracle_exporting);
   report.steps = compare_steps(a, b);
-  if (exported)
-    report.params = compare_params(read_safetensors(oracle_path), read_safetensors(layout_path));
+  report.params = compare_params(read_safetensors(oracle_path), read_safetensors(layout_path));
   return report;
 }
 
