@@ -21,6 +21,7 @@ struct VerifyFlags {
   train::VerifyTolerances tol;
   bool json = false;
   int64_t layout_seed = -1;  // testing only (hidden): the layout trains from another seed
+  bool loss_given = false, norm_given = false, param_given = false;
 };
 
 void check_tolerance(const char* flag, double v) {
@@ -115,8 +116,15 @@ void run(const VerifyFlags& f) {
   layout.steps = 20;  // verify's default (a flag or the config file wins)
   f.run.apply_to(layout);
   const train::TrainOptions oracle = train::oracle_options(layout);
+  train::VerifyTolerances tol = f.tol;
+  if (layout.dtype == "bf16") {  // bf16 defaults, unless given (docs/verify.md)
+    const train::VerifyTolerances bf16 = train::VerifyTolerances::bf16();
+    if (!f.loss_given) tol.loss_rel = bf16.loss_rel;
+    if (!f.norm_given) tol.grad_norm_rel = bf16.grad_norm_rel;
+    if (!f.param_given) tol.param_abs = bf16.param_abs;
+  }
   if (f.layout_seed >= 0) layout.seed = static_cast<uint64_t>(f.layout_seed);
-  const train::VerifyReport r = train::run_verify(layout, oracle, f.tol);
+  const train::VerifyReport r = train::run_verify(layout, oracle, tol);
   // Human output goes to stderr when stdout carries the JSON.
   print_table(f.json ? stderr : stdout, layout, oracle, r);
   if (f.json) std::printf("%s\n", to_json(layout, r).dump(2).c_str());
@@ -134,8 +142,8 @@ void register_verify(CLI::App& app) {
       "run a layout and the single-rank oracle on the same config, seed and data; compare "
       "loss and grad norm step by step and the final parameters; PASS (exit 0) or FAIL (exit "
       "1); --steps defaults to 20. Default tolerances (f32): 10-20x the worst difference measured "
-      "on `tiny` over 20 "
-      "steps across dp/ZeRO/tp/sp/pp layouts (docs/verify.md)");
+      "on `tiny` over 20 steps across dp/ZeRO/tp/sp/pp layouts; with --dtype bf16 (the oracle "
+      "in bf16 too): loss 1e-3, norm 5e-3, parameters 2e-2 (docs/verify.md)");
   f->run.add_to(*cmd);
   cmd->add_option("--tol-loss", f->tol.loss_rel,
                   "largest relative loss difference at any step (worst measured: 1.4e-7)")
@@ -150,7 +158,12 @@ void register_verify(CLI::App& app) {
   // Testing only: makes the layout train from another seed, so a test can see verify fail
   // for a real divergence. Not listed in --help.
   cmd->add_option("--layout-seed", f->layout_seed)->group("");
-  cmd->callback([f] { run(*f); });
+  cmd->callback([f, cmd] {
+    f->loss_given = cmd->count("--tol-loss") > 0;
+    f->norm_given = cmd->count("--tol-norm") > 0;
+    f->param_given = cmd->count("--tol-param") > 0;
+    run(*f);
+  });
 }
 
 }  // namespace mt::cli

@@ -32,6 +32,22 @@ TEST(VerifyCli, DataParallelPasses) {
   EXPECT_NE(r.output.find("\nPASS\n"), std::string::npos) << r.output;
 }
 
+// A 3D layout (dp 2 x tp 2 x pp 2 with ZeRO-3 and recomputation), in f32 and in bf16 (the
+// oracle in bf16 too, with the bf16 default tolerances; a 0 tolerance still fails).
+TEST(VerifyCli, ThreeDimensionalLayoutPassesInF32AndBf16) {
+  const std::string layout =
+      " --dp 2 --tp 2 --pp 2 --zero 3 --microbatches 2 "
+      "--recompute full";
+  const RunResult f32 = run_meshtrain(small_verify() + layout);
+  EXPECT_EQ(f32.exit_code, 0) << f32.output;
+  EXPECT_NE(f32.output.find("pp 2 (1f1b, 2 microbatches)"), std::string::npos) << f32.output;
+  const RunResult bf16 = run_meshtrain(small_verify() + layout + " --dtype bf16");
+  EXPECT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_NE(bf16.output.find("(tolerance 1e-03)"), std::string::npos) << bf16.output;
+  const RunResult strict = run_meshtrain(small_verify() + layout + " --dtype bf16 --tol-param 0");
+  EXPECT_EQ(strict.exit_code, 1) << strict.output;
+}
+
 // --json: one document on stdout (the table goes to stderr), one row per step.
 TEST(VerifyCli, TensorParallelWithSpPassesAsJson) {
   const auto out = scratch_dir("verify-json") / "out.json";
