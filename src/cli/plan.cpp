@@ -223,9 +223,12 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   return c;
 }
 
-void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit) {
+void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
+              bool megatron_2021) {
   const plan::Job j = f.job();
-  const plan::SearchResult s = plan::search(j, f.pins(), top);
+  plan::SearchPins pins = f.pins();
+  pins.megatron_2021 = megatron_2021;
+  const plan::SearchResult s = plan::search(j, pins, top);
   FILE* human = f.json ? stderr : stdout;
   std::fprintf(human, "%s\n",
                fmt::format("plan: {} ({:.3g}B parameters) on {} x {} ({}), batch {} x seq {}, "
@@ -279,14 +282,18 @@ void register_plan(CLI::App& app) {
   auto f = std::make_shared<PlanFlags>();
   auto top = std::make_shared<int>(10);
   auto emit = std::make_shared<std::optional<std::string>>();
+  auto megatron_2021 = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand(
       "plan", "search the layouts of a model on a cluster: step time, MFU, memory per GPU");
   f->add_to(*cmd);
   cmd->add_option("--top", *top, "layouts to print (default 10)");
   cmd->add_option("--emit-config", *emit, "write the best layout as a `train --config` file");
-  cmd->callback([f, top, emit] {
+  cmd->add_flag("--megatron-2021", *megatron_2021,
+                "search only what Megatron-LM did in 2021 (no ZeRO, no SP, pp divides n_layer, "
+                "interleaving with pp > 2, gradients reduced after the flush when pp > 1)");
+  cmd->callback([f, top, emit, megatron_2021] {
     if (*top < 1) fail("--top {} must be at least 1", *top);
-    run_plan(*f, *top, *emit);
+    run_plan(*f, *top, *emit, *megatron_2021);
   });
 }
 

@@ -250,7 +250,9 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
                V = m.vocab, wb = weight_bytes(j);
   MemoryBytes worst;
   for (int r = 0; r < l.pp; ++r) {
-    MemoryBytes mb = zero_model_states(stage_params(j, l, r), l.dp, l.zero, j.dtype);
+    const double psi_r = stage_params(j, l, r);
+    MemoryBytes mb = zero_model_states(psi_r, l.dp, l.zero, j.dtype);
+    if (mixed(j)) mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp : 1);
     double act = flight[r] * lpc * act_layer;
     if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
       act += layer_activation_bytes(j, l, Recompute::kNone);
@@ -446,7 +448,8 @@ SearchResult search(const Job& j, const SearchPins& pins, int top_k) {
   for (int t = 1; t <= j.cluster.gpus_per_node; t *= 2) tps.push_back(t);
   // Stages: the divisors of n_layer (even split) and the powers of two up to it (uneven).
   for (int p = 1; p <= m.n_layer; ++p)
-    if (j.gpus % p == 0 && (m.n_layer % p == 0 || (p & (p - 1)) == 0)) pps.push_back(p);
+    if (j.gpus % p == 0 && (m.n_layer % p == 0 || ((p & (p - 1)) == 0 && !pins.megatron_2021)))
+      pps.push_back(p);
   if (pins.tp) tps = {*pins.tp};
   if (pins.pp) pps = {*pins.pp};
   const int cp = pins.cp.value_or(1);
@@ -481,13 +484,16 @@ SearchResult search(const Job& j, const SearchPins& pins, int top_k) {
       if (pp > 1)
         for (int v : divisors(m.n_layer / pp))
           if (v > 1 && v <= 16 && m.n_layer % (int64_t(pp) * v) == 0) vs.push_back(v);
+      if (pins.megatron_2021 && pp <= 2) vs = {1};
       if (pins.virtual_stages) vs = {*pins.virtual_stages};
       std::vector<int64_t> mbss;
       for (int64_t b = 1; b <= 64; b *= 2) mbss.push_back(b);
       if (pins.microbatch) mbss = {*pins.microbatch};
       std::vector<int> zeros = {0, 1, 2, 3};
+      if (pins.megatron_2021) zeros = {0};
       if (pins.zero) zeros = {*pins.zero};
       std::vector<bool> sps = {false, true};
+      if (pins.megatron_2021) sps = {false};
       if (pins.sp) sps = {*pins.sp};
       for (int v : vs)
         for (int64_t mbs : mbss)
@@ -504,6 +510,7 @@ SearchResult search(const Job& j, const SearchPins& pins, int top_k) {
                 l.zero = z;
                 l.recompute = rc;
                 l.sp = sp;
+                l.dp_overlap = pins.dp_overlap.value_or(!pins.megatron_2021 || pp == 1);
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
                 if (dp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0

@@ -4,6 +4,7 @@
 // docs/planner.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,7 +41,15 @@ struct Job {
 
 struct MemoryBytes {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, communication = 0;
-  double total() const { return parameters + gradients + optimizer + activations + communication; }
+  // Mixed precision: the fp32 copy of the (local shard's) gradients the optimizer step
+  // reads (Megatron-LM's `main_param.grad = main_grad.float()`, DeepSpeed's fp32 partition
+  // gradient). It exists only at the step, after backward freed the activations and the
+  // p2p buffers, so the peak is the larger of the two phases (docs/planner.md).
+  double step_gradients_f32 = 0;
+  double states() const { return parameters + gradients + optimizer; }
+  double total() const {
+    return states() + std::max(activations + communication, step_gradients_f32);
+  }
 };
 
 struct Estimate {
@@ -77,6 +86,17 @@ struct SearchPins {
   std::optional<Recompute> recompute;
   std::optional<bool> sp;
   std::optional<std::string> schedule;
+  // Gradient reduction overlapped with backward (PyTorch DDP) or after it (Megatron's
+  // "local" DDP); unset: overlapped (megatron_2021: only without pipelining).
+  std::optional<bool> dp_overlap;
+  // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
+  // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
+  // (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved schedule only with
+  // more than 2 stages ("pipeline-model-parallel size should be greater than 2 with
+  // interleaved schedule"); the gradient reduction overlapped with backward only without
+  // pipelining (torch DDP's no_sync exists only in forward_backward_no_pipelining; with
+  // pp > 1 the reduction runs after the flush, DDP=local).
+  bool megatron_2021 = false;
 };
 
 struct SearchResult {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <set>
+#include <string>
 
 namespace mt::plan {
 namespace {
@@ -138,38 +139,65 @@ TEST(PlanTime, NarayananTable1) {
   EXPECT_LE(worst, 0.10);  // no row over 10%
 }
 
+// Distinct (T, P) pairs of a search, best first, with the best estimate of each.
+std::vector<Estimate> best_per_tp_pp(const SearchResult& s) {
+  std::vector<Estimate> out;
+  for (const Estimate& e : s.top) {
+    bool seen = false;
+    for (const Estimate& o : out) seen |= o.layout.tp == e.layout.tp && o.layout.pp == e.layout.pp;
+    if (!seen) out.push_back(e);
+  }
+  return out;
+}
+
+void print_breakdown(const char* what, const Estimate& e) {
+  const auto& l = e.layout;
+  fmt::print(
+      "  {:<6} T{} P{} D{} v{} mb{} m{}: step {:.2f} s = pipeline {:.2f} (fwd {:.2f} bwd {:.2f}, "
+      "of which TP {:.2f}; p2p {:.2f}; bubble {:.1f}%) + DP exposed {:.2f} + optimizer {:.2f}; "
+      "{:.1f} GB\n",
+      what, l.tp, l.pp, l.dp, l.virtual_stages, l.microbatch, e.microbatches, e.step_time_s,
+      e.pipeline_s, e.forward_s, e.backward_s, e.tp_comm_s, e.pp_comm_s, 100 * e.bubble_fraction,
+      e.dp_exposed_s, e.optimizer_s, e.memory.total() / 1e9);
+}
+
 TEST(PlanSearch, Table1TensorPipelineInTopThree) {
-  // Given each row's model, GPU count and batch (fp16, seq 2048) and the software of 2021
-  // (no ZeRO, no sequence parallelism, full recomputation, gradients reduced after
-  // backward: pinned), the search over T, P, v and the microbatch ranks the paper's (T, P)
-  // among its top 3 distinct (T, P) pairs.
-  SearchPins pins;
-  pins.zero = 0;
-  pins.sp = false;
-  pins.recompute = Recompute::kFull;
+  // Given each row's model, GPU count and batch (fp16, seq 2048, full recomputation as the
+  // paper ran) and only what Megatron-LM could do in 2021 (SearchPins::megatron_2021: no
+  // ZeRO, no SP, pp divides n_layer, interleaving with pp > 2, gradients reduced after the
+  // flush when pp > 1), the search over T, P, v and the microbatch ranks the paper's (T, P)
+  // among its top 3 distinct (T, P) pairs. 18B and 39B do not: the model finds T = 2 with an
+  // interleaved pipeline 13-15% faster than T = 8, from the 2021 tensor parallelism's
+  // replicated layer-norm/dropout traffic and all-reduces (docs/planner.md, "Search vs the
+  // paper's (T, P)"); the test pins exactly those two as the known misses.
+  const std::set<std::string> known_misses = {"megatron-18b", "megatron-39b"};
   int in_top3 = 0;
   for (const Row& r : kTable1) {
+    SearchPins pins;
+    pins.megatron_2021 = true;
+    pins.recompute = Recompute::kFull;
     const Job j = table1_job(r);
-    const SearchResult s = search(j, pins, 60);
-    std::vector<std::pair<int, int>> pairs;
-    for (const Estimate& e : s.top) {
-      std::pair<int, int> tp{e.layout.tp, e.layout.pp};
-      if (std::find(pairs.begin(), pairs.end(), tp) == pairs.end()) pairs.push_back(tp);
-    }
+    const SearchResult s = search(j, pins, 400);
+    const std::vector<Estimate> pairs = best_per_tp_pp(s);
+    int rank = 0;
+    for (size_t i = 0; i < pairs.size() && !rank; ++i)
+      if (pairs[i].layout.tp == r.tp && pairs[i].layout.pp == r.pp) rank = int(i) + 1;
     std::string got;
     for (size_t i = 0; i < std::min<size_t>(3, pairs.size()); ++i)
-      got += fmt::format(" ({},{})", pairs[i].first, pairs[i].second);
-    fmt::print("{:<15} paper ({},{}) search top (T,P):{}  [{:.2f} s, {} layouts]\n", r.model, r.tp,
-               r.pp, got, s.search_s, s.considered);
-    auto it = std::find(pairs.begin(), pairs.end(), std::pair{r.tp, r.pp});
-    const bool ok = it != pairs.end() && it - pairs.begin() < 3;
+      got += fmt::format(" ({},{}) {:.2f}s", pairs[i].layout.tp, pairs[i].layout.pp,
+                         pairs[i].step_time_s);
+    fmt::print("{:<15} paper ({},{}) rank {} of {} | top:{}  [{:.2f} s, {} layouts]\n", r.model,
+               r.tp, r.pp, rank, pairs.size(), got, s.search_s, s.considered);
+    const bool ok = rank >= 1 && rank <= 3;
+    if (!ok) {
+      print_breakdown("best", pairs.front());
+      if (rank) print_breakdown("paper", pairs[size_t(rank - 1)]);
+    }
     in_top3 += ok;
-    if (!ok) fmt::print("  -> the paper's (T, P) is not in the top 3 (docs/planner.md)\n");
+    EXPECT_EQ(ok, !known_misses.count(r.model)) << r.model << " rank " << rank;
   }
-  // The issue asks for all 10 rows; the model prefers less TP and more (interleaved) PP for
-  // 7.5B-39B (docs/planner.md, "Known gaps"). This pins what holds today.
   fmt::print("paper's (T, P) in the top 3: {} of 10 rows\n", in_top3);
-  EXPECT_GE(in_top3, 7);
+  EXPECT_EQ(in_top3, 8);
 }
 
 TEST(PlanSearch, SixteenThousandGpusUnderFiveSeconds) {
