@@ -150,6 +150,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"optimizer", m.optimizer},
             {"activations", m.activations},
             {"communication", m.communication},
+            {"step_gradients_f32", m.step_gradients_f32},
             {"total", m.total()}}},
           {"worst_stage", e.worst_stage},
           {"in_flight", e.in_flight},

@@ -96,9 +96,11 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace) {
   text += fmt::format(
       "memory per GPU (worst: pp rank {}, {} microbatch-chunks in flight):\n"
       "  parameters {:.3f} GB, gradients {:.3f} GB, optimizer {:.3f} GB, activations {:.3f} "
-      "GB, communication {:.3f} GB: total {:.3f} GB of {:.1f} GB{}\n",
+      "GB, communication {:.3f} GB; at the optimizer step (activations freed) fp32 gradients "
+      "{:.3f} GB: peak {:.3f} GB of {:.1f} GB{}\n",
       e.worst_stage, e.in_flight, m.parameters / gb, m.gradients / gb, m.optimizer / gb,
-      m.activations / gb, m.communication / gb, m.total() / gb, j.cluster.gpu.hbm_bytes / gb,
+      m.activations / gb, m.communication / gb, m.step_gradients_f32 / gb, m.total() / gb,
+      j.cluster.gpu.hbm_bytes / gb,
       m.total() > j.cluster.gpu.hbm_bytes ? "  (DOES NOT FIT)" : "");
   text += fmt::format(
       "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + exposed dp {:.4g} s + "

@@ -43,6 +43,24 @@ TEST(PlanCli, PlanJsonHasTheKeysAndHonoursPins) {
   EXPECT_TRUE(j.contains("dropped"));
 }
 
+TEST(PlanCli, Megatron2021SearchesOnlyWhatThatSoftwareCouldDo) {
+  // --megatron-2021 (docs/planner.md): no ZeRO, no SP, pp divides n_layer (48), the
+  // interleaved schedule only with pp > 2.
+  auto j = run_json(
+      "plan --model megatron-39b --cluster dgx-a100 --gpus 512 --batch 1536 --dtype fp16 "
+      "--recompute full --megatron-2021 --top 40 --json");
+  ASSERT_FALSE(j["layouts"].empty());
+  for (const auto& l : j["layouts"]) {
+    EXPECT_EQ(l["zero"], 0);
+    EXPECT_EQ(l["sp"], false);
+    EXPECT_EQ(48 % l["pp"].get<int>(), 0) << l["pp"];
+    if (l["virtual_stages"].get<int>() > 1) {
+      EXPECT_GT(l["pp"].get<int>(), 2);
+    }
+    EXPECT_TRUE(l["memory_bytes_per_gpu"].contains("step_gradients_f32"));
+  }
+}
+
 TEST(PlanCli, ShapeFlagsOverrideThePreset) {
   auto j = run_json(
       "plan --model gpt2-124m --n-layer 6 --d-model 512 --n-head 8 --cluster "
