@@ -479,6 +479,7 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
     const json& t = j.at("trainer");
     idx.adam_steps = t.at("adam_steps").get<int64_t>();
     idx.seed = t.at("seed").get<uint64_t>();
+    idx.batch = t.value("batch", int64_t{0});
     const json& c = j.at("config");
     idx.config.name = c.at("name").get<std::string>();
     idx.config.n_layer = c.at("n_layer").get<int64_t>();
@@ -865,6 +866,12 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
     int64_t bytes = 0;
     try {
       const Index idx = read_index(cands[i], &o.model);
+      if (idx.batch > 0 && idx.batch != o.batch)
+        fail(
+            "checkpoint '{}' was trained with --batch {} and this run asks for --batch {}: the "
+            "data position (step x batch samples) would not continue where it stopped (resume "
+            "with --batch {}, or start a new run in another --checkpoint-dir)",
+            cands[i], idx.batch, o.batch, idx.batch);
       const std::vector<Target> targets = replica_targets(rep);
       for (const Target& t : targets) bytes += (t.hi - t.lo) * 4 * kArrays;
       load_targets(idx, targets);

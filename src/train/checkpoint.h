@@ -66,6 +66,7 @@ struct Index {
   int64_t step = 0;
   int64_t adam_steps = 0;
   uint64_t seed = 0;
+  int64_t batch = 0;  // the global batch it was trained with (0: not recorded)
   model::GptConfig config;
   std::string layout_text;  // "dp 2 tp 2 pp 2 zero 1" (informative)
   int dp = 1, tp = 1, pp = 1, zero = 0;

@@ -233,6 +233,15 @@ TEST_F(Damaged, AnotherModelIsRefused) {
   EXPECT_NE(error_of(o).find("no loadable checkpoint"), std::string::npos);
 }
 
+TEST_F(Damaged, AnotherGlobalBatchIsRefused) {
+  TrainOptions o = resume(newest().string());
+  o.batch = 32;  // step x batch would no longer be the data position
+  const std::string e = error_of(o);
+  EXPECT_NE(e.find("was trained with --batch 16 and this run asks for --batch 32"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(Damaged, AutoWithAnEmptyDirectoryStartsFromScratch) {
   TrainOptions o = resume("auto");
   o.checkpoint_dir = fresh("damaged_empty").string();
