@@ -7,12 +7,12 @@ namespace mt::cli {
 namespace {
 
 const std::vector<std::string> kConfigKeys = {
-    "model",    "n_layer",      "n_head",     "d_model",      "d_ff",       "vocab",
-    "seq",      "bias",         "tied",       "batch",        "microbatch", "steps",
-    "lr",       "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
-    "data",     "val_data",     "eval_every", "eval_batches", "threads",    "dp",
-    "zero",     "bucket_mb",    "backend",    "tp",           "sp",         "mesh_order",
-    "recompute"};
+    "model",     "n_layer",      "n_head",     "d_model",      "d_ff",       "vocab",
+    "seq",       "bias",         "tied",       "batch",        "microbatch", "steps",
+    "lr",        "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
+    "data",      "val_data",     "eval_every", "eval_batches", "threads",    "dp",
+    "zero",      "bucket_mb",    "backend",    "tp",           "sp",         "mesh_order",
+    "recompute", "dtype"};
 
 }  // namespace
 
@@ -103,11 +103,11 @@ void TrainFlags::apply_to(train::TrainOptions& o) const {
     take("backend", o.backend, backend);
     take("mesh_order", o.mesh_order, mesh_order);
     take("recompute", o.recompute, recompute);
+    take("dtype", o.dtype, dtype);
   } catch (const nlohmann::json::exception& e) {
     fail("config file '{}' has a value of the wrong type: {}", config, e.what());
   }
   if (comm_timeout) o.comm_timeout_s = *comm_timeout;
-  if (dtype) o.dtype = *dtype;
   o.pipeline = pipeline;
   if (sp) o.sp = true;
 }
