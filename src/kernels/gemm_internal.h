@@ -29,4 +29,9 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
                  int64_t lda, const bf16* B, int64_t ldb, const float* bias, float beta, void* C,
                  bool c_bf16, int64_t ldc);
 
+// Column sums of dy[n, out] added to db (the bias gradient of a linear layer). Threads
+// split the columns, and each column is summed over rows in order, so the bits do not
+// depend on the thread count. Shared by the f32 and the mixed-precision linear.
+void bias_grad(float* db, const float* dy, int64_t n, int64_t out);
+
 }  // namespace mt::kernels::detail

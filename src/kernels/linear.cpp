@@ -1,6 +1,7 @@
 // Linear layer on top of gemm. Weights are [out, in], so y = x w^T.
 #include <algorithm>
 
+#include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
@@ -17,9 +18,7 @@ void linear_forward(float* y, const float* x, const float* w, const float* b, in
   }
 }
 
-// Column sums of dy[n, out] added to db. Threads split the columns, and each column is
-// summed over rows in order, so the bits do not depend on the thread count.
-void bias_grad(float* db, const float* dy, int64_t n, int64_t out) {
+void detail::bias_grad(float* db, const float* dy, int64_t n, int64_t out) {
   constexpr int64_t kCols = 64;
   const int64_t blocks = (out + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)
@@ -39,7 +38,7 @@ void linear_backward(float* dx, float* dw, float* db, const float* dy, const flo
                      const float* w, int64_t n, int64_t in, int64_t out) {
   if (dx) gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
   if (dw) gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
-  if (db) bias_grad(db, dy, n, out);
+  if (db) detail::bias_grad(db, dy, n, out);
 }
 
 }  // namespace mt::kernels

@@ -43,22 +43,6 @@ void round_and_bias_grad(bf16* ws, float* db, const float* dy, int64_t rows, int
   }
 }
 
-void bias_grad_only(float* db, const float* dy, int64_t n, int64_t out) {
-  constexpr int64_t kCols = 64;
-  const int64_t blocks = (out + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static) if (n * out >= kParallelElems)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t j0 = blk * kCols, j1 = std::min(out, j0 + kCols);
-    float acc[kCols] = {};
-    for (int64_t i = 0; i < n; ++i) {
-      const float* r = dy + i * out;
-#pragma omp simd
-      for (int64_t j = j0; j < j1; ++j) acc[j - j0] += r[j];
-    }
-    for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
-  }
-}
-
 void check_linear(const char* what, int64_t n, int64_t in, int64_t out) {
   if (n < 0 || in < 0 || out < 0) fail("{}: negative size n={} in={} out={}", what, n, in, out);
 }
@@ -116,7 +100,7 @@ void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, con
     return;
   }
   if (!dx && !dw) {
-    if (db) bias_grad_only(db, dy, n, out);
+    if (db) detail::bias_grad(db, dy, n, out);
     return;
   }
   if (!ws || ws_elems < out)

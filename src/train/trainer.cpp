@@ -433,20 +433,22 @@ void run_rank(Shared& sh, comm::Group& world) {
     rep.optimizer_step(lr);
     const double dt = now_s() - t0;
     // Bytes this rank received in the step over each mesh dimension (the optimizer's
-    // all-gather included); summed over ranks with the compute time, for the metrics.
+    // all-gather included); gathered with the peak bytes and the compute time below.
     const int64_t dp_now = bytes_of(dp), tp_now = bytes_of(tp_group), pp_now = bytes_of(ppg);
     const int64_t dp_sent_now = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
     rec.step_recv_bytes.push_back(dp_now - dp_before);
     rec.step_sent_bytes.push_back(dp_sent_now - dp_sent_before);
     rec.step_tp_recv_bytes.push_back(tp_now - tp_before);
     rec.step_pp_recv_bytes.push_back(pp_now - pp_before);
-    float job[4] = {static_cast<float>(dp_now - dp_before), static_cast<float>(tp_now - tp_before),
-                    static_cast<float>(pp_now - pp_before), static_cast<float>(compute)};
+    // One gather per step: each rank's peak bytes, bytes per dimension and compute time
+    // (ns): the worst peak and the job's sums, exact.
+    const std::vector<int64_t> ranks = gather_int64(
+        scalars, {tracker.snapshot().total_peak_bytes, dp_now - dp_before, tp_now - tp_before,
+                  pp_now - pp_before, static_cast<int64_t>(compute * 1e9)});
     dp_before = dp_now;
     dp_sent_before = dp_sent_now;
     tp_before = tp_now;
     pp_before = pp_now;
-    if (scalars) scalars->all_reduce(comm::Buf(job, 4));
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
     } else {
@@ -462,14 +464,20 @@ void run_rank(Shared& sh, comm::Group& world) {
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
     r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
-    const std::vector<int64_t> peaks = gather_int64(scalars, {tracker.snapshot().total_peak_bytes});
-    r.worst_rank = static_cast<int>(std::max_element(peaks.begin(), peaks.end()) - peaks.begin());
-    r.peak_bytes = peaks[static_cast<size_t>(r.worst_rank)];
+    int64_t job[4] = {};  // dp, tp, pp bytes, compute ns: sums over ranks
+    for (size_t k = 0; k < ranks.size(); k += 5) {
+      if (ranks[k] > r.peak_bytes) {
+        r.peak_bytes = ranks[k];
+        r.worst_rank = static_cast<int>(k / 5);
+      }
+      for (int i = 0; i < 4; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
+    }
     r.comm_bytes = rec.step_recv_bytes.back();
-    r.dp_bytes = job[0];
-    r.tp_bytes = job[1];
-    r.pp_bytes = job[2];
-    if (P > 1) r.bubble = std::max(0.0, 1 - job[3] / (world.size() * dt));
+    r.dp_bytes = static_cast<double>(job[0]);
+    r.tp_bytes = static_cast<double>(job[1]);
+    r.pp_bytes = static_cast<double>(job[2]);
+    if (P > 1)
+      r.bubble = std::max(0.0, 1 - static_cast<double>(job[3]) * 1e-9 / (world.size() * dt));
     steps.push_back(r);
 
     nlohmann::json row = {{"step", r.step},

@@ -17,12 +17,6 @@ namespace {
 
 double rel(double diff, double ref) { return ref != 0 ? diff / std::abs(ref) : diff; }
 
-// The per-forward microbatch of a layout: --microbatch, else batch / dp, or
-// batch / (dp x microbatches) with a pipeline.
-int64_t forward_microbatch(const TrainOptions& o) {
-  return std::max<int64_t>(1, o.microbatch_size());
-}
-
 // A folder of its own under the system temporary folder, removed with everything in it.
 struct TempDir {
   std::filesystem::path path;
@@ -101,7 +95,7 @@ TrainOptions oracle_options(const TrainOptions& layout) {
   o.sp = false;
   o.zero = 0;
   o.pipeline = PipelineOptions{};
-  o.microbatch = forward_microbatch(layout);
+  o.microbatch = layout.microbatch_size();  // each forward sees the same sequences
   return o;
 }
 
