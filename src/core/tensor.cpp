@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/device.h"
+
 #include <cstring>
 
 #include "core/error.h"
@@ -27,6 +29,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, mem::Category c, mem::Devi
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_bytes(dtype), c, d);
   return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, mem::Category c) {
+  return empty(shape, dtype, c, device::current());
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, mem::Category c) {
+  return zeros(shape, dtype, c, device::current());
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, mem::Category c, mem::Device d) {
@@ -62,13 +72,12 @@ Tensor Tensor::operator[](int64_t i) const {
 }
 
 void Tensor::zero_() {
-  MT_ASSERT(device() == mem::Device::kCpu);
-  if (numel_) std::memset(raw(), 0, static_cast<size_t>(bytes()));
+  if (numel_) device::zero(raw(), device(), bytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   MT_ASSERT(src.numel_ == numel_ && src.dtype_ == dtype_);
-  if (numel_) std::memmove(raw(), src.raw(), static_cast<size_t>(bytes()));
+  if (numel_) device::copy(raw(), device(), src.raw(), src.device(), bytes());
 }
 
 }  // namespace mt

@@ -35,10 +35,11 @@ class Storage {
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(const Shape& shape, DType dtype, mem::Category c,
-                      mem::Device d = mem::Device::kCpu);
-  static Tensor zeros(const Shape& shape, DType dtype, mem::Category c,
-                      mem::Device d = mem::Device::kCpu);
+  // On the calling thread's device (core/device.h) unless one is named.
+  static Tensor empty(const Shape& shape, DType dtype, mem::Category c);
+  static Tensor empty(const Shape& shape, DType dtype, mem::Category c, mem::Device d);
+  static Tensor zeros(const Shape& shape, DType dtype, mem::Category c);
+  static Tensor zeros(const Shape& shape, DType dtype, mem::Category c, mem::Device d);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -64,8 +65,8 @@ class Tensor {
   // Row i of the first dimension.
   Tensor operator[](int64_t i) const;
 
-  void zero_();
-  void copy_from(const Tensor& src);  // same numel and dtype
+  void zero_();                       // on the tensor's device
+  void copy_from(const Tensor& src);  // same numel and dtype; any two devices
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/mixed.h"
 #include "kernels/vec_math.h"
@@ -38,13 +39,26 @@ void adamw_impl(float* param, bf16* param_out, const float* grad, float* m, floa
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+  MT_CUDA_DISPATCH(adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
   adamw_impl<false>(param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
                     "adamw_update");
+}
+
+void adamw_update_multi(float* param, const float* grad, float* m, float* v,
+                        const AdamwSegment* segs, int64_t n_segs, float lr, float beta1,
+                        float beta2, float eps, int64_t t) {
+  MT_CUDA_DISPATCH(adamw_update_multi(param, grad, m, v, segs, n_segs, lr, beta1, beta2, eps, t));
+  for (int64_t k = 0; k < n_segs; ++k) {
+    const AdamwSegment& g = segs[k];
+    adamw_update(param + g.offset, grad + g.offset, m + g.offset, v + g.offset, g.n, lr, beta1,
+                 beta2, eps, g.weight_decay, t);
+  }
 }
 
 void adamw_update_mixed(float* master, bf16* param_out, const float* grad, float* m, float* v,
                         int64_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, int64_t t) {
+  MT_CUDA_DISPATCH(adamw_update_mixed(master, param_out, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
   if (!param_out) fail("adamw_update_mixed: param_out (the bf16 copy) is null");
   adamw_impl<true>(master, param_out, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
                    "adamw_update_mixed");

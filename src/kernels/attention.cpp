@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"
@@ -139,6 +140,7 @@ void backward_per_head(float* dqkv, float* scratch, const float* dout, const flo
 
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH) {
+  MT_CUDA_DISPATCH(attention_forward(out, att, qkv, B, T, C, NH));
   check_shape(T, C, NH);
   if (B == 0) return;
   if (per_head_schedule()) return forward_per_head(out, att, qkv, B, T, C, NH);
@@ -164,6 +166,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  MT_CUDA_DISPATCH(attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH));
   check_shape(T, C, NH);
   if (B == 0) return;
   if (per_head_schedule()) return backward_per_head(dqkv, scratch, dout, qkv, att, B, T, C, NH);
@@ -194,6 +197,16 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     detail::strided_matmul(B, NH, cols, hd, T - c0, 1.0f, vw.att_cols(att + c0 * T + c0),
                            vw.out_rows(dout + c0 * C), 0.0f, dqkv + 2 * C + c0 * C3, qkv_st);
   }
+}
+
+int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T) {
+  MT_CUDA_DISPATCH(attention_stash_elems(B, NH, T));
+  return B * NH * T * T;
+}
+
+int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T) {
+  MT_CUDA_DISPATCH(attention_scratch_elems(B, NH, T));
+  return B * NH * T * T;
 }
 
 }  // namespace mt::kernels

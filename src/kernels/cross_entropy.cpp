@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"
 
@@ -18,6 +19,7 @@ void check_target(int32_t t, int64_t i, int64_t V) {
 
 void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                            int64_t n, int64_t V, int64_t Vp) {
+  MT_CUDA_DISPATCH(cross_entropy_forward(losses, lse, logits, targets, n, V, Vp));
   if (V < 1 || Vp < V) fail("cross_entropy: need 1 <= V <= Vp, got V={} Vp={}", V, Vp);
   for (int64_t i = 0; i < n; ++i) check_target(targets[i], i, V);
 #pragma omp parallel for schedule(static)
@@ -37,6 +39,7 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t n, int64_t V, int64_t Vp) {
+  MT_CUDA_DISPATCH(cross_entropy_backward(dlogits, logits, lse, targets, dloss, n, V, Vp));
   if (V < 1 || Vp < V) fail("cross_entropy: need 1 <= V <= Vp, got V={} Vp={}", V, Vp);
   for (int64_t i = 0; i < n; ++i) check_target(targets[i], i, V);
 #pragma omp parallel for schedule(static)

@@ -1,27 +1,38 @@
 #include <algorithm>
 
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
 
 void add(float* y, const float* a, const float* b, int64_t n) {
+  MT_CUDA_DISPATCH(add(y, a, b, n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
 void accumulate(float* y, const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(accumulate(y, x, n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
 void scale(float* y, float s, int64_t n) {
+  MT_CUDA_DISPATCH(scale(y, s, n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+void copy(float* y, const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(copy(y, x, n));
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i];
 }
 
 // A fixed number of chunks, each summed in double, then the chunk sums added in order: the
 // split never depends on the thread count, so neither do the bits.
 double sum_squares(const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(sum_squares(x, n));
   constexpr int kChunks = 256;
   double part[kChunks];
 #pragma omp parallel for schedule(static)
@@ -35,6 +46,14 @@ double sum_squares(const float* x, int64_t n) {
   double total = 0.0;
   for (int c = 0; c < kChunks; ++c) total += part[c];
   return total;
+}
+
+// In order, in double: n is small (a microbatch's losses).
+double sum(const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(sum(x, n));
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
 }
 
 }  // namespace mt::kernels

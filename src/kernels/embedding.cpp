@@ -3,12 +3,14 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
 
 void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C) {
+  MT_CUDA_DISPATCH(embedding_forward(y, tokens, wte, wpe, B, T, C));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < B * T; ++i) {
     const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
@@ -23,6 +25,7 @@ void embedding_forward(float* y, const int32_t* tokens, const float* wte, const 
 // accumulate in a fixed order (no atomics) and the bits do not depend on the thread count.
 void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
                         int64_t T, int64_t C) {
+  MT_CUDA_DISPATCH(embedding_backward(dwte, dwpe, dy, tokens, B, T, C));
   constexpr int64_t kCols = 64;
   const int64_t blocks = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)

@@ -1,5 +1,6 @@
 // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
 // Since 0.5 (1 + tanh(u)) = sigmoid(2u), we compute x * sigmoid(2u) with a vectorised exp.
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"
 
@@ -10,6 +11,7 @@ constexpr float kCoef = 0.044715f;
 }  // namespace
 
 void gelu_forward(float* y, const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(gelu_forward(y, x, n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -19,6 +21,7 @@ void gelu_forward(float* y, const float* x, int64_t n) {
 }
 
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n) {
+  MT_CUDA_DISPATCH(gelu_backward(dx, x, dy, n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 
@@ -174,6 +175,7 @@ bool use_sgemm() {
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  MT_CUDA_DISPATCH(gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
   check_dims("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_c(M, N, beta, C, ldc);
@@ -189,6 +191,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, float* C,
                int64_t ldc) {
+  MT_CUDA_DISPATCH(gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
   check_dims("gemm_bf16", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_c(M, N, beta, C, ldc);
@@ -199,6 +202,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
                   int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
                   int64_t batch) {
+  MT_CUDA_DISPATCH(gemm_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch));
   check_dims("gemm_batched", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (batch < 0) fail("gemm_batched: negative batch {}", batch);
   if (M == 0 || N == 0 || batch == 0) return;

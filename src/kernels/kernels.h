@@ -1,4 +1,7 @@
-// The math of one rank (CPU implementation; a CUDA one will share this header).
+// The math of one rank: a CPU implementation (kernels/*.cpp) and a CUDA one
+// (kernels/cuda/), chosen by the calling thread's device (core/device.h): each CPU kernel
+// starts with MT_CUDA_DISPATCH, which hands the call to kernels::cuda when the thread
+// computes on a GPU (all pointers are then device pointers).
 // Layout follows llm.c: activations are row-major [rows, features], rows = B*T.
 // Weights of a linear layer are [out, in] (PyTorch nn.Linear), so a column-parallel
 // shard (a slice of outputs) is a contiguous block of rows.
@@ -61,9 +64,14 @@ void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);  // d
 // (entries above the diagonal are written as 0).
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH);
-// dqkv overwritten. scratch: at least B*NH*T*T floats.
+// dqkv overwritten. scratch: at least attention_scratch_elems floats.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+// The floats of `att` (kept from forward to backward) and of backward's scratch on the
+// current device: B*NH*T*T each on the CPU (the probabilities); a fused GPU kernel may
+// keep less.
+int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T);
+int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T);
 
 // ---- fused softmax + cross-entropy over a (possibly padded) vocabulary ---------------
 // logits [n, Vp]; only the first V columns are real (the padding never changes the loss).
@@ -86,10 +94,23 @@ void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t
 void add(float* y, const float* a, const float* b, int64_t n);  // y = a + b (y may alias)
 void accumulate(float* y, const float* x, int64_t n);           // y += x
 void scale(float* y, float s, int64_t n);                       // y *= s
+void copy(float* y, const float* x, int64_t n);                 // y = x (no overlap)
 double sum_squares(const float* x, int64_t n);                  // in double, fixed order
+double sum(const float* x, int64_t n);                          // in double, fixed order
 
 // ---- AdamW (decoupled weight decay), one step t >= 1, with bias correction ------------
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t);
+// Many parameters in one call (on a GPU one launch): segment k updates elements
+// [offset, offset + n) of the four arrays with its own weight decay. The same bits as
+// adamw_update on each segment.
+struct AdamwSegment {
+  int64_t offset = 0;
+  int64_t n = 0;
+  float weight_decay = 0.f;
+};
+void adamw_update_multi(float* param, const float* grad, float* m, float* v,
+                        const AdamwSegment* segs, int64_t n_segs, float lr, float beta1,
+                        float beta2, float eps, int64_t t);
 
 }  // namespace mt::kernels

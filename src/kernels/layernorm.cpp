@@ -2,12 +2,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t n, int64_t c) {
+  MT_CUDA_DISPATCH(layernorm_forward(y, mean, rstd, x, w, b, n, c));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
@@ -36,6 +38,7 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t n,
                         int64_t c) {
+  MT_CUDA_DISPATCH(layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, n, c));
   // dx, row by row.
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {

@@ -1,6 +1,7 @@
 // Linear layer on top of gemm. Weights are [out, in], so y = x w^T.
 #include <algorithm>
 
+#include "kernels/dispatch.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 
@@ -8,6 +9,7 @@ namespace mt::kernels {
 
 void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
                     int64_t out) {
+  MT_CUDA_DISPATCH(linear_forward(y, x, w, b, n, in, out));
   gemm(false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
   if (!b) return;
 #pragma omp parallel for schedule(static)
@@ -36,6 +38,7 @@ void detail::bias_grad(float* db, const float* dy, int64_t n, int64_t out) {
 
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, int64_t n, int64_t in, int64_t out) {
+  MT_CUDA_DISPATCH(linear_backward(dx, dw, db, dy, x, w, n, in, out));
   if (dx) gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
   if (dw) gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
   if (db) detail::bias_grad(db, dy, n, out);

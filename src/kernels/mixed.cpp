@@ -1,5 +1,6 @@
 // Mixed-precision kernels (mixed.h): bf16 conversions, the linear layer on bf16 operands
 // through oneDNN's matmul (AMX here), and its backward with fp32 gradients.
+#include "kernels/dispatch.h"
 #include "kernels/mixed.h"
 
 #include <omp.h>
@@ -70,12 +71,14 @@ void forward_impl(Y* y, const bf16* x, const bf16* w, const float* b, int64_t n,
 }  // namespace
 
 void to_bf16(bf16* y, const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(to_bf16(y, x, n));
   uint16_t* o = reinterpret_cast<uint16_t*>(y);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElems)
   for (int64_t i = 0; i < n; ++i) o[i] = detail::bf16_bits(x[i]);
 }
 
 void to_f32(float* y, const bf16* x, int64_t n) {
+  MT_CUDA_DISPATCH(to_f32(y, x, n));
   const uint16_t* in = reinterpret_cast<const uint16_t*>(x);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElems)
   for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
@@ -83,17 +86,20 @@ void to_f32(float* y, const bf16* x, int64_t n) {
 
 void linear_forward_mixed(float* y, const bf16* x, const bf16* w, const float* b, int64_t n,
                           int64_t in, int64_t out) {
+  MT_CUDA_DISPATCH(linear_forward_mixed(y, x, w, b, n, in, out));
   forward_impl(y, x, w, b, n, in, out);
 }
 
 void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b, int64_t n,
                           int64_t in, int64_t out) {
+  MT_CUDA_DISPATCH(linear_forward_mixed(y, x, w, b, n, in, out));
   forward_impl(y, x, w, b, n, in, out);
 }
 
 void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, const bf16* x,
                            const bf16* w, int64_t n, int64_t in, int64_t out, bf16* ws,
                            int64_t ws_elems) {
+  MT_CUDA_DISPATCH(linear_backward_mixed(dx, dw, db, dy, x, w, n, in, out, ws, ws_elems));
   check_linear("linear_backward_mixed", n, in, out);
   if (n == 0 || out == 0) {
     if (dx && n > 0 && in > 0) std::fill(dx, dx + n * in, 0.0f);

@@ -1,3 +1,4 @@
+#include "kernels/dispatch.h"
 #include "kernels/vocab_parallel.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 namespace mt::kernels {
 
 void vocab_parallel_max(float* mx, const float* logits, int64_t n, int64_t cols, int64_t real) {
+  MT_CUDA_DISPATCH(vocab_parallel_max(mx, logits, n, cols, real));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = logits + i * cols;
@@ -22,6 +24,7 @@ void vocab_parallel_max(float* mx, const float* logits, int64_t n, int64_t cols,
 void vocab_parallel_sum_exp(float* sum_exp, float* target_logit, const float* logits,
                             const float* mx, const int32_t* targets, int64_t n, int64_t cols,
                             int64_t real, int64_t v0) {
+  MT_CUDA_DISPATCH(vocab_parallel_sum_exp(sum_exp, target_logit, logits, mx, targets, n, cols, real, v0));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = logits + i * cols;
@@ -35,9 +38,18 @@ void vocab_parallel_sum_exp(float* sum_exp, float* target_logit, const float* lo
   }
 }
 
+void vocab_parallel_lse(float* lse, float* losses, const float* mx, const float* sums, int64_t n) {
+  MT_CUDA_DISPATCH(vocab_parallel_lse(lse, losses, mx, sums, n));
+  for (int64_t i = 0; i < n; ++i) {
+    lse[i] = mx[i] + std::log(sums[i]);
+    losses[i] = lse[i] - sums[n + i];
+  }
+}
+
 void vocab_parallel_ce_backward(float* dlogits, const float* logits, const float* lse,
                                 const int32_t* targets, float dloss, int64_t n, int64_t cols,
                                 int64_t real, int64_t v0) {
+  MT_CUDA_DISPATCH(vocab_parallel_ce_backward(dlogits, logits, lse, targets, dloss, n, cols, real, v0));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = logits + i * cols;
@@ -55,6 +67,7 @@ void vocab_parallel_ce_backward(float* dlogits, const float* logits, const float
 
 void vocab_parallel_embedding_forward(float* y, const int32_t* tokens, const float* wte, int64_t n,
                                       int64_t C, int64_t v0, int64_t rows) {
+  MT_CUDA_DISPATCH(vocab_parallel_embedding_forward(y, tokens, wte, n, C, v0, rows));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = static_cast<int64_t>(tokens[i]) - v0;
@@ -70,6 +83,7 @@ void vocab_parallel_embedding_forward(float* y, const int32_t* tokens, const flo
 
 void vocab_parallel_embedding_backward(float* dwte, const float* dy, const int32_t* tokens,
                                        int64_t n, int64_t C, int64_t v0, int64_t rows) {
+  MT_CUDA_DISPATCH(vocab_parallel_embedding_backward(dwte, dy, tokens, n, C, v0, rows));
   // Serial over tokens (two tokens may share a row); fixed order, so deterministic.
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = static_cast<int64_t>(tokens[i]) - v0;
@@ -82,6 +96,7 @@ void vocab_parallel_embedding_backward(float* dwte, const float* dy, const int32
 
 void add_position_embedding(float* y, const float* wpe, int64_t first, int64_t n, int64_t T,
                             int64_t C) {
+  MT_CUDA_DISPATCH(add_position_embedding(y, wpe, first, n, T, C));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* p = wpe + ((first + i) % T) * C;
@@ -92,6 +107,7 @@ void add_position_embedding(float* y, const float* wpe, int64_t first, int64_t n
 
 void position_embedding_backward(float* dwpe, const float* dy, int64_t first, int64_t n, int64_t T,
                                  int64_t C) {
+  MT_CUDA_DISPATCH(position_embedding_backward(dwpe, dy, first, n, T, C));
   for (int64_t i = 0; i < n; ++i) {
     float* p = dwpe + ((first + i) % T) * C;
     const float* g = dy + i * C;
@@ -100,6 +116,7 @@ void position_embedding_backward(float* dwpe, const float* dy, int64_t first, in
 }
 
 void add_bias(float* y, const float* b, int64_t n, int64_t c) {
+  MT_CUDA_DISPATCH(add_bias(y, b, n, c));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float* out = y + i * c;

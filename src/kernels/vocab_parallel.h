@@ -16,6 +16,9 @@ void vocab_parallel_max(float* mx, const float* logits, int64_t n, int64_t cols,
 void vocab_parallel_sum_exp(float* sum_exp, float* target_logit, const float* logits,
                             const float* mx, const int32_t* targets, int64_t n, int64_t cols,
                             int64_t real, int64_t v0);
+// lse[i] = mx[i] + log(sums[i]); losses[i] = lse[i] - sums[n + i] (sums as all-reduced:
+// the sum of exp, then the target's logit).
+void vocab_parallel_lse(float* lse, float* losses, const float* mx, const float* sums, int64_t n);
 // dlogits[i, j] = (exp(logits[i, j] - lse[i]) - [v0 + j == target_i]) * dloss on real
 // columns, 0 on padding. dlogits may alias logits.
 void vocab_parallel_ce_backward(float* dlogits, const float* logits, const float* lse,
