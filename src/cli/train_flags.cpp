@@ -12,7 +12,7 @@ const std::vector<std::string> kConfigKeys = {
     "lr",        "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
     "data",      "val_data",     "eval_every", "eval_batches", "threads",    "dp",
     "zero",      "bucket_mb",    "backend",    "tp",           "sp",         "mesh_order",
-    "recompute", "dtype"};
+    "recompute", "dtype",        "device"};
 
 }  // namespace
 
@@ -62,6 +62,9 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--dtype", dtype,
                  "training precision: f32, or bf16 (GEMMs on bf16 operands, f32 master weights, "
                  "gradients and optimizer state; docs/mixed_precision.md)");
+  cmd.add_option("--device", device,
+                 "where each rank computes: cpu, or cuda (one GPU per rank: rank r on GPU r mod "
+                 "the host's GPUs; docs/cuda.md)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  "seconds a collective may wait before the job aborts");
 }
@@ -104,6 +107,7 @@ void TrainFlags::apply_to(train::TrainOptions& o) const {
     take("mesh_order", o.mesh_order, mesh_order);
     take("recompute", o.recompute, recompute);
     take("dtype", o.dtype, dtype);
+    take("device", o.device, device);
   } catch (const nlohmann::json::exception& e) {
     fail("config file '{}' has a value of the wrong type: {}", config, e.what());
   }

@@ -21,7 +21,8 @@ struct TrainFlags {
   std::optional<double> bucket_mb, comm_timeout;
   std::optional<int> dp, zero, tp;
   std::optional<std::string> backend, mesh_order, recompute;
-  std::optional<std::string> dtype;  // --dtype f32 | bf16
+  std::optional<std::string> dtype;   // --dtype f32 | bf16
+  std::optional<std::string> device;  // --device cpu | cuda
   train::PipelineOptions pipeline;   // --pp, --microbatches, --schedule, ...
   bool sp = false;
 

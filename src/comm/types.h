@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/memory.h"
 #include "core/tensor.h"
@@ -52,6 +53,10 @@ struct Buf {
         device(t.device()) {}
   int64_t bytes() const { return elems * dtype_bytes(dtype); }
 };
+
+// A buffer of the calling thread's device (core/device.h): what a raw pointer into a
+// model tensor is (the tensors of a rank live on its device).
+inline Buf device_buf(float* p, int64_t n) { return Buf(p, n, DType::kF32, device::current()); }
 
 // One operation as a backend executes it. Element counts, not bytes.
 struct OpCall {

@@ -42,6 +42,12 @@ void use_cpu() {
   t_index = 0;
 }
 
+ScopedCpu::ScopedCpu() : device_(t_device), index_(t_index) { t_device = mem::Device::kCpu; }
+ScopedCpu::~ScopedCpu() {
+  t_device = device_;
+  t_index = index_;
+}
+
 #if MESHTRAIN_CUDA
 
 bool cuda_built() { return true; }

@@ -28,6 +28,20 @@ int current_index();  // the GPU of use_cuda (0 on the CPU)
 // synchronize().
 void* cuda_stream();
 
+// Computes on the CPU until destroyed, then returns to the thread's device (to build a
+// host-side model for export, say). The GPU's stream is kept.
+class ScopedCpu {
+ public:
+  ScopedCpu();
+  ~ScopedCpu();
+  ScopedCpu(const ScopedCpu&) = delete;
+  ScopedCpu& operator=(const ScopedCpu&) = delete;
+
+ private:
+  mem::Device device_;
+  int index_;
+};
+
 // Copies `bytes` between any two devices. Returns when dst holds the data (waits for the
 // thread's stream first, so earlier kernels' results are what is copied).
 void copy(void* dst, mem::Device dst_device, const void* src, mem::Device src_device,

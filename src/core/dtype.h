@@ -1,4 +1,5 @@
-// Element types: f32 and bf16 (bfloat16: the top 16 bits of an IEEE f32).
+// Element types: f32 and bf16 (bfloat16: the top 16 bits of an IEEE f32), and i32 for
+// token ids on a GPU (never reduced or communicated).
 #pragma once
 
 #include <cstdint>
@@ -7,10 +8,12 @@
 
 namespace mt {
 
-enum class DType : uint8_t { kF32, kBF16 };
+enum class DType : uint8_t { kF32, kBF16, kI32 };
 
-constexpr int64_t dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
-constexpr std::string_view dtype_name(DType t) { return t == DType::kF32 ? "f32" : "bf16"; }
+constexpr int64_t dtype_bytes(DType t) { return t == DType::kBF16 ? 2 : 4; }
+constexpr std::string_view dtype_name(DType t) {
+  return t == DType::kF32 ? "f32" : t == DType::kBF16 ? "bf16" : "i32";
+}
 
 struct bf16 {
   uint16_t bits = 0;

@@ -1,5 +1,7 @@
 #include "kernels/peak.h"
 
+#include "kernels/dispatch.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -152,6 +154,20 @@ double peak_flops(DType dtype, int threads_n) {
   const double v = measure_peak_flops(dtype, threads_n);
   store_peak_flops(dtype, threads_n, v);
   return v;
+}
+
+double gpu_peak_flops(DType dtype) {
+#if MESHTRAIN_CUDA
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, double> known;  // (GPU, dtype) -> FLOP/s
+  std::lock_guard<std::mutex> lock(mu);
+  const std::pair<int, int> key{device::current_index(), static_cast<int>(dtype)};
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  return known[key] = cuda::time_gemm_flops(8192, dtype == DType::kBF16, 10);
+#else
+  fail("gpu_peak_flops: this meshtrain was built without CUDA (dtype {})", dtype_name(dtype));
+#endif
 }
 
 }  // namespace mt::kernels

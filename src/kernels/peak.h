@@ -22,6 +22,10 @@ double measure_peak_flops(DType dtype, int threads);
 // To forget a value, delete the file.
 double store_peak_flops(DType dtype, int threads, double flops);
 
+// The calling thread's GPU's GEMM peak (M = N = K = 8192, median of timed runs), measured
+// once per process, GPU and dtype: the MFU denominator with --device cuda.
+double gpu_peak_flops(DType dtype);
+
 // Where the cache lives.
 std::string peak_cache_path();
 

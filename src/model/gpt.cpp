@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/profile.h"
 #include "kernels/kernels.h"
@@ -13,6 +14,11 @@ namespace mt::model {
 namespace {
 constexpr int64_t kMixedHeadRows = 256;  // see ensure_scratch
 Tensor acts(const Shape& s) { return Tensor::empty(s, DType::kF32, mem::Category::kActivations); }
+// The batch's ids on the GPU (a copy from the host; nothing on the CPU).
+void upload(const std::vector<int32_t>& host, Tensor& dev) {
+  if (dev.defined())
+    device::copy(dev.raw(), dev.device(), host.data(), mem::Device::kCpu, dev.bytes());
+}
 Param* maybe(ParamStore& s, const std::string& name) {
   const Param* p = s.find(name);
   return const_cast<Param*>(p);
@@ -161,6 +167,10 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
   a.T = T;
   a.tokens.resize(N);
   a.targets.resize(N);
+  if (device::on_cuda()) {
+    a.tokens_dev = Tensor::empty({N}, DType::kI32, mem::Category::kActivations);
+    a.targets_dev = Tensor::empty({N}, DType::kI32, mem::Category::kActivations);
+  }
   a.encoded = acts({Nl, C});
   a.n_blocks = n_blocks;
   const Block::Keep keep = recompute_ == Recompute::kFull        ? Block::Keep::kOutputOnly
@@ -169,10 +179,11 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
   if (keep == Block::Keep::kOutputOnly && !recomputed_.att.defined())
     recomputed_ = Block::make_activations(config_, B, T, tp_);
   if (keep == Block::Keep::kNoAttention && !recomputed_.att.defined())
-    recomputed_.att = acts({B, config_.n_head / tp_.size, T, T});
-  if (keep != Block::Keep::kAll && recomputed_.att.dim(0) != B)
-    fail("activations for microbatches of {} after ones of {}: recomputation shares one set", B,
-         recomputed_.att.dim(0));
+    recomputed_.att = acts({kernels::attention_stash_elems(B, config_.n_head / tp_.size, T)});
+  if (keep != Block::Keep::kAll &&
+      recomputed_.att.numel() != kernels::attention_stash_elems(B, config_.n_head / tp_.size, T))
+    fail("activations for microbatches of {} x {} after others: recomputation shares one set",
+         B, T);
   for (int l = 0; l < n_blocks; ++l) {
     BlockActivations b = Block::make_activations(config_, B, T, tp_, keep);
     if (keep == Block::Keep::kNoAttention) b.att = recomputed_.att;
@@ -200,7 +211,9 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
 }
 
 void Gpt::ensure_scratch(int64_t B, int64_t T) {
-  if (B * T == scratch_tokens_ && scratch_.datt.defined() && scratch_.datt.dim(0) == B) return;
+  if (B * T == scratch_tokens_ && scratch_.datt.defined() &&
+      scratch_.datt.numel() == kernels::attention_scratch_elems(B, config_.n_head / tp_.size, T))
+    return;
   scratch_ = Block::make_scratch(config_, B, T, tp_);
   dres_ = Tensor::empty({B * T, config_.d_model}, DType::kF32, mem::Category::kWorkspace);
   scratch_tokens_ = B * T;
@@ -251,9 +264,10 @@ void Gpt::embed_forward(Activations& a) {
   namespace tpo = parallel::tp;
   const int64_t B = a.B, T = a.T, N = B * T, C = config_.d_model;
   hooks().before_forward(0);
+  upload(a.tokens, a.tokens_dev);
   profile::Scope p("embedding.fwd");
   if (!tp_.active()) {
-    kernels::embedding_forward(a.encoded.f32(), a.tokens.data(), wte_->value.f32(),
+    kernels::embedding_forward(a.encoded.f32(), a.token_ids(), wte_->value.f32(),
                                wpe_->value.f32(), B, T, C);
     return;
   }
@@ -261,7 +275,7 @@ void Gpt::embed_forward(Activations& a) {
   const int64_t Nl = tp_.local_rows(N), row0 = tp_.first_row(N);
   const int64_t Vl = config_.padded_vocab() / tp_.size, v0 = tp_.rank * Vl;
   float* partial = tp_.sp ? scratch_.part.f32() : a.encoded.f32();
-  kernels::vocab_parallel_embedding_forward(partial, a.tokens.data(), wte_->value.f32(), N, C, v0,
+  kernels::vocab_parallel_embedding_forward(partial, a.token_ids(), wte_->value.f32(), N, C, v0,
                                             Vl);
   if (tp_.sp)
     tpo::reduce_scatter_rows(tp_, partial, a.encoded.f32(), Nl * C);
@@ -289,6 +303,7 @@ float Gpt::head_forward(Activations& a) {
     if (a.targets[i] < 0 || a.targets[i] >= config_.vocab)
       fail("cross_entropy: target {} of row {} is outside [0, {})", a.targets[i], i, config_.vocab);
   hooks().before_forward(head_unit());
+  upload(a.targets, a.targets_dev);
   ensure_scratch(a.B, a.T);  // bf16: the GEMM workspaces
   ln_f_.forward(a.lnf.f32(), a.lnf_mean.f32(), a.lnf_rstd.f32(), chunk_output(a), Nl);
   if (tp_.sp) tpo::all_gather_rows(tp_, a.lnf.f32(), a.lnf_full.f32(), Nl * C);
@@ -301,10 +316,10 @@ float Gpt::head_forward(Activations& a) {
   if (!tp_.active()) {
     {
       profile::Scope p("cross_entropy.fwd");
-      kernels::cross_entropy_forward(a.losses.f32(), a.lse.f32(), a.logits.f32(), a.targets.data(),
+      kernels::cross_entropy_forward(a.losses.f32(), a.lse.f32(), a.logits.f32(), a.target_ids(),
                                      N, config_.vocab, Vl);
     }
-    for (int64_t i = 0; i < N; ++i) sum += a.losses.f32()[i];
+    sum = kernels::sum(a.losses.f32(), N);  // in order, in double
     return static_cast<float>(sum / static_cast<double>(N));
   }
   const int64_t v0 = tp_.rank * Vl, real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
@@ -314,16 +329,12 @@ float Gpt::head_forward(Activations& a) {
     profile::Scope p("cross_entropy.fwd");
     kernels::vocab_parallel_max(mx, a.logits.f32(), N, Vl, real);
     tpo::all_reduce_max(tp_, mx, N);
-    kernels::vocab_parallel_sum_exp(sums, sums + N, a.logits.f32(), mx, a.targets.data(), N, Vl,
+    kernels::vocab_parallel_sum_exp(sums, sums + N, a.logits.f32(), mx, a.target_ids(), N, Vl,
                                     real, v0);
     tpo::all_reduce(tp_, sums, 2 * N);
   }
-  for (int64_t i = 0; i < N; ++i) {
-    const float lse = mx[i] + std::log(sums[i]);
-    a.lse.f32()[i] = lse;
-    a.losses.f32()[i] = lse - sums[N + i];
-    sum += a.losses.f32()[i];
-  }
+  kernels::vocab_parallel_lse(a.lse.f32(), a.losses.f32(), mx, sums, N);
+  sum = kernels::sum(a.losses.f32(), N);
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
@@ -337,11 +348,11 @@ void Gpt::head_backward(Activations& a, float dloss, float* dres, BackwardPart p
   {
     profile::Scope p("cross_entropy.bwd");
     if (!tp_.active()) {
-      kernels::cross_entropy_backward(dlogits, a.logits.f32(), a.lse.f32(), a.targets.data(), dloss,
+      kernels::cross_entropy_backward(dlogits, a.logits.f32(), a.lse.f32(), a.target_ids(), dloss,
                                       N, config_.vocab, Vl);
     } else {
       const int64_t v0 = tp_.rank * Vl, real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
-      kernels::vocab_parallel_ce_backward(dlogits, a.logits.f32(), a.lse.f32(), a.targets.data(),
+      kernels::vocab_parallel_ce_backward(dlogits, a.logits.f32(), a.lse.f32(), a.target_ids(),
                                           dloss, N, Vl, real, v0);
     }
   }
@@ -359,7 +370,7 @@ void Gpt::head_backward(Activations& a, float dloss, float* dres, BackwardPart p
     else
       tpo::all_reduce(tp_, dlnf, N * C);
   }
-  std::fill_n(dres, Nl * C, 0.0f);
+  device::zero(dres, device::current(), Nl * C * static_cast<int64_t>(sizeof(float)));
   ln_f_.backward(dres, dlnf, chunk_output(a), a.lnf_mean.f32(), a.lnf_rstd.f32(), Nl);
   hooks().after_backward(head_unit());
 }
@@ -397,7 +408,7 @@ void Gpt::embed_backward(Activations& a, const float* dres) {
   {
     profile::Scope p("embedding.bwd");
     if (!tp_.active()) {
-      kernels::embedding_backward(wte_->grad.f32(), wpe_->grad.f32(), dres, a.tokens.data(), B, T,
+      kernels::embedding_backward(wte_->grad.f32(), wpe_->grad.f32(), dres, a.token_ids(), B, T,
                                   C);
     } else {
       const int64_t Nl = tp_.local_rows(N), row0 = tp_.first_row(N);
@@ -409,7 +420,7 @@ void Gpt::embed_backward(Activations& a, const float* dres) {
         tpo::all_gather_rows(tp_, dres, scratch_.gath.f32(), Nl * C);
         d = scratch_.gath.f32();
       }
-      kernels::vocab_parallel_embedding_backward(wte_->grad.f32(), d, a.tokens.data(), N, C, v0,
+      kernels::vocab_parallel_embedding_backward(wte_->grad.f32(), d, a.token_ids(), N, C, v0,
                                                  Vl);
     }
   }

@@ -50,6 +50,15 @@ struct Activations {
   int n_blocks = 0;  // blocks in use (a pipeline slot serves chunks of different sizes)
   std::vector<int32_t> targets;
   std::vector<int32_t> tokens;
+  // On a GPU, their device copies (i32), uploaded where they are first read (embed_forward,
+  // head_forward); the kernels read these. Undefined on the CPU.
+  Tensor tokens_dev, targets_dev;
+  const int32_t* token_ids() const {
+    return tokens_dev.defined() ? tokens_dev.data<int32_t>() : tokens.data();
+  }
+  const int32_t* target_ids() const {
+    return targets_dev.defined() ? targets_dev.data<int32_t>() : targets.data();
+  }
   Tensor encoded;  // [N, C] embedding output = first block's input
   std::vector<BlockActivations> blocks;
   Tensor lnf, lnf_mean, lnf_rstd;  // [N, C], [N], [N]

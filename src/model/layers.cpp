@@ -76,7 +76,7 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
   a.ln1_mean = acts({Nl});
   a.ln1_rstd = acts({Nl});
   a.qkv = acts({N, 3 * Cl});
-  if (keep == Keep::kAll) a.att = acts({B, c.n_head / tp.size, T, T});
+  if (keep == Keep::kAll) a.att = acts({kernels::attention_stash_elems(B, c.n_head / tp.size, T)});
   a.atty = acts({N, Cl});
   a.res2 = acts({Nl, C});
   a.ln2 = acts({Nl, C});
@@ -98,7 +98,7 @@ BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
                                  const parallel::tp::TpContext& tp) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
   BlockScratch s{scratch({N, C}), scratch({N, Cl}), scratch({N, 3 * Cl}),
-                 scratch({N, F}), scratch({N, F}),  scratch({B, c.n_head / tp.size, T, T}),
+                 scratch({N, F}), scratch({N, F}),  scratch({kernels::attention_scratch_elems(B, c.n_head / tp.size, T)}),
                  Tensor(),        Tensor()};
   if (tp.active() && tp.sp) {
     s.gath = scratch({N, C});

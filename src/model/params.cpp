@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/philox.h"
 #include "kernels/mixed.h"
@@ -191,17 +193,35 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, DType dtype, StoreOptions o
 
 void ParamStore::initialize(uint64_t seed) {
   if (!flat_values_.defined()) return;
-  for (auto& p : params_) init_param_local(p.spec, seed, 0, p.value.numel(), p.value.f32());
+  std::vector<float> host;  // a GPU's values are drawn on the host, then copied
+  for (auto& p : params_) {
+    const int64_t n = p.value.numel();
+    if (p.value.device() == mem::Device::kCpu) {
+      init_param_local(p.spec, seed, 0, n, p.value.f32());
+      continue;
+    }
+    host.resize(static_cast<size_t>(n));
+    init_param_local(p.spec, seed, 0, n, host.data());
+    device::copy(p.value.f32(), p.value.device(), host.data(), mem::Device::kCpu, n * 4);
+  }
   if (flat_bf16_.defined()) refresh_bf16();
 }
 
 void ParamStore::initialize_range(uint64_t seed, int64_t first, int64_t n, float* out) const {
-  for (int64_t i = 0; i < n; ++i) out[i] = 0.f;  // padding
+  // `out` is on the calling thread's device; a GPU's range is drawn on the host first.
+  std::vector<float> host;
+  float* dst = out;
+  if (device::on_cuda()) {
+    host.resize(static_cast<size_t>(n));
+    dst = host.data();
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = 0.f;  // padding
   for (const auto& p : params_) {
     const int64_t lo = std::max(first, p.offset_elems);
     const int64_t hi = std::min(first + n, p.offset_elems + shape_numel(p.spec.shape));
-    if (lo < hi) init_param_local(p.spec, seed, lo - p.offset_elems, hi - lo, out + (lo - first));
+    if (lo < hi) init_param_local(p.spec, seed, lo - p.offset_elems, hi - lo, dst + (lo - first));
   }
+  if (dst != out) device::copy(out, mem::Device::kCuda, dst, mem::Device::kCpu, n * 4);
 }
 
 namespace {

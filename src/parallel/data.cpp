@@ -36,13 +36,13 @@ BucketReducer::BucketReducer(comm::Group& dp, const FlatLayout& layout, Tensor g
 void BucketReducer::launch(size_t b) {
   const Bucket& k = buckets_[b];
   float* g = grads_.f32();
-  const comm::Buf in(g + k.lo, k.hi - k.lo);
+  const comm::Buf in = comm::device_buf(g + k.lo, k.hi - k.lo);
   if (mode_ == Mode::kAllReduce) {
     works_[b] = dp_.all_reduce_async(in);
   } else {
     // In place: this rank's piece of the bucket is reduced where it lies.
     const int64_t mine = counts_[b][static_cast<size_t>(dp_.rank())];
-    const comm::Buf out(g + (mine > 0 ? shard_.my_begin(k.lo) : k.lo), mine);
+    const comm::Buf out = comm::device_buf(g + (mine > 0 ? shard_.my_begin(k.lo) : k.lo), mine);
     works_[b] = dp_.reduce_scatter_async(in, out, counts_[b]);
   }
 }

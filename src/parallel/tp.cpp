@@ -1,43 +1,42 @@
 #include "parallel/tp.h"
 
 #include <algorithm>
-#include <cstring>
-
 #include "core/profile.h"
+#include "kernels/kernels.h"
 
 namespace mt::parallel::tp {
 
 void all_reduce(const TpContext& tp, float* x, int64_t elems) {
   if (!tp.active()) return;
   profile::Scope p("tp.comm");
-  tp.group->all_reduce(comm::Buf(x, elems));
+  tp.group->all_reduce(comm::device_buf(x, elems));
 }
 
 void all_gather_rows(const TpContext& tp, const float* local, float* full, int64_t local_elems) {
   profile::Scope p("tp.comm");
   if (!tp.active()) {
-    if (full != local) std::memcpy(full, local, static_cast<size_t>(local_elems) * sizeof(float));
+    if (full != local) kernels::copy(full, local, local_elems);
     return;
   }
-  tp.group->all_gather(comm::Buf(const_cast<float*>(local), local_elems),
-                       comm::Buf(full, local_elems * tp.size));
+  tp.group->all_gather(comm::device_buf(const_cast<float*>(local), local_elems),
+                       comm::device_buf(full, local_elems * tp.size));
 }
 
 void reduce_scatter_rows(const TpContext& tp, const float* full, float* local,
                          int64_t local_elems) {
   profile::Scope p("tp.comm");
   if (!tp.active()) {
-    if (full != local) std::memcpy(local, full, static_cast<size_t>(local_elems) * sizeof(float));
+    if (full != local) kernels::copy(local, full, local_elems);
     return;
   }
-  tp.group->reduce_scatter(comm::Buf(const_cast<float*>(full), local_elems * tp.size),
-                           comm::Buf(local, local_elems));
+  tp.group->reduce_scatter(comm::device_buf(const_cast<float*>(full), local_elems * tp.size),
+                           comm::device_buf(local, local_elems));
 }
 
 void all_reduce_max(const TpContext& tp, float* x, int64_t elems) {
   if (!tp.active()) return;
   profile::Scope p("tp.comm");
-  tp.group->all_reduce(comm::Buf(x, elems), comm::ReduceOp::kMax);
+  tp.group->all_reduce(comm::device_buf(x, elems), comm::ReduceOp::kMax);
 }
 
 ReplicatedGradSync::ReplicatedGradSync(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t lo,
@@ -58,13 +57,13 @@ void ReplicatedGradSync::sync(const TpContext& tp, float* grads) {
   float* buf = packed_.f32();
   int64_t k = 0;
   for (auto [a, b] : ranges_) {
-    std::memcpy(buf + k, grads + a, static_cast<size_t>(b - a) * sizeof(float));
+    kernels::copy(buf + k, grads + a, b - a);
     k += b - a;
   }
   all_reduce(tp, buf, k);
   k = 0;
   for (auto [a, b] : ranges_) {
-    std::memcpy(grads + a, buf + k, static_cast<size_t>(b - a) * sizeof(float));
+    kernels::copy(grads + a, buf + k, b - a);
     k += b - a;
   }
 }

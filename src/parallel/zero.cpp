@@ -82,7 +82,7 @@ void ShardedGrads::after_backward(int unit) {
   const int64_t mine = counts[static_cast<size_t>(dp_.rank())];
   Tensor g = unit_grads(unit);
   // In place: this rank's piece is reduced where it lies in the slot.
-  const comm::Buf out(g.f32() + (mine > 0 ? shard_range_.my_begin(lo) - lo : 0), mine);
+  const comm::Buf out = comm::device_buf(g.f32() + (mine > 0 ? shard_range_.my_begin(lo) - lo : 0), mine);
   InFlight& f = in_flight_[static_cast<size_t>(UnitBuffers::slot_of(unit, layout_.num_units()))];
   MT_ASSERT(!f.work);
   f.work = dp_.reduce_scatter_async(comm::Buf(g), out, counts);
@@ -122,7 +122,7 @@ void ShardedParams::start(int unit) {
   const auto& counts = counts_[static_cast<size_t>(unit)];
   const int64_t mine = counts[static_cast<size_t>(dp_.rank())];
   const float* src = shard_.f32() + (mine > 0 ? shard_range_.my_begin(lo) - shard_range_.lo() : 0);
-  w = dp_.all_gather_async(comm::Buf(const_cast<float*>(src), mine), comm::Buf(unit_values(unit)),
+  w = dp_.all_gather_async(comm::device_buf(const_cast<float*>(src), mine), comm::Buf(unit_values(unit)),
                            counts);
 }
 

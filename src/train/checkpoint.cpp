@@ -889,7 +889,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
       rep.opt->set_steps_taken(adam_steps);
       if (rep.zero == 1 || rep.zero == 2) {  // every rank holds every value
         Tensor& v = rep.gpt.params().flat_values();
-        rep.dp.all_gather(comm::Buf(v.f32() + rep.shard.lo(), rep.shard.shard_elems), comm::Buf(v));
+        rep.dp.all_gather(comm::device_buf(v.f32() + rep.shard.lo(), rep.shard.shard_elems), comm::Buf(v));
       }
       if (rep.options.bf16 && !rep.values) rep.gpt.params().refresh_bf16();
       float total = static_cast<float>(bytes);

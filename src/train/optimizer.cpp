@@ -17,7 +17,14 @@ AdamW::AdamW(model::ParamStore& params, AdamWConfig config, int64_t lo, int64_t 
       lo_(lo),
       hi_(hi),
       m_(Tensor::zeros({hi - lo}, DType::kF32, mem::Category::kOptimizer)),
-      v_(Tensor::zeros({hi - lo}, DType::kF32, mem::Category::kOptimizer)) {}
+      v_(Tensor::zeros({hi - lo}, DType::kF32, mem::Category::kOptimizer)) {
+  for (auto& prm : params_->params()) {
+    const int64_t a = std::max(lo_, prm.offset_elems);
+    const int64_t b = std::min(hi_, prm.offset_elems + shape_numel(prm.spec.shape));
+    if (a >= b) continue;  // not in this range (padding beyond the last is never updated)
+    segments_.push_back({a - lo_, b - a, prm.spec.weight_decay ? config_.weight_decay : 0.f});
+  }
+}
 
 void AdamW::step(float lr) {
   step(lr, params_->flat_values().f32() + lo_, params_->flat_grads().f32() + lo_);
@@ -26,15 +33,9 @@ void AdamW::step(float lr) {
 void AdamW::step(float lr, float* values, const float* grads) {
   profile::Scope p("optimizer");
   ++t_;
-  for (auto& prm : params_->params()) {
-    const int64_t a = std::max(lo_, prm.offset_elems);
-    const int64_t b = std::min(hi_, prm.offset_elems + shape_numel(prm.spec.shape));
-    if (a >= b) continue;  // not in this range (padding beyond the last is never updated)
-    const int64_t i = a - lo_;
-    kernels::adamw_update(values + i, grads + i, m_.f32() + i, v_.f32() + i, b - a, lr,
-                          config_.beta1, config_.beta2, config_.eps,
-                          prm.spec.weight_decay ? config_.weight_decay : 0.f, t_);
-  }
+  kernels::adamw_update_multi(values, grads, m_.f32(), v_.f32(), segments_.data(),
+                              static_cast<int64_t>(segments_.size()), lr, config_.beta1,
+                              config_.beta2, config_.eps, t_);
 }
 
 float lr_at(int64_t step, int64_t warmup_steps, int64_t total_steps, float lr_max,

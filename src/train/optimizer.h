@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "kernels/kernels.h"
 #include "model/params.h"
 
 namespace mt::train {
@@ -37,6 +39,8 @@ class AdamW {
   int64_t lo_ = 0, hi_ = 0;
   Tensor m_, v_;  // first and second moments of elements [lo, hi)
   int64_t t_ = 0;
+  // The pieces of [lo, hi) by parameter, each with its weight decay (one kernel call).
+  std::vector<kernels::AdamwSegment> segments_;
 };
 
 // Linear warmup to lr_max over warmup steps, then cosine decay to min_ratio * lr_max at

@@ -180,7 +180,7 @@ void Replica::optimizer_step(float lr) {
   opt->step(lr, opt_values(), opt_grads());
   if (zero == 1 || zero == 2) {  // every rank needs every updated value again
     Tensor& v = gpt.params().flat_values();
-    dp.all_gather(comm::Buf(v.f32() + shard.lo(), shard.shard_elems), comm::Buf(v));
+    dp.all_gather(comm::device_buf(v.f32() + shard.lo(), shard.shard_elems), comm::Buf(v));
   }
   // The working copy from the new master weights (ZeRO-3: at each unit's next gather).
   if (options.bf16 && !values) gpt.params().refresh_bf16();

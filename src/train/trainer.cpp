@@ -14,6 +14,7 @@
 #include "comm/launch.h"
 #include "comm/mesh.h"
 #include "core/clock.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/profile.h"
 #include "kernels/kernels.h"
@@ -88,6 +89,20 @@ void TrainOptions::validate() const {
         "schedule)");
   if (dtype != "f32" && dtype != "bf16")
     fail("--dtype '{}' is not a training precision (choose f32 or bf16)", dtype);
+  if (device != "cpu" && device != "cuda")
+    fail("--device '{}' is not a device (choose cpu or cuda)", device);
+  if (device == "cuda") {
+    if (!device::cuda_built())
+      fail("--device cuda: this meshtrain was built without CUDA (configure with "
+           "-DMESHTRAIN_CUDA=ON where nvcc is installed, or use --device cpu)");
+    // Not yet on a GPU: what reads or writes tensors through the host in place.
+    if (!checkpoint_dir.empty() || !resume.empty())
+      fail("--device cuda: checkpoints are not supported on a GPU yet (drop --checkpoint-dir "
+           "/ --resume, or train with --device cpu)");
+    if (!export_path.empty() && (tp > 1 || pipeline.pp > 1))
+      fail("--device cuda: --export of a tp > 1 or pp > 1 layout is not supported on a GPU yet "
+           "(export works with dp and ZeRO; or train with --device cpu)");
+  }
   if (steps < 1) fail("--steps {} must be at least 1", steps);
   if (checkpoint_every < 0) fail("--checkpoint-every {} must be 0 or more", checkpoint_every);
   if (keep_checkpoints < 0) fail("--keep {} must be 0 (all) or more", keep_checkpoints);
@@ -274,6 +289,25 @@ std::unique_ptr<model::Gpt> gather_whole_model(Replica& rep, comm::Group& tp_gro
   return whole;
 }
 
+// The GPU of a rank: its index among the ranks of its host (mpirun's local rank, or the
+// thread's rank under the local backend) modulo the GPUs there. Ranks beyond the GPU count
+// share GPUs, which the local and mpi backends allow (NCCL does not).
+int gpu_of_rank(int world_rank) {
+  int local = world_rank;
+  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
+  const int n = device::cuda_device_count();
+  return n > 0 ? local % n : 0;
+}
+
+// A host copy of a GPU rank's whole model (tp = pp = 1), for export.
+std::unique_ptr<model::Gpt> host_copy(const model::Gpt& gpt, const TrainOptions& o) {
+  device::ScopedCpu cpu;
+  auto whole = std::make_unique<model::Gpt>(o.model, o.seed);
+  for (const model::Param& prm : gpt.params().params())
+    whole->params().get(prm.spec.name).value.copy_from(prm.value);
+  return whole;
+}
+
 struct Shared {
   const TrainOptions& o;
   const Splits& data;
@@ -288,6 +322,8 @@ void run_rank(Shared& sh, comm::Group& world) {
   const TrainOptions& o = sh.o;
   mem::Tracker tracker;
   mem::ScopedTracker track(tracker);
+  // Before the first allocation: tensors go to the thread's device.
+  if (o.device == "cuda") device::use_cuda(gpu_of_rank(world.rank()));
   kernels::set_threads(sh.threads);
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
@@ -339,9 +375,10 @@ void run_rank(Shared& sh, comm::Group& world) {
   std::vector<int32_t> inputs(mb * T), targets(mb * T);
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
   const double flops_per_token = model::training_flops_per_token(o.model, T);
-  const double peak = o.peak_flops > 0
-                          ? o.peak_flops
-                          : kernels::peak_flops(ro.bf16 ? DType::kBF16 : DType::kF32, sh.threads);
+  const DType gemm_dtype = ro.bf16 ? DType::kBF16 : DType::kF32;
+  const double peak = o.peak_flops > 0         ? o.peak_flops
+                      : device::on_cuda() ? kernels::gpu_peak_flops(gemm_dtype)
+                                               : kernels::peak_flops(gemm_dtype, sh.threads);
   const Splits& data = sh.data;
 
   if (talk) {
@@ -357,10 +394,14 @@ void run_rank(Shared& sh, comm::Group& world) {
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads, vocab {} padded to {}), {:.2f}M "
         "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
-        "replica; recompute {}; {} thread(s) per rank; data {} ({} train sequences)",
+        "replica; recompute {}; {}; data {} ({} train sequences)",
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head, o.model.vocab,
         rep.gpt.config().padded_vocab(), model::count_params(model::gpt_param_specs(o.model)) / 1e6,
-        B, T, layout, o.mesh_order, n_micro, mb, o.recompute, sh.threads, o.data,
+        B, T, layout, o.mesh_order, n_micro, mb, o.recompute,
+        device::on_cuda()
+            ? fmt::format("device {}", device::describe(mem::Device::kCuda, device::current_index()))
+            : fmt::format("{} thread(s) per rank", sh.threads),
+        o.data,
         data.train->num_samples()));
   }
 
@@ -431,6 +472,7 @@ void run_rank(Shared& sh, comm::Group& world) {
                      rep.opt_elems());
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
     rep.optimizer_step(lr);
+    device::synchronize();  // a GPU's step ends when its kernels have
     const double dt = now_s() - t0;
     // Bytes this rank received in the step over each mesh dimension (the optimizer's
     // all-gather included); gathered with the peak bytes and the compute time below.
@@ -575,13 +617,15 @@ void run_rank(Shared& sh, comm::Group& world) {
   }
   rep.materialize_full();
   if (o.keep_final_params) {
-    const float* v = rep.full_values();
-    rec.final_params.assign(v, v + rep.gpt.params().numel());
+    rec.final_params.resize(static_cast<size_t>(rep.gpt.params().numel()));
+    device::copy(rec.final_params.data(), mem::Device::kCpu, rep.full_values(), device::current(),
+                 rep.gpt.params().numel() * static_cast<int64_t>(sizeof(float)));
   }
   if (!o.export_path.empty()) {
     std::unique_ptr<model::Gpt> whole;
     if (o.tp > 1 || P > 1)
       whole = gather_whole_model(rep, tp_group, ppg, o, sh.schedule, sh.partition);
+    if (lead && device::on_cuda()) whole = host_copy(rep.gpt, o);  // export reads the host
     if (lead) {
       export_hf_safetensors(whole ? *whole : rep.gpt, o.export_path);
       if (!o.quiet) progress.line(fmt::format("exported weights to {}", o.export_path));

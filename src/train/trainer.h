@@ -46,6 +46,9 @@ struct TrainOptions {
   // f32, or bf16: mixed precision (f32 master weights, gradients and optimizer state; the
   // weight GEMMs on bf16 operands: docs/mixed_precision.md).
   std::string dtype = "f32";
+  // cpu, or cuda: each rank computes on a GPU (rank r on GPU r mod GPUs on its host;
+  // docs/cuda.md). Buffers, kernels and the optimizer all live there.
+  std::string device = "cpu";
   bool quiet = false;              // no per-step lines (tests)
   bool keep_final_params = false;  // copy the final weights into TrainResult
   PipelineOptions pipeline;        // --pp > 1: train/pipeline_stage.h

@@ -96,6 +96,7 @@ TrainOptions oracle_options(const TrainOptions& layout) {
   o.zero = 0;
   o.pipeline = PipelineOptions{};
   o.microbatch = layout.microbatch_size();  // each forward sees the same sequences
+  o.device = "cpu";                          // the oracle: one CPU rank
   return o;
 }
 
@@ -108,9 +109,9 @@ std::string describe_layout(const TrainOptions& o) {
   }
   if (o.dp > 1) parts.push_back(fmt::format("dp {} (ZeRO-{})", o.dp, o.zero));
   if (o.tp > 1) parts.push_back(fmt::format("tp {}{}", o.tp, o.sp ? " (sp)" : ""));
-  if (parts.empty()) return "1 rank";
-  std::string s = parts[0];
+  std::string s = parts.empty() ? "1 rank" : parts[0];
   for (size_t i = 1; i < parts.size(); ++i) s += " x " + parts[i];
+  if (o.device != "cpu") s += " on " + o.device;
   return s;
 }
 

@@ -33,6 +33,28 @@ TEST(AdamW, MatchesScalarReferenceOverSteps) {
   test::expect_close(v, rv, 1e-6, 1e-5, "v");
 }
 
+// The optimizer's one call over every parameter: each segment exactly as adamw_update on
+// it alone (its own weight decay), and elements outside every segment untouched.
+TEST(AdamW, MultiSegmentEqualsOneCallPerSegment) {
+  const int64_t n = 301;
+  const std::vector<AdamwSegment> segs = {{0, 100, 0.1f}, {100, 7, 0.0f}, {120, 181, 0.1f}};
+  auto p1 = test::randn(n, 3), p2 = p1;
+  std::vector<float> m1(n, 0.f), v1(n, 0.f), m2(n, 0.f), v2(n, 0.f);
+  for (int64_t t = 1; t <= 3; ++t) {
+    auto g = test::randn(n, 20 + static_cast<uint32_t>(t));
+    adamw_update_multi(p1.data(), g.data(), m1.data(), v1.data(), segs.data(),
+                       static_cast<int64_t>(segs.size()), 1e-2f, 0.9f, 0.95f, 1e-8f, t);
+    for (const AdamwSegment& s : segs)
+      adamw_update(p2.data() + s.offset, g.data() + s.offset, m2.data() + s.offset,
+                   v2.data() + s.offset, s.n, 1e-2f, 0.9f, 0.95f, 1e-8f, s.weight_decay, t);
+  }
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+  const auto p0 = test::randn(n, 3);
+  for (int64_t i = 107; i < 120; ++i) EXPECT_EQ(p1[i], p0[i]) << "element " << i << " is in no segment";
+}
+
 TEST(AdamW, RejectsStepZero) {
   float p = 0, g = 0, m = 0, v = 0;
   EXPECT_THROW(adamw_update(&p, &g, &m, &v, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0), mt::Error);

@@ -43,6 +43,23 @@ TEST(Elementwise, SumSquaresMatchesAndIsThreadCountIndependent) {
   EXPECT_EQ(sum_squares(x.data(), 1), double(x[0]) * x[0]);
 }
 
+TEST(Elementwise, CopyAndSumInOrder) {
+  auto x = test::randn(1001, 7);
+  std::vector<float> y(x.size(), 0.f);
+  copy(y.data(), x.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y, x);
+  double expect = 0;  // the order the losses of a microbatch were always summed in
+  for (float v : x) expect += v;
+  EXPECT_EQ(sum(x.data(), static_cast<int64_t>(x.size())), expect);
+  EXPECT_EQ(sum(x.data(), 0), 0.0);
+}
+
+// On the CPU attention keeps its probabilities: B·NH·T·T floats each way.
+TEST(Attention, StashAndScratchSizesOnTheCpu) {
+  EXPECT_EQ(attention_stash_elems(2, 3, 5), 2 * 3 * 5 * 5);
+  EXPECT_EQ(attention_scratch_elems(2, 3, 5), 2 * 3 * 5 * 5);
+}
+
 TEST(Threads, SetAndQuery) {
   const int saved = threads();
   set_threads(2);

@@ -1,0 +1,142 @@
+// Training on a GPU (--device cuda) against the CPU: the refusals run everywhere; the
+// training tests need a CUDA GPU and skip themselves, saying so, where there is none.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "test_util.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+namespace {
+
+class CudaTrain : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new std::string(test::demo_tokens(test::scratch_dir("cuda_train")));
+  }
+  static TrainOptions tiny(int64_t steps, const std::string& device) {
+    TrainOptions o;
+    o.model = model::preset("tiny");
+    o.model.seq_len = 64;
+    o.batch = 8;
+    o.steps = steps;
+    o.data = *data_;
+    o.threads = 1;
+    o.quiet = true;
+    o.peak_flops = 1e11;  // MFU is not under test
+    o.device = device;
+    o.keep_final_params = true;
+    return o;
+  }
+  static bool have_gpu() { return device::cuda_device_count() > 0; }
+  static std::string* data_;
+};
+std::string* CudaTrain::data_ = nullptr;
+
+#define MT_NEED_GPU()                                                                    \
+  do {                                                                                   \
+    if (!have_gpu())                                                                     \
+      GTEST_SKIP() << "no CUDA GPU on this machine (or a build without CUDA): --device " \
+                      "cuda training is compiled but not run here";                      \
+  } while (0)
+
+TEST_F(CudaTrain, RefusesWhatAGpuCannotDoYet) {
+  TrainOptions o = tiny(2, "cuda");
+  o.checkpoint_dir = test::scratch_dir("cuda_train_ckpt").string();
+  try {
+    run_training(o);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    // Without a CUDA build the first refusal is that one; with it, the checkpoints.
+    const std::string m = e.what();
+    EXPECT_TRUE(m.find("checkpoints are not supported on a GPU") != std::string::npos ||
+                m.find("built without CUDA") != std::string::npos)
+        << m;
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+  o = tiny(2, "tpu");
+  EXPECT_THROW(run_training(o), Error);
+}
+
+TEST_F(CudaTrain, NoGpuIsAClearError) {
+  if (have_gpu()) GTEST_SKIP() << "this machine has a GPU";
+  try {
+    run_training(tiny(2, "cuda"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_TRUE(m.find("no CUDA GPU is visible") != std::string::npos ||
+                m.find("built without CUDA") != std::string::npos)
+        << m;
+  }
+}
+
+// The same model, data and steps on the GPU and on the CPU: f32 everywhere, the GPU's GEMMs
+// in true f32 (no TF32), so the losses agree to summation order.
+TEST_F(CudaTrain, F32LossesMatchTheCpu) {
+  MT_NEED_GPU();
+  const TrainResult cpu = run_training(tiny(20, "cpu"));
+  const TrainResult gpu = run_training(tiny(20, "cuda"));
+  ASSERT_EQ(cpu.steps.size(), gpu.steps.size());
+  for (size_t i = 0; i < cpu.steps.size(); ++i) {
+    EXPECT_NEAR(gpu.steps[i].loss, cpu.steps[i].loss, 2e-5 * std::abs(cpu.steps[i].loss))
+        << "step " << i + 1;
+    EXPECT_NEAR(gpu.steps[i].grad_norm, cpu.steps[i].grad_norm, 1e-3 * cpu.steps[i].grad_norm)
+        << "step " << i + 1;
+  }
+  ASSERT_EQ(cpu.final_params.size(), gpu.final_params.size());
+  double worst = 0;
+  for (size_t i = 0; i < cpu.final_params.size(); ++i)
+    worst = std::max(worst, std::abs(double(cpu.final_params[i]) - gpu.final_params[i]));
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_EQ(gpu.allocations_after_first_step, 0);
+}
+
+TEST_F(CudaTrain, Bf16LossesTrackTheCpu) {
+  MT_NEED_GPU();
+  TrainOptions c = tiny(20, "cpu"), g = tiny(20, "cuda");
+  c.dtype = g.dtype = "bf16";
+  const TrainResult cpu = run_training(c), gpu = run_training(g);
+  for (size_t i = 0; i < cpu.steps.size(); ++i)
+    EXPECT_NEAR(gpu.steps[i].loss, cpu.steps[i].loss, 5e-3 * std::abs(cpu.steps[i].loss))
+        << "step " << i + 1;
+}
+
+TEST_F(CudaTrain, SameSeedIsBitwiseDeterministic) {
+  MT_NEED_GPU();
+  const TrainResult a = run_training(tiny(5, "cuda")), b = run_training(tiny(5, "cuda"));
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_EQ(a.final_params, b.final_params);
+}
+
+// Several rank threads on the one GPU (the local backend stages device buffers through the
+// host): the layouts still match the single rank.
+TEST_F(CudaTrain, LayoutsOnOneGpuMatchTheSingleRank) {
+  MT_NEED_GPU();
+  const TrainResult one = run_training(tiny(6, "cuda"));
+  struct L {
+    int dp, tp, pp, zero;
+  };
+  for (const L l : {L{2, 1, 1, 0}, L{2, 1, 1, 3}, L{1, 2, 1, 0}, L{1, 1, 2, 1}}) {
+    TrainOptions o = tiny(6, "cuda");
+    o.dp = l.dp;
+    o.tp = l.tp;
+    o.pipeline.pp = l.pp;
+    o.zero = l.zero;
+    o.keep_final_params = l.tp == 1 && l.pp == 1;
+    const TrainResult r = run_training(o);
+    for (size_t i = 0; i < one.steps.size(); ++i)
+      EXPECT_NEAR(r.steps[i].loss, one.steps[i].loss, 5e-5 * std::abs(one.steps[i].loss))
+          << "dp " << l.dp << " tp " << l.tp << " pp " << l.pp << " zero " << l.zero << " step "
+          << i + 1;
+  }
+}
+
+}  // namespace
+}  // namespace mt::train
