@@ -134,4 +134,11 @@ void launch_add_bias(float* y, const float* b, int64_t n, int64_t c);
 void launch_scale_matrix(float* C, int64_t M, int64_t N, int64_t ldc, int64_t stride_c,
                          int64_t batch, float beta);
 
+// dw[tokens[i] - v0, :] += dy[i, :] for every i with v0 <= tokens[i] < v0 + rows
+// (embedding.cu). Deterministic and in the CPU's order: the positions are stably sorted by
+// row (CUB radix sort), then one block per distinct row adds that row's dy rows to it in
+// position order.
+void accumulate_rows_by_token(float* dw, const float* dy, const int32_t* tokens, int64_t n,
+                              int64_t C, int64_t v0, int64_t rows);
+
 }  // namespace mt::kernels::cuda::detail
