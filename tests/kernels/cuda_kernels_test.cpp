@@ -8,9 +8,10 @@
 //  - f32 kernels 1e-5: both sides compute in f32 and differ only in summation order and
 //    in exp (the CPU's fast_exp and CUDA's expf are each within ~2 ulp), a few 1e-7 per
 //    element; backward passes that chain several GEMMs get 3e-5.
-//  - bf16-operand GEMMs 1e-3: the same bf16 inputs on both sides and f32 accumulation, so
-//    again only the order of additions (tensor cores), but a bf16-rounded output may land
-//    one bf16 ulp (2^-8) apart on a few elements.
+//  - bf16-operand GEMMs with f32 output 1e-3: the same bf16 inputs on both sides and f32
+//    accumulation, so again only the order of additions (tensor cores).
+//  - bf16-rounded outputs 1e-2: an f32 difference of ~1e-7 can flip the rounding of an
+//    element by one bf16 ulp (2^-8 relative).
 //  - kernels that add in the CPU's order (embedding and position backward, AdamW) 1e-6.
 //  - double reductions (sum, sum_squares) 1e-12: products are exact in double, only the
 //    order of double additions differs.
@@ -43,6 +44,7 @@ using test::random_tokens;
 constexpr double kF32 = 1e-5;
 constexpr double kF32Chain = 3e-5;
 constexpr double kBf16 = 1e-3;
+constexpr double kBf16Out = 1e-2;
 constexpr double kOrdered = 1e-6;
 
 // ---- GEMM ---------------------------------------------------------------------------------
@@ -643,7 +645,7 @@ TEST(CudaKernels, MixedLinearMatchesCpu) {
       linear_forward_mixed(gy16.get(), gx.get(), gw.get(), bias ? gb.get() : nullptr, s.n, s.in,
                            s.out);
       MT_EXPECT_REL(gy.host(), y, kBf16, "linear_forward_mixed f32 y");
-      MT_EXPECT_REL(test::bf16_to_f32_host(gy16.host()), test::bf16_to_f32_host(y16), kBf16,
+      MT_EXPECT_REL(test::bf16_to_f32_host(gy16.host()), test::bf16_to_f32_host(y16), kBf16Out,
                     "linear_forward_mixed bf16 y");
       // One pass (ws holds all of dy) and row chunks of 3 rows.
       for (int64_t ws_elems : {s.n * s.out, 3 * s.out}) {
