@@ -1,0 +1,115 @@
+// Causal multi-head self-attention, the straightforward way (the CPU's semantics): for each
+// batch row b, strided-batched f32 GEMMs over the NH heads (head h of q, k, v is the column
+// block h*hd of qkv's row, so heads are `hd` floats apart with leading dim 3C), and a
+// softmax kernel in between. att [B, NH, T, T] holds the probabilities, 0 above the
+// diagonal; backward's scratch holds dP and then dS, same shape.
+#include <cmath>
+
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace mt::kernels::cuda {
+namespace {
+
+using namespace detail;
+
+// Row blockIdx.x of the [B*NH*T, T] scores (query t = row % T), already scaled by
+// 1/sqrt(hd) in the GEMM: softmax over keys 0..t in place, 0 after.
+__global__ void causal_softmax_kernel(float* att, int64_t T) {
+  __shared__ float shm[kThreads];
+  const int64_t row = blockIdx.x;
+  const int64_t t = row % T;
+  float* p = att + row * T;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= t; j += kThreads) mx = fmaxf(mx, p[j]);
+  mx = block_reduce(mx, shm, MaxOp{});
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j <= t; j += kThreads) {
+    const float e = expf(p[j] - mx);
+    p[j] = e;
+    s += e;
+  }
+  const float inv = 1.0f / block_reduce(s, shm, AddOp{});
+  for (int64_t j = threadIdx.x; j < T; j += kThreads) p[j] = j <= t ? p[j] * inv : 0.0f;
+}
+
+// Row blockIdx.x of dP (in ds) and P: dS = P * (dP - <P, dP>) * scale over keys 0..t, 0 after.
+__global__ void causal_softmax_backward_kernel(float* ds, const float* att, int64_t T, float scale) {
+  __shared__ float shm[kThreads];
+  const int64_t row = blockIdx.x;
+  const int64_t t = row % T;
+  float* d = ds + row * T;
+  const float* p = att + row * T;
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j <= t; j += kThreads) dot += p[j] * d[j];
+  dot = block_reduce(dot, shm, AddOp{});
+  for (int64_t j = threadIdx.x; j < T; j += kThreads) d[j] = j <= t ? p[j] * (d[j] - dot) * scale : 0.0f;
+}
+
+void check_shape(const char* what, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  check_nonneg(what, "B", B);
+  if (NH < 1 || C < 1 || C % NH != 0)
+    fail_input(std::string(what) + ": C=" + str(C) + " is not divisible by NH=" + str(NH));
+  if (T < 1) fail_input(std::string(what) + ": T must be >= 1, got " + str(T));
+  if (B * NH * T > INT32_MAX)
+    fail_input(std::string(what) + ": B*NH*T=" + str(B * NH * T) + " rows exceed 2^31-1");
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH) {
+  check_shape("attention_forward", B, T, C, NH);
+  if (B == 0) return;
+  const int64_t hd = C / NH, C3 = 3 * C, TT = T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    const float* k = q + C;
+    float* p = att + b * NH * TT;
+    // S[h] = scale * Q[h] K[h]^T (all T x T; the softmax zeroes the upper triangle)
+    gemm_batched(false, true, T, T, hd, scale, q, C3, hd, k, C3, hd, 0.0f, p, T, TT, NH);
+  }
+  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, stream()>>>(att, T);
+  check_launch("causal_softmax_kernel");
+  for (int64_t b = 0; b < B; ++b) {
+    const float* v = qkv + b * T * C3 + 2 * C;
+    // out[h] = P[h] V[h]
+    gemm_batched(false, false, T, hd, T, 1.0f, att + b * NH * TT, T, TT, v, C3, hd, 0.0f,
+                 out + b * T * C, C, hd, NH);
+  }
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  check_shape("attention_backward", B, T, C, NH);
+  if (B == 0) return;
+  const int64_t hd = C / NH, C3 = 3 * C, TT = T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t b = 0; b < B; ++b) {
+    // dP[h] = dO[h] V[h]^T
+    gemm_batched(false, true, T, T, hd, 1.0f, dout + b * T * C, C, hd, qkv + b * T * C3 + 2 * C,
+                 C3, hd, 0.0f, scratch + b * NH * TT, T, TT, NH);
+  }
+  causal_softmax_backward_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, stream()>>>(
+      scratch, att, T, scale);
+  check_launch("causal_softmax_backward_kernel");
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    const float* k = q + C;
+    const float* ds = scratch + b * NH * TT;
+    const float* p = att + b * NH * TT;
+    const float* dO = dout + b * T * C;
+    float* dq = dqkv + b * T * C3;
+    // dQ[h] = dS[h] K[h]; dK[h] = dS[h]^T Q[h]; dV[h] = P[h]^T dO[h] (all overwritten)
+    gemm_batched(false, false, T, hd, T, 1.0f, ds, T, TT, k, C3, hd, 0.0f, dq, C3, hd, NH);
+    gemm_batched(true, false, T, hd, T, 1.0f, ds, T, TT, q, C3, hd, 0.0f, dq + C, C3, hd, NH);
+    gemm_batched(true, false, T, hd, T, 1.0f, p, T, TT, dO, C, hd, 0.0f, dq + 2 * C, C3, hd, NH);
+  }
+}
+
+int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T) { return B * NH * T * T; }
+int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T) { return B * NH * T * T; }
+
+}  // namespace mt::kernels::cuda

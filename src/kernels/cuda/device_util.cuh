@@ -1,0 +1,53 @@
+// Device-side helpers shared by the kernels: a deterministic block reduction and the f32 to
+// bf16 rounding of core/dtype.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/context.h"
+
+namespace mt::kernels::cuda::detail {
+
+struct AddOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// The reduction of every thread's v over the block, returned to all threads. A fixed binary
+// tree in shared memory, so the same inputs give the same bits. blockDim.x must be kThreads
+// and `shm` hold kThreads values; every thread of the block must call it.
+template <class T, class Op>
+__device__ T block_reduce(T v, T* shm, Op op) {
+  shm[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (static_cast<int>(threadIdx.x) < s) shm[threadIdx.x] = op(shm[threadIdx.x], shm[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const T r = shm[0];
+  __syncthreads();  // shm may be reused by the caller right away
+  return r;
+}
+
+// The bits of core/dtype.h's f32_to_bf16(x): to nearest, ties to even; a NaN keeps its sign
+// and payload's top bits and is made quiet; subnormals are kept. Integer arithmetic, so the
+// bits are the CPU's for every input (the cvt instruction behind __float2bfloat16_rn
+// returns a canonical NaN instead).
+__device__ inline uint16_t bf16_bits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ inline float bf16_to_float(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+}  // namespace mt::kernels::cuda::detail

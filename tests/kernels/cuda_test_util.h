@@ -1,0 +1,124 @@
+// Helpers for the CUDA kernel tests: device buffers filled from host vectors (or poisoned
+// with NaN, so that elements a kernel forgot to write are caught), a scope in which the
+// calling thread computes on GPU 0, and the relative-norm comparison.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace mt::kernels::test {
+
+inline bool have_gpu() { return device::cuda_device_count() > 0; }
+
+#define MT_REQUIRE_GPU()                                                                      \
+  do {                                                                                        \
+    if (!::mt::kernels::test::have_gpu())                                                     \
+      GTEST_SKIP() << "no CUDA GPU on this machine: the CUDA kernels are compiled but not run"; \
+  } while (0)
+
+// The calling thread computes on GPU 0 while this lives (kernels dispatch to kernels::cuda).
+struct OnGpu {
+  OnGpu() { device::use_cuda(0); }
+  ~OnGpu() { device::use_cpu(); }
+  OnGpu(const OnGpu&) = delete;
+  OnGpu& operator=(const OnGpu&) = delete;
+};
+
+// A device array of T, from a host vector or poisoned.
+template <class T>
+class Gpu {
+ public:
+  explicit Gpu(const std::vector<T>& h) : n_(static_cast<int64_t>(h.size())) {
+    alloc();
+    device::copy(p_, mem::Device::kCuda, h.data(), mem::Device::kCpu, bytes());
+  }
+  // n elements, every byte 0xff: a NaN for f32 and bf16, -1 for int32.
+  static Gpu poisoned(int64_t n) {
+    std::vector<T> h(static_cast<size_t>(n));
+    if (n > 0) std::memset(static_cast<void*>(h.data()), 0xff, static_cast<size_t>(n) * sizeof(T));
+    return Gpu(h);
+  }
+  ~Gpu() { device::cuda_free(p_); }
+  Gpu(Gpu&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; }
+  Gpu(const Gpu&) = delete;
+  Gpu& operator=(const Gpu&) = delete;
+
+  T* get() { return p_; }
+  const T* get() const { return p_; }
+  // Waits for the thread's stream, then copies back.
+  std::vector<T> host() const {
+    std::vector<T> h(static_cast<size_t>(n_));
+    device::copy(h.data(), mem::Device::kCpu, p_, mem::Device::kCuda, bytes());
+    return h;
+  }
+
+ private:
+  void alloc() { p_ = static_cast<T*>(device::cuda_malloc(n_ > 0 ? bytes() : sizeof(T))); }
+  int64_t bytes() const { return n_ * static_cast<int64_t>(sizeof(T)); }
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+// ||got - want|| / ||want|| in double (NaN when got has a NaN: the check then fails).
+inline double rel_norm(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - want[i];
+    d += e * e;
+    w += static_cast<double>(want[i]) * want[i];
+  }
+  if (std::isnan(d)) return std::numeric_limits<double>::quiet_NaN();
+  return std::sqrt(d) / std::max(std::sqrt(w), 1e-30);
+}
+
+#define MT_EXPECT_REL(got, want, tol, what)                                                  \
+  do {                                                                                       \
+    const double mt_rel_ = ::mt::kernels::test::rel_norm((got), (want));                     \
+    EXPECT_TRUE(mt_rel_ <= (tol)) << (what) << ": relative norm error " << mt_rel_ << " > " \
+                                  << (tol);                                                  \
+  } while (0)
+
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+inline std::vector<float> uniform(int64_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+inline std::vector<int32_t> random_tokens(int64_t n, int32_t lo, int32_t hi, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> d(lo, hi - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+inline std::vector<bf16> to_bf16_host(const std::vector<float>& x) {
+  std::vector<bf16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
+  return y;
+}
+
+inline std::vector<float> bf16_to_f32_host(const std::vector<bf16>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
+  return y;
+}
+
+}  // namespace mt::kernels::test
