@@ -122,7 +122,8 @@ class NcclP2pWork : public Work {
 class NcclBackend final : public Backend {
  public:
   NcclBackend(ncclComm_t comm, std::unique_ptr<Group> host_group,
-              std::unique_ptr<Backend> host_owned, std::string name, int device, Job* job);
+              std::unique_ptr<Backend> host_owned, std::string name, int device, Job* job,
+              int world_rank);
   ~NcclBackend() override;
   std::string_view kind() const override { return "nccl"; }
   int rank() const override { return rank_; }
@@ -158,7 +159,7 @@ class NcclBackend final : public Backend {
   std::unique_ptr<Backend> host_owned_;           // a split group's host twin
   Backend* host_ = nullptr;
   std::string name_;
-  int dev_ = 0, rank_ = 0, size_ = 1;
+  int dev_ = 0, world_rank_ = 0, rank_ = 0, size_ = 1;
   Job* job_ = nullptr;
   int hook_ = 0;
   std::atomic<bool> aborted_{false};
@@ -169,12 +170,13 @@ class NcclBackend final : public Backend {
 
 NcclBackend::NcclBackend(ncclComm_t comm, std::unique_ptr<Group> host_group,
                          std::unique_ptr<Backend> host_owned, std::string name, int device,
-                         Job* job)
+                         Job* job, int world_rank)
     : comm_(comm),
       host_group_(std::move(host_group)),
       host_owned_(std::move(host_owned)),
       name_(std::move(name)),
       dev_(device),
+      world_rank_(world_rank),
       job_(job) {
   host_ = host_group_ ? &host_group_->backend() : host_owned_.get();
   MT_ASSERT(host_ != nullptr && comm_ != nullptr);
@@ -223,8 +225,8 @@ NcclBackend::~NcclBackend() {
       check_cuda(cudaEventRecord(done_, p2p_stream_), "cudaEventRecord");
       wait_event(done_, true, "the last send/recv");
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "[rank ?] nccl backend: group %s: %s (aborting its communicators)\n",
-                   name_.c_str(), e.what());
+      std::fprintf(stderr, "[rank %d] nccl backend: group %s: %s (aborting its communicators)\n",
+                   world_rank_, name_.c_str(), e.what());
       abort = true;
     }
   }
@@ -238,7 +240,8 @@ void NcclBackend::release(bool abort) {
       if (*c) {
         ncclResult_t r = abort ? ncclCommAbort(*c) : ncclCommDestroy(*c);
         if (r != ncclSuccess)
-          std::fprintf(stderr, "nccl backend: group %s: %s failed: %s\n", name_.c_str(),
+          std::fprintf(stderr, "[rank %d] nccl backend: group %s: %s failed: %s\n", world_rank_,
+                       name_.c_str(),
                        abort ? "ncclCommAbort" : "ncclCommDestroy", ncclGetErrorString(r));
         *c = nullptr;
       }
@@ -557,7 +560,8 @@ std::unique_ptr<Backend> NcclBackend::split(OpCall& call, int color, int key,
     return nullptr;
   }
   if (!sub) fail_run("nccl backend: ncclCommSplit of {} gave no communicator for color {}", name_, color);
-  return std::make_unique<NcclBackend>(sub, nullptr, std::move(host_sub), name, dev_, job_);
+  return std::make_unique<NcclBackend>(sub, nullptr, std::move(host_sub), name, dev_, job_,
+                                       world_rank_);
 }
 
 }  // namespace
@@ -587,7 +591,7 @@ std::unique_ptr<Backend> make_nccl_backend(Group& host_world) {
         last && *last ? ": " : "", last ? last : "");
   }
   return std::make_unique<NcclBackend>(comm, std::move(host), nullptr, "world", dev,
-                                       host_world.context()->job);
+                                       host_world.context()->job, host_world.world_rank());
 }
 
 }  // namespace mt::comm
