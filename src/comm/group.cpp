@@ -7,7 +7,9 @@
 #include <numeric>
 
 #include "comm/job.h"
+#include "comm/staging.h"
 #include "core/clock.h"
+#include "core/device.h"
 #include "core/error.h"
 
 namespace mt::comm {
@@ -92,16 +94,25 @@ std::shared_ptr<OpCall> Group::make_call(OpType op, Buf in, Buf out) {
   if (in.ptr && out.ptr && in.dtype != out.dtype)
     fail("{} on {}: input is {} but output is {}; both must have one dtype", op_name(op), name_,
          dtype_name(in.dtype), dtype_name(out.dtype));
-  for (const Buf* b : {&in, &out})
-    if (b->ptr && b->device != mem::Device::kCpu && backend_->kind() != "nccl")
-      fail(
-          "{} on {}: the {} backend moves host memory, but this buffer is on a GPU; use the "
-          "nccl backend for device buffers",
-          op_name(op), name_, backend_->kind());
+  if (in.ptr && out.ptr && in.device != out.device)
+    fail("{} on {}: input is on the {} but output on the {}; both must be on one device",
+         op_name(op), name_, in.device == mem::Device::kCpu ? "CPU" : "GPU",
+         out.device == mem::Device::kCpu ? "CPU" : "GPU");
+  const mem::Device dev = in.ptr ? in.device : out.device;
+  if (dev == mem::Device::kCuda && !device::on_cuda())
+    fail(
+        "{} on {}: the buffer is on a GPU but this thread computes on the CPU; call "
+        "device::use_cuda on the rank thread first (its stream orders the op)",
+        op_name(op), name_);
   auto c = std::make_shared<OpCall>();
   c->op = op;
   c->dtype = in.ptr ? in.dtype : out.dtype;
-  c->device = in.ptr ? in.device : out.device;
+  c->device = dev;
+  // The calling thread's stream, captured now: the op may run later on the progress thread.
+  if (device::on_cuda()) {
+    c->cuda_device = device::current_index();
+    c->cuda_stream = device::cuda_stream();
+  }
   c->in = in.ptr;
   c->out = out.ptr;
   c->in_elems = in.elems;
@@ -128,7 +139,7 @@ void Group::execute(Pending& p) {
     // An op still queued when the job aborted never starts (its buffers may be gone).
     if (ctx_->job && ctx_->job->aborted())
       throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
-    backend_->run(*p.call);
+    run_call(*p.call);
   } catch (...) {
     ctx_->recorder.on_failed(p.record_id);
     p.finish(std::current_exception());
@@ -136,6 +147,15 @@ void Group::execute(Pending& p) {
   }
   ctx_->recorder.on_done(p.record_id, p.call->sent_bytes, p.call->recv_bytes);
   p.finish(nullptr);
+}
+
+void Group::run_call(OpCall& c) {
+  if (c.device == mem::Device::kCuda && backend_->kind() != "nccl") {
+    if (!staging_) staging_ = std::make_unique<HostStaging>();
+    staging_->run(*backend_, c);
+    return;
+  }
+  backend_->run(c);
 }
 
 WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
@@ -184,6 +204,11 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
 WorkPtr Group::submit_p2p(std::shared_ptr<OpCall> call) {
   if (ctx_->job && ctx_->job->aborted())
     throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
+  if (call->device == mem::Device::kCuda && backend_->kind() != "nccl")
+    fail(
+        "{} on {}: the {} backend stages GPU buffers through host memory for collectives "
+        "only; send/recv of a GPU buffer needs --backend nccl (or copy it to the host first)",
+        op_name(call->op), name_, backend_->kind());
   {
     std::lock_guard lock(p2p_mu_);
     int64_t& s = p2p_seq_[{call->peer, call->op == OpType::kSend ? 0 : 1}];

@@ -13,6 +13,9 @@
 //  - async calls on a group run in call order on the group's progress thread; a blocking
 //    call waits for the earlier async ones of its group; send/recv run independently.
 //  - a buffer passed to an async call must stay alive and untouched until wait()/test().
+//  - buffers may be on the GPU of the calling rank thread (device::use_cuda): the nccl
+//    backend moves them directly, the host backends stage them through host memory
+//    (comm/staging.h). Every rank passes buffers on the same kind of device to one op.
 #pragma once
 
 #include <condition_variable>
@@ -31,6 +34,7 @@
 namespace mt::comm {
 
 class Job;
+class HostStaging;
 
 // What one rank owns across all its groups.
 struct RankContext {
@@ -78,6 +82,10 @@ class Group {
   const std::vector<int>& world_ranks() const { return world_ranks_; }
   int world_rank() const { return ctx_->world_rank; }
   std::string_view backend_kind() const { return backend_->kind(); }
+  // The transport itself, for a backend built on another one (nccl keeps a host group for
+  // host buffers and metadata). Calls made through it are not checked, numbered, recorded
+  // or staged: the caller's own Group does that.
+  Backend& backend() { return *backend_; }
   FlightRecorder& recorder() { return ctx_->recorder; }
   const std::shared_ptr<RankContext>& context() const { return ctx_; }
 
@@ -137,6 +145,7 @@ class Group {
   WorkPtr submit_p2p(std::shared_ptr<OpCall> call);
   int64_t record(const OpCall& c);
   void execute(Pending& p);
+  void run_call(OpCall& c);
   void check_peer(int peer, const char* what) const;
 
   std::shared_ptr<RankContext> ctx_;
@@ -151,6 +160,7 @@ class Group {
   std::map<std::pair<int, int>, int64_t> p2p_seq_;  // (peer, 0 send / 1 recv) -> next seq
   std::mutex p2p_mu_;
   std::unique_ptr<Worker> worker_;
+  std::unique_ptr<HostStaging> staging_;  // device buffers on a host backend (comm/staging.h)
 };
 
 }  // namespace mt::comm

@@ -47,6 +47,30 @@ void Job::abort(const std::string& reason) {
     aborted_.store(true, std::memory_order_release);
   }
   on_abort();
+  run_abort_hooks();
+}
+
+int Job::add_abort_hook(std::function<void()> hook) {
+  std::unique_lock lock(hooks_mu_);
+  if (aborted()) {
+    hook();
+    return 0;
+  }
+  int id = next_hook_++;
+  hooks_[id] = std::move(hook);
+  return id;
+}
+
+void Job::remove_abort_hook(int id) {
+  std::lock_guard lock(hooks_mu_);
+  hooks_.erase(id);
+}
+
+void Job::run_abort_hooks() {
+  // Under the hooks' mutex: remove_abort_hook waits for a running hook.
+  std::lock_guard lock(hooks_mu_);
+  for (auto& [id, hook] : hooks_) hook();
+  hooks_.clear();
 }
 
 namespace {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,12 @@ class Job {
   virtual std::string diagnose(const RankContext& rank, const OpRecord& stuck);
   // Called with the job's mutex free whenever abort() fires (wake waiters).
   virtual void on_abort() {}
+  // Extra actions of abort(), after on_abort(): the nccl backend aborts its communicators so
+  // that kernels waiting for a dead or stuck peer end. Runs at once if the job is already
+  // aborted. remove_abort_hook returns after a running hook finished (safe to destroy what
+  // it uses).
+  int add_abort_hook(std::function<void()> hook);
+  void remove_abort_hook(int id);
   // Extra wait before this process's watchdog fires, so that with one process per rank the
   // lowest stuck rank speaks first and the others do not repeat the diagnosis.
   virtual double watchdog_delay_s() const { return 0; }
@@ -60,6 +67,10 @@ class Job {
 
  private:
   void watchdog_loop();
+  void run_abort_hooks();
+  std::mutex hooks_mu_;
+  std::map<int, std::function<void()>> hooks_;
+  int next_hook_ = 1;
   std::thread watchdog_;
   std::mutex wd_mu_;
   std::condition_variable wd_cv_;

@@ -11,7 +11,12 @@
 
 #include "comm/local.h"
 #include "comm/mpi.h"
+#include "core/device.h"
 #include "core/error.h"
+
+#if MESHTRAIN_CUDA
+#include "comm/nccl/nccl_backend.h"
+#endif
 
 namespace mt::comm {
 
@@ -19,7 +24,8 @@ BackendKind parse_backend(std::string_view name) {
   if (name == "auto") return BackendKind::kAuto;
   if (name == "local") return BackendKind::kLocal;
   if (name == "mpi") return BackendKind::kMpi;
-  fail("--backend {} is not a backend; use local, mpi or auto", name);
+  if (name == "nccl") return BackendKind::kNccl;
+  fail("--backend {} is not a backend; use local, mpi, nccl or auto", name);
 }
 
 std::string_view backend_name(BackendKind k) {
@@ -30,11 +36,19 @@ std::string_view backend_name(BackendKind k) {
       return "local";
     case BackendKind::kMpi:
       return "mpi";
+    case BackendKind::kNccl:
+      return "nccl";
   }
   return "?";
 }
 
 bool started_by_mpirun() { return mpi_env_world_size() > 0; }
+
+int mpi_env_local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return -1;
+}
 
 BackendKind resolve_backend(const LaunchOptions& opts) {
   if (opts.backend != BackendKind::kAuto) return opts.backend;
@@ -42,7 +56,8 @@ BackendKind resolve_backend(const LaunchOptions& opts) {
 }
 
 int launch_world_size(const LaunchOptions& opts) {
-  if (resolve_backend(opts) == BackendKind::kMpi) {
+  const BackendKind k = resolve_backend(opts);
+  if (k == BackendKind::kMpi || (k == BackendKind::kNccl && started_by_mpirun())) {
     int n = mpi_env_world_size();
     return n > 0 ? n : opts.world_size;
   }
@@ -59,13 +74,14 @@ mem::Tracker* tracker_for_rank(const LaunchOptions& opts, int rank) {
 
 namespace {
 
-void launch_local(const LaunchOptions& opts, const std::function<void(Group& world)>& fn) {
+void launch_local(const LaunchOptions& opts, const std::function<void(Group& world)>& fn,
+                  const std::string& world_name = "world") {
   const int n = opts.world_size;
   if (n < 1) fail("the local backend needs at least 1 rank, got world size {}", n);
   auto job = std::make_shared<LocalJob>(n, opts.timeout_s);
   std::vector<int> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
-  auto world_shared = job->shared("world", "world", all);
+  auto world_shared = job->shared(world_name, world_name, all);
   if (opts.timeout_s > 0) job->start_watchdog();
 
   std::mutex mu;
@@ -98,7 +114,7 @@ void launch_local(const LaunchOptions& opts, const std::function<void(Group& wor
         if (mem::Tracker* t = tracker_for_rank(opts, r)) scope.emplace(*t);
         auto ctx = std::make_shared<RankContext>(r, n, opts.recorder_capacity, job.get());
         job->add_rank(ctx);
-        Group world(ctx, make_local_backend(*job, world_shared, r), "world", all);
+        Group world(ctx, make_local_backend(*job, world_shared, r), world_name, all);
         fn(world);
       } catch (const Error& e) {
         on_error(r, e.what(), e.exit_code());
@@ -142,13 +158,67 @@ void launch_local(const LaunchOptions& opts, const std::function<void(Group& wor
   }
 }
 
+
+// --backend nccl: the ranks start as local threads or mpi processes whose world group
+// ("host") carries the bootstrap and host-memory ops; each rank then selects its GPU and fn
+// gets the NCCL world.
+void launch_nccl(const LaunchOptions& opts, const std::function<void(Group& world)>& fn) {
+#if MESHTRAIN_CUDA
+  const bool mpi = started_by_mpirun();
+  const int gpus = device::cuda_device_count();
+  // Refused before any rank starts: NCCL refuses two ranks on one GPU.
+  int on_host = opts.world_size;
+  if (mpi) {
+    const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    on_host = s ? std::atoi(s) : 1;
+  }
+  if (gpus == 0)
+    fail("--backend nccl: no CUDA GPU is visible (cudaGetDeviceCount found none; check "
+         "nvidia-smi and CUDA_VISIBLE_DEVICES, or use --backend local)");
+  if (on_host > gpus)
+    fail("--backend nccl: {} ranks on this host but {} GPU{} visible; NCCL needs one GPU per "
+         "rank (use at most {} ranks per host, or --backend local to share GPUs among rank "
+         "threads)",
+         on_host, gpus, gpus == 1 ? " is" : "s are", gpus);
+  auto per_rank = [&](Group& host) {
+    const int local = mpi ? mpi_env_local_rank() : host.rank();
+    if (local < 0)
+      fail("--backend nccl under mpirun: this process's local rank is unknown (set "
+           "OMPI_COMM_WORLD_LOCAL_RANK, as Open MPI's mpirun does)");
+    if (local >= gpus)
+      fail("--backend nccl: local rank {} has no GPU of its own ({} visible); NCCL needs one "
+           "GPU per rank",
+           local, gpus);
+    device::use_cuda(local);
+    Group world(host.context(), make_nccl_backend(host), "world", host.world_ranks());
+    fn(world);
+    world.barrier();  // nobody destroys its communicator while others still use theirs
+  };
+  if (mpi)
+    launch_mpi(opts, per_rank, "host");
+  else
+    launch_local(opts, per_rank, "host");
+#else
+  (void)opts, (void)fn;
+  fail("--backend nccl: this meshtrain was built without CUDA, so without the NCCL backend; "
+       "configure with -DMESHTRAIN_CUDA=ON on a machine with the CUDA toolkit and NCCL, or use "
+       "--backend local or mpi");
+#endif
+}
+
 }  // namespace
 
 void launch(const LaunchOptions& opts, const std::function<void(Group& world)>& fn) {
-  if (resolve_backend(opts) == BackendKind::kMpi)
-    launch_mpi(opts, fn);
-  else
-    launch_local(opts, fn);
+  switch (resolve_backend(opts)) {
+    case BackendKind::kMpi:
+      launch_mpi(opts, fn);
+      break;
+    case BackendKind::kNccl:
+      launch_nccl(opts, fn);
+      break;
+    default:
+      launch_local(opts, fn);
+  }
 }
 
 }  // namespace mt::comm

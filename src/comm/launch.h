@@ -29,8 +29,12 @@
 
 namespace mt::comm {
 
-enum class BackendKind : uint8_t { kAuto, kLocal, kMpi };
-BackendKind parse_backend(std::string_view name);  // "auto", "local", "mpi"; fails otherwise
+// nccl: ranks start as for local (threads) or mpi (under mpirun); each rank thread then
+// computes on GPU <its local rank> (device::use_cuda) and fn gets a world group whose
+// collectives on GPU buffers run through NCCL (comm/nccl/nccl_backend.h). One GPU per rank.
+enum class BackendKind : uint8_t { kAuto, kLocal, kMpi, kNccl };
+// "auto", "local", "mpi", "nccl"; fails otherwise
+BackendKind parse_backend(std::string_view name);
 std::string_view backend_name(BackendKind k);
 
 struct LaunchOptions {
@@ -56,10 +60,13 @@ mem::Tracker* tracker_for_rank(const LaunchOptions& opts, int rank);
 // True when this process was started by mpirun (OMPI_COMM_WORLD_SIZE or PMI_SIZE in the
 // environment).
 bool started_by_mpirun();
+// This process's rank among those on its host under mpirun (OMPI_COMM_WORLD_LOCAL_RANK,
+// MPI_LOCALRANKID or SLURM_LOCALID), or -1 when none is set.
+int mpi_env_local_rank();
 // The backend `opts` resolves to (kAuto -> kMpi under mpirun, else kLocal).
 BackendKind resolve_backend(const LaunchOptions& opts);
 // The number of ranks the job will have, known before any work (to refuse bad layouts):
-// opts.world_size for local, mpirun's size for mpi.
+// opts.world_size for local, mpirun's size for mpi (and for nccl under mpirun).
 int launch_world_size(const LaunchOptions& opts);
 
 void launch(const LaunchOptions& opts, const std::function<void(Group& world)>& fn);

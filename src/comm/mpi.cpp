@@ -507,7 +507,8 @@ void finalize_mpi() {
 
 }  // namespace
 
-void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world)>& fn) {
+void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world)>& fn,
+                const std::string& world_name) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -537,7 +538,8 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world
       MPI_Comm_dup(MPI_COMM_WORLD, &world_comm);
       std::vector<int> all(static_cast<size_t>(size));
       for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
-      Group world(ctx, std::make_unique<MpiBackend>(world_comm, "world", check), "world", all);
+      Group world(ctx, std::make_unique<MpiBackend>(world_comm, world_name, check), world_name,
+                  all);
       if (opts.timeout_s > 0) job->start_watchdog();
       fn(world);
       world.barrier();  // nobody leaves while others still talk to it

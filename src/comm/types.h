@@ -76,6 +76,12 @@ struct OpCall {
   int peer = -1;              // broadcast: root; send/recv: the other rank (group rank)
   int tag = 0;
   int64_t seq = 0;  // per group (collectives) or per (peer, direction) (send/recv)
+  // The device and CUDA stream (a cudaStream_t) of the thread that made the call, captured
+  // when it was made: an async op runs later on the group's progress thread, but must be
+  // ordered after the kernels the issuing rank queued before the call (and, on the nccl
+  // backend, its result before the rank's later kernels). -1 / nullptr on the CPU.
+  int cuda_device = -1;
+  void* cuda_stream = nullptr;
   // Filled in by the backend: bytes this rank moved, counted as the ring algorithm moves
   // them (docs/comm.md).
   int64_t sent_bytes = 0;

@@ -1,0 +1,39 @@
+// Device buffers on the host backends (local, mpi): a collective whose buffers are on a GPU
+// is run by copying its input to host memory, running the host algorithm there and copying
+// the output back, on the stream of the rank thread that made the call (OpCall::cuda_stream,
+// captured at call time: the copy sees the kernels that produced the input, even when the op
+// runs later on the group's progress thread). Slow, exact (the same bits as host buffers),
+// and what lets several rank threads share one GPU (`--backend local --device cuda`), which
+// NCCL refuses. The byte counters stay those of the op.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/group.h"
+#include "core/memory.h"
+
+namespace mt::comm {
+
+// Copies `bytes` between host and device (either way) on the stream the call was made on,
+// and waits for it. Fails with a message in a build without CUDA.
+void copy_for_call(const OpCall& c, void* dst, mem::Device dst_device, const void* src,
+                   mem::Device src_device, int64_t bytes);
+
+// The staging buffers of one group (ops of a group never run at once, so one pair serves
+// them all). Grown only when an op needs more: the steady state allocates nothing.
+class HostStaging {
+ public:
+  HostStaging() = default;
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  // Runs `c` (device buffers) on the host backend `b`; `c` is the same afterwards except for
+  // its byte counts.
+  void run(Backend& b, OpCall& c);
+
+ private:
+  char* grow(mem::Block& blk, int64_t bytes);
+  mem::Block a_, b_;
+};
+
+}  // namespace mt::comm
