@@ -428,15 +428,30 @@ TEST_P(LocalOnGpu, StagingAllocatesNothingInTheSteadyState) {
 
 INSTANTIATE_TEST_SUITE_P(RankThreads, LocalOnGpu, ::testing::Values(2, 4));
 
-TEST(LocalOnGpuRefusals, SendOfAGpuBufferNamesTheFix) {
+// Pipeline activations between rank threads sharing the GPU: staged through the host.
+TEST(LocalOnGpuP2p, SendRecvOfGpuBuffersIsStaged) {
   MT_REQUIRE_GPU();
   run_local_on_gpu0(2, [](Group& world) {
-    Dev a(DType::kF32, 4);
-    try {
-      world.send(a.buf(), 1 - world.rank());
-      FAIL() << "a GPU send ran on the local backend";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--backend nccl"), std::string::npos) << e.what();
+    const int64_t n = 1000;
+    std::vector<float> host(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) host[static_cast<size_t>(i)] = float(i) + 0.5f;
+    Dev a(DType::kF32, n);
+    if (world.rank() == 0) {
+      device::copy(a.blk.ptr, mem::Device::kCuda, host.data(), mem::Device::kCpu, n * 4);
+      world.send(a.buf(), 1);
+      WorkPtr w = world.send_async(a.buf(), 1, 7);
+      w->wait();
+    } else {
+      world.recv(a.buf(), 0);
+      std::vector<float> got(static_cast<size_t>(n));
+      device::copy(got.data(), mem::Device::kCpu, a.blk.ptr, mem::Device::kCuda, n * 4);
+      EXPECT_EQ(got, host);
+      device::zero(a.blk.ptr, mem::Device::kCuda, n * 4);
+      WorkPtr w = world.recv_async(a.buf(), 0, 7);
+      while (!w->test()) {
+      }
+      device::copy(got.data(), mem::Device::kCpu, a.blk.ptr, mem::Device::kCuda, n * 4);
+      EXPECT_EQ(got, host);
     }
   });
 }
