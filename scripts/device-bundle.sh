@@ -84,7 +84,7 @@ if [ "$build_flag" = 1 ]; then
   fi
 fi
 bins=("$build_dir/meshtrain")
-for t in "${tests[@]}"; do bins+=("$build_dir/$t"); done
+for t in "${tests[@]}"; do bins+=("$build_dir/tests/$t"); done
 for b in "${bins[@]}"; do [ -x "$b" ] || die "missing $b (build it, or drop --no-build)"; done
 if [ "$cpu" = 0 ] && ! grep -q 'MESHTRAIN_CUDA:BOOL=ON' "$build_dir/CMakeCache.txt"; then
   die "$build_dir is not a CUDA build (MESHTRAIN_CUDA is not ON in its CMakeCache.txt)"
@@ -95,7 +95,7 @@ stage=$build_dir.stage
 rm -rf "$stage"
 mkdir -p "$stage/lib" "$stage/tests"
 strip --strip-unneeded -o "$stage/meshtrain" "$build_dir/meshtrain"
-for t in "${tests[@]}"; do strip --strip-unneeded -o "$stage/tests/$t" "$build_dir/$t"; done
+for t in "${tests[@]}"; do strip --strip-unneeded -o "$stage/tests/$t" "$build_dir/tests/$t"; done
 
 # Libraries by soname. Base set: the C and C++ runtime every Linux with Python has (newer
 # there than here, and PyTorch's NCCL may need the newer libstdc++: never ship ours).

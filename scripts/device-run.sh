@@ -7,7 +7,7 @@
 #   check            GPU and driver summary; where libcublasLt / libnccl were found; the
 #                    bundle's ldd; every bundled CUDA test (--gtest_brief), pass/fail each
 #   verify           meshtrain verify --device cuda against the CPU oracle: tiny bf16 50 steps,
-#                    tiny f32 20 steps, GPT-2 124M widths (2 layers, seq 256) bf16 20 steps
+#                    tiny f32 20 steps, GPT-2 124M widths (2 layers, seq 256) bf16 10 steps
 #   bench            bench/gpu/run.sh: meshtrain vs PyTorch eager / compile, 124M and 350M
 #   all              check verify bench (about 10 minutes: better two calls, docs/...)
 #   test NAME [FILTER]       one bundled test, full output (--gtest_filter=FILTER)
@@ -17,6 +17,8 @@
 #      MT_ARCHIVE (default .devbundle/meshtrain-bundle.tar.xz), DEADLINE_S (seconds for the
 #      whole call, default 570: stages that would not fit are skipped, so the table prints),
 #      TEST_TIMEOUT (s per test binary, 240), VERIFY_TIMEOUT (s per verify run, 240),
+#      VERIFY_STEPS (override every verify run's steps), VERIFY_DEVICE (cuda; none: no
+#      --device flag, to test this script with a CPU bundle),
 #      plus bench/gpu/run.sh's (SHAPES, STEPS, ...)
 # Writes under $OUT (at most 8 files come back): summary.txt, check.log, verify.log,
 # verify.jsonl, bench.jsonl, bench.md, runs.log (7; a test stage adds test-NAME.log).
@@ -92,6 +94,7 @@ stage_check() {
   banner check
   {
     echo "--- nvidia-smi"
+    command -v nvidia-smi >/dev/null || echo "no nvidia-smi on this machine"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv 2>&1
     nvidia-smi -q 2>/dev/null | grep -iE 'MIG Mode|Current *:|Persistence|Compute Mode' | head -n 8
     echo "--- host: $(uname -r); $(nproc) cores; $(ldd --version | head -n 1)"
@@ -112,7 +115,7 @@ stage_check() {
     echo "(end of ldd)"
   } >"$log" 2>&1
   cat "$log"
-  if grep -q 'MISSING\|not found' "$log"; then
+  if grep -q '^  MISSING\|=> not found' "$log"; then
     row check "libraries" "FAIL (see check.log: MISSING / not found)"
     status=1
   else
@@ -173,7 +176,7 @@ stage_verify() {
   local runs=(
     "tiny bf16 50 steps|--model tiny --steps 50 --dtype bf16"
     "tiny f32 20 steps|--model tiny --steps 20 --dtype f32"
-    "124M widths, 2 layers, seq 256, bf16, 20|--model gpt2-124m --n-layer 2 --seq 256 --batch 8 --steps 20 --dtype bf16"
+    "124M widths, 2 layers, seq 256, bf16, 10|--model gpt2-124m --n-layer 2 --seq 256 --batch 8 --steps 10 --dtype bf16"
   )
   local r name flags lim rc
   for r in "${runs[@]}"; do
@@ -181,10 +184,14 @@ stage_verify() {
     flags=${r#*|}
     lim=$(limit "$VERIFY_TIMEOUT")
     if [ "$lim" -lt 20 ]; then row verify "$name" "SKIPPED (deadline)"; continue; fi
-    echo "--- verify $name: meshtrain verify --device cuda $flags (timeout ${lim}s)" | tee -a "$log"
+    # shellcheck disable=SC2001
+    [ -z "${VERIFY_STEPS:-}" ] || flags=$(echo "$flags" | sed "s/--steps [0-9]*/--steps $VERIFY_STEPS/")
+    local dev="--device ${VERIFY_DEVICE:-cuda}"
+    [ "${VERIFY_DEVICE:-cuda}" != none ] || dev=""
+    echo "--- verify $name: meshtrain verify $dev $flags (timeout ${lim}s)" | tee -a "$log"
     local t0=$SECONDS
     # shellcheck disable=SC2086
-    timeout -k 5 "$lim" "${MT[@]}" verify --device cuda $flags --data "$data" --json \
+    timeout -k 5 "$lim" "${MT[@]}" verify $dev $flags --data "$data" --json \
       >"$OUT/verify.one.json" 2>"$OUT/verify.one.err"
     rc=$?
     cat "$OUT/verify.one.err" >>"$log"
@@ -204,13 +211,15 @@ print(f"loss {j['worst_loss_rel_diff']:.1e}, norm {j['worst_grad_norm_rel_diff']
       f"param {p.get('abs_diff', float('nan')):.1e}")
 EOF
 )
+    local why
+    why=$(grep -v '^ *[0-9]* |\|^ *$\|Run with --help' "$OUT/verify.one.err" | tail -n 1 | cut -c1-70)
     rm -f "$OUT/verify.one.json" "$OUT/verify.one.err"
     local secs=$((SECONDS - t0))
     case $rc in
       0) row verify "$name" "PASS ($worst; ${secs} s)" ;;
       124|137) row verify "$name" "TIMEOUT after ${lim}s"; status=1 ;;
       1) row verify "$name" "FAIL (${worst:-see verify.log}; ${secs} s)"; status=1 ;;
-      *) row verify "$name" "ERROR rc $rc ($(grep -m1 'error:' "$log" | cut -c1-60))"; status=1 ;;
+      *) row verify "$name" "ERROR rc $rc ($why)"; status=1 ;;
     esac
   done
 }

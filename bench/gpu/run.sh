@@ -86,7 +86,9 @@ peak_args=()
 
 # ---- random tokens below the vocabulary (llm.c format), enough for every run
 tokens=$work/tokens.bin
-"$PY" - "$tokens" <<'EOF' || { say "cannot write $tokens (numpy?)"; exit 1; }
+vocab=50257
+for s in $SHAPES; do read -r _ _ _ v _ <<<"${SHAPE[$s]}"; [ "$v" -ge "$vocab" ] || vocab=$v; done
+"$PY" - "$tokens" "$vocab" <<'EOF' || { say "cannot write $tokens (numpy?)"; exit 1; }
 import sys
 import numpy as np
 n = 1 << 23  # 8 Mi tokens, 16 MiB: 30 steps x 64 x 1024 = 2 Mi, plus the 5% validation tail
@@ -94,7 +96,7 @@ header = np.zeros(256, dtype="<i4")
 header[:3] = (20240520, 1, n)
 with open(sys.argv[1], "wb") as f:
     f.write(header.tobytes())
-    f.write(np.random.default_rng(1).integers(0, 50257, n).astype("<u2").tobytes())
+    f.write(np.random.default_rng(1).integers(0, int(sys.argv[2]), n).astype("<u2").tobytes())
 EOF
 
 # torch_run SHAPE MODE BATCH: one torch_gpt2.py run, rows into bench.jsonl; prints the batch
