@@ -10,6 +10,7 @@
 #                    tiny f32 20 steps, GPT-2 124M widths (2 layers, seq 256) bf16 10 steps
 #   bench            bench/gpu/run.sh: meshtrain vs PyTorch eager / compile, 124M and 350M
 #   all              check verify bench (about 10 minutes: better two calls, docs/...)
+#   unpack           only unpack into $MT_BUNDLE (then run your own: /tmp/mt/mt PROGRAM ...)
 #   test NAME [FILTER]       one bundled test, full output (--gtest_filter=FILTER)
 #   sanitize NAME [FILTER]   the same under compute-sanitizer memcheck (Firecracker only)
 #   racecheck NAME [FILTER]  the same under compute-sanitizer racecheck
@@ -257,6 +258,7 @@ stage_test() {  # $1 tool ("" or memcheck/racecheck), $2 test name, $3 filter
 
 while [ $# -gt 0 ]; do
   case $1 in
+    unpack) ;;  # the bundle is unpacked above; for commands of your own after this one
     check) stage_check ;;
     verify) stage_verify ;;
     bench) stage_bench ;;
@@ -274,7 +276,7 @@ while [ $# -gt 0 ]; do
         shift
       fi
       ;;
-    *) echo "device-run: unknown stage $1 (check, verify, bench, all, test, sanitize, racecheck)" >&2; exit 2 ;;
+    *) echo "device-run: unknown stage $1 (unpack, check, verify, bench, all, test, sanitize, racecheck)" >&2; exit 2 ;;
   esac
   shift
 done

@@ -91,7 +91,8 @@ def fmt_ratio(a, b, goal):
 
 def table(rows):
     """Markdown lines: one row per (shape, meshtrain batch)."""
-    peak = next((r["tflops"] for r in rows if r.get("kind") == "peak"), None)
+    peak_row = next((r for r in rows if r.get("kind") == "peak"), None)
+    peak = peak_row["tflops"] if peak_row else None
     torch = {}
     for r in rows:
         if r.get("kind") == "result":
@@ -139,12 +140,13 @@ def table(rows):
         if r.get("kind") == "result" and r.get("mode") == "compile" and r.get("compile_s"):
             notes.append(f"{r['shape']}: torch.compile warm-up (first step, not timed) "
                          f"{r['compile_s']:.0f} s at batch {r['batch']}")
-    return out, notes, peak
+    return out, notes, peak_row
 
 
 def cmd_table(a):
     rows = read_jsonl(a.jsonl)
-    lines, notes, peak = table(rows)
+    lines, notes, peak_row = table(rows)
+    peak = peak_row["tflops"] if peak_row else None
     env = next((r for r in rows if r.get("kind") == "env"), {})
     print("\n".join(lines))
     for n in notes:
@@ -158,7 +160,8 @@ def cmd_table(a):
                 f"{a.commit or '?'}), {a.date or ''}\n\n")
         f.write(f"Device: {device}; PyTorch {env.get('torch', '?')} (CUDA "
                 f"{env.get('cuda', '?')}). bf16 GEMM peak measured in the same run: "
-                f"{peak:.0f} TFLOP/s (median of 8192³ bf16 matmuls, random data); "
+                f"{peak:.0f} TFLOP/s (median of {peak_row.get('n', '?')}³ bf16 matmuls, random "
+                f"data); "
                 f"nominal {NOMINAL_TFLOPS:.0f} TFLOP/s.\n\n" if peak else
                 f"Device: {device}; PyTorch {env.get('torch', '?')}.\n\n")
         f.write("Both sides: seq 1024, vocab 50257 padded to 50304, tied embeddings, tanh GELU, "
