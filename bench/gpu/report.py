@@ -134,8 +134,9 @@ def table(rows):
         for r in rows:
             if r.get("shape") == s and r.get("kind") in ("error", "meshtrain-error", "skip"):
                 what = r.get("error") or r.get("reason") or ""
-                notes.append(f"{s}: {r.get('kind')} {r.get('mode', 'meshtrain')} "
-                             f"batch {r.get('batch', '?')}: {str(what)[:160]}")
+                mode = f" ({r['mode']})" if r.get("mode") else ""
+                notes.append(f"{s}: {r.get('kind')}{mode}, batch {r.get('batch', '?')}: "
+                             f"{str(what)[:160]}")
     for r in rows:
         if r.get("kind") == "result" and r.get("mode") == "compile" and r.get("compile_s"):
             notes.append(f"{r['shape']}: torch.compile warm-up (first step, not timed) "
