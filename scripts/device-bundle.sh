@@ -14,11 +14,16 @@
 #   mkdir -p /tmp/mt && tar xJf .devbundle/meshtrain-bundle.tar.xz -C /tmp/mt
 #   /tmp/mt/mt meshtrain --help           (mt sets LD_LIBRARY_PATH, then runs the program)
 #
-# usage: scripts/device-bundle.sh [--cpu] [--no-build] [--build-dir DIR] [--out DIR] [TEST...]
+# usage: scripts/device-bundle.sh [--cpu] [--stub-missing] [--no-build] [--build-dir DIR]
+#                                 [--out DIR] [TEST...]
 #   TEST...      extra test executables to bundle, by name (e.g. gemm_test); the CUDA ones
 #                (tests/**/cuda_*_test.cpp, nccl_test, nccl_*_test) are always bundled
 #   --cpu        CPU-only build (-DMESHTRAIN_CUDA=OFF, build/bundle-cpu): checks the packing
 #                logic on a machine whose CUDA sources do not build yet
+#   --stub-missing  when the link fails on mt:: functions that nothing defines yet (kernels
+#                still being written), link meshtrain and the tests again (into DIR/stubbed)
+#                with a stub for each that prints its name and aborts; MANIFEST.txt and
+#                device-run.sh's check list them. The implemented kernels can then be tested.
 #   --no-build   pack what the build directory already holds
 #   --build-dir  default build/cuda (build/bundle-cpu with --cpu)
 #   --out        default .devbundle
@@ -28,11 +33,12 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-cpu=0 build_flag=1 build_dir="" out=.devbundle extra_tests=()
+cpu=0 stub=0 build_flag=1 build_dir="" out=.devbundle extra_tests=()
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu) cpu=1 ;;
     --no-build) build_flag=0 ;;
+    --stub-missing) stub=1 ;;
     --build-dir) build_dir=$2; shift ;;
     --out) out=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -76,15 +82,93 @@ if [ "$build_flag" = 1 ]; then
     "${cuda_flags[@]}" >"$build_dir.configure.log" 2>&1 ||
     { tail -n 30 "$build_dir.configure.log" >&2; die "cmake configure failed ($build_dir.configure.log)"; }
   echo "device-bundle: building in $build_dir (-march=$MARCH$([ "$cpu" = 1 ] || echo ", sm_$CUDA_ARCH"))" >&2
-  if ! cmake --build "$build_dir" -j "$JOBS" --target meshtrain "${tests[@]}" \
+  keep_going=()
+  [ "$stub" = 0 ] || keep_going=(-- -k 0)  # every object that compiles, before stubbing
+  if ! cmake --build "$build_dir" -j "$JOBS" --target meshtrain "${tests[@]}" "${keep_going[@]}" \
       >"$build_dir.build.log" 2>&1; then
-    grep -E 'error|undefined reference' "$build_dir.build.log" | head -n 40 >&2 || true
-    tail -n 15 "$build_dir.build.log" >&2
-    die "build failed (full log: $build_dir.build.log); nothing packed"
+    build_failed=1
   fi
+fi
+# stub_link: links meshtrain and the tests again into $build_dir/stubbed, each mt:: function
+# that their objects use and nothing defines replaced by a stub that names it and aborts.
+stubbed_names=""
+stub_link() {
+  local sdir=$build_dir/stubbed t i=0 s d cmd
+  local targets=(meshtrain "${tests[@]}")
+  rm -rf "$sdir"
+  mkdir -p "$sdir"
+  # Each target's objects. A test's objects were not built (a test depends on meshtrain,
+  # whose link failed): compile them with ninja's own commands.
+  local objs=() o
+  mapfile -t objs < <(cd "$build_dir" && ls libmt_*.a && find CMakeFiles/meshtrain.dir -name '*.o')
+  for t in "${tests[@]}"; do
+    for o in $(ninja -C "$build_dir" -t targets all | sed -n "s@^\(tests/CMakeFiles/$t\.dir/.*\.o\): .*@\1@p"); do
+      if [ ! -f "$build_dir/$o" ]; then
+        echo "device-bundle: compiling $o" >&2
+        (cd "$build_dir" && eval "$(ninja -t commands -s "$o")") >>"$build_dir.build.log" 2>&1 ||
+          return 1
+      fi
+      objs+=("$o")
+    done
+  done
+  local missing
+  missing=$(cd "$build_dir" && comm -23 \
+    <(nm -u "${objs[@]}" 2>/dev/null | awk '$1 == "U" && $2 ~ /^_ZN2mt/ { print $2 }' | sort -u) \
+    <(nm --defined-only "${objs[@]}" 2>/dev/null | awk 'NF == 3 { print $3 }' | sort -u))
+  [ -n "$missing" ] || return 1
+  local defs=()
+  {
+    echo '#include <stdio.h>'
+    echo '#include <stdlib.h>'
+    echo 'static void fail(const char* s) {'
+    # shellcheck disable=SC2028  # the \n is C's
+    echo '  fprintf(stderr, "meshtrain: %s is not implemented in this build (a stub of scripts/device-bundle.sh --stub-missing)\n", s);'
+    echo '  abort();'
+    echo '}'
+    for s in $missing; do
+      d=$(echo "$s" | c++filt | sed 's/["\\]/\\&/g')
+      echo "void mt_stub_$i(void) { fail(\"$d\"); }"
+      i=$((i + 1))
+    done
+  } >"$sdir/stubs.c"
+  i=0
+  for s in $missing; do defs+=("-Wl,--defsym=$s=mt_stub_$i"); i=$((i + 1)); done
+  gcc -c -O1 -o "$sdir/stubs.o" "$sdir/stubs.c" || return 1
+  for t in "${targets[@]}"; do
+    o=$t
+    [ "$t" = meshtrain ] || o=tests/$t
+    # the link alone: ": && c++ ... -o OUT ... && :" (a test adds "&& cmake ... gtest discovery")
+    cmd=$(ninja -C "$build_dir" -t commands -s "$o" | sed 's/^: && //; s/ && .*$//')
+    cmd=$(echo "$cmd" | sed -E "s@ -o [^ ]+ @ -o stubbed/$t $(realpath "$sdir/stubs.o") ${defs[*]} @")
+    (cd "$build_dir" && eval "$cmd") >>"$build_dir.build.log" 2>&1 || return 1
+  done
+  stubbed_names=$(echo "$missing" | c++filt | sed 's/(.*//' | sort -u | tr '\n' ' ')
+}
+link_only() {  # the build failed on undefined references alone (every object compiled)
+  grep -q 'undefined reference' "$build_dir.build.log" &&
+    ! grep -v 'ld returned\|undefined reference' "$build_dir.build.log" | grep -q 'error:'
+}
+if [ "${build_failed:-0}" = 1 ] && [ "$stub" = 1 ] && link_only; then
+  stub_link || die "the link with stubs failed too (full log: $build_dir.build.log)"
+  echo "device-bundle: linked with $(echo "$stubbed_names" | wc -w) stubs (abort when called): $stubbed_names" >&2
+elif [ "${build_failed:-0}" = 1 ]; then
+  grep -E 'error' "$build_dir.build.log" | grep -v 'undefined reference' | head -n 25 >&2
+  n_undef=$(grep -c 'undefined reference' "$build_dir.build.log")
+  if [ "$n_undef" -gt 0 ]; then
+    echo "device-bundle: $n_undef undefined references; the symbols:" >&2
+    grep -o "undefined reference to .*" "$build_dir.build.log" | sed 's/(.*//' | sort -u |
+      head -n 40 | sed 's/^/  /' >&2
+    [ "$stub" = 1 ] ||
+      echo "device-bundle: --stub-missing packs what is there, with stubs for the rest" >&2
+  fi
+  die "build failed (full log: $build_dir.build.log); nothing packed"
 fi
 bins=("$build_dir/meshtrain")
 for t in "${tests[@]}"; do bins+=("$build_dir/tests/$t"); done
+if [ -n "$stubbed_names" ]; then
+  bins=("$build_dir/stubbed/meshtrain")
+  for t in "${tests[@]}"; do bins+=("$build_dir/stubbed/$t"); done
+fi
 for b in "${bins[@]}"; do [ -x "$b" ] || die "missing $b (build it, or drop --no-build)"; done
 if [ "$cpu" = 0 ] && ! grep -q 'MESHTRAIN_CUDA:BOOL=ON' "$build_dir/CMakeCache.txt"; then
   die "$build_dir is not a CUDA build (MESHTRAIN_CUDA is not ON in its CMakeCache.txt)"
@@ -94,8 +178,8 @@ fi
 stage=$build_dir.stage
 rm -rf "$stage"
 mkdir -p "$stage/lib" "$stage/tests"
-strip --strip-unneeded -o "$stage/meshtrain" "$build_dir/meshtrain"
-for t in "${tests[@]}"; do strip --strip-unneeded -o "$stage/tests/$t" "$build_dir/tests/$t"; done
+strip --strip-unneeded -o "$stage/meshtrain" "${bins[0]}"
+for b in "${bins[@]:1}"; do strip --strip-unneeded -o "$stage/tests/$(basename "$b")" "$b"; done
 
 # Libraries by soname. Base set: the C and C++ runtime every Linux with Python has (newer
 # there than here, and PyTorch's NCCL may need the newer libstdc++: never ship ours).
@@ -146,8 +230,8 @@ check_closure || die "the bundle's library closure is incomplete"
 # The newest glibc / libstdc++ symbol versions the bundle asks for: the device must have them
 # (Ubuntu 24.04 there: glibc 2.39, GLIBCXX_3.4.33; Debian 12 here: 2.36, 3.4.30).
 need_versions() {
-  objdump -T "$stage/meshtrain" "$stage"/tests/* "$stage"/lib/* 2>/dev/null |
-    grep -o "$1_[0-9.]*" | sort -u -V | tail -n 1
+  find "$stage" -type f \( -path '*/tests/*' -o -path '*/lib/*' -o -name meshtrain \) \
+    -exec objdump -T {} + 2>/dev/null | grep -o "$1_[0-9.]*" | sort -u -V | tail -n 1 || true
 }
 glibc_need=$(need_versions GLIBC)
 glibcxx_need=$(need_versions GLIBCXX)
@@ -188,6 +272,7 @@ if git status --porcelain --untracked-files=no 2>/dev/null | grep -q .; then dir
   echo "glibc_needed: ${glibc_need:-none}"
   echo "glibcxx_needed: ${glibcxx_need:-none}"
   echo "programs: meshtrain ${tests[*]/#/tests/}"
+  echo "stubbed: $stubbed_names"
   echo "shipped_libs: $(printf '%s\n' "${!shipped[@]}" | sort | tr '\n' ' ')"
   echo "from_device: $(printf '%s\n' "${!from_device[@]}" | sort | tr '\n' ' ')"
   echo "base: $(printf '%s\n' "${!base[@]}" | sort | tr '\n' ' ')"
@@ -208,7 +293,8 @@ raw=$(du -sb "$stage" | cut -f1)
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 echo "device-bundle: $archive: $(mib "$size") MiB ($(mib "$raw") MiB unpacked); libraries:" \
   "$(printf '%s\n' "${!shipped[@]}" | sort | tr '\n' ' ')" >&2
-echo "device-bundle: from the device: ${!from_device[*]:-(none)}; needs glibc ${glibc_need:-?}, ${glibcxx_need:-?}" >&2
+dev_libs=$(printf '%s\n' "${!from_device[@]}" | sort | tr '\n' ' ' | sed 's/^ *//; s/ *$//')
+echo "device-bundle: from the device: ${dev_libs:-(none)}; needs glibc ${glibc_need:-?}, ${glibcxx_need:-?}" >&2
 if [ "$size" -gt $((40 * 1048576)) ]; then
   echo "device-bundle: WARNING: over the 40 MiB budget (the carry limit is 64 MiB with the tree)" >&2
 fi

@@ -116,12 +116,16 @@ stage_check() {
     echo "(end of ldd)"
   } >"$log" 2>&1
   cat "$log"
+  row check "gpu" "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)"
   if grep -q '^  MISSING\|=> not found' "$log"; then
     row check "libraries" "FAIL (see check.log: MISSING / not found)"
     status=1
   else
     row check "libraries" "ok: $(cd "$MT_BUNDLE" && . ./env.sh && echo "$MT_CUDA_FOUND" | wc -w) CUDA libs found"
   fi
+  local stubs
+  stubs=$(manifest stubbed)
+  [ -z "$stubs" ] || row check "stubs" "$(echo "$stubs" | wc -w) functions abort if called (MANIFEST.txt): $(echo "$stubs" | tr ' ' '\n' | sed 's/.*:://' | head -n 6 | tr '\n' ' ')..."
   if "${MT[@]}" --help >/dev/null 2>>"$log"; then
     row check "meshtrain --help" ok
   else

@@ -124,6 +124,7 @@ for l in sys.stdin:
 }
 
 # mt_run SHAPE BATCH STEPS LOG [EXTRA...]: meshtrain train; returns its exit status
+# (124 when it ran past its time: MT_TIMEOUT, default 240 s)
 mt_run() {
   local s=$1 b=$2 steps=$3 log=$4
   shift 4
@@ -133,7 +134,7 @@ mt_run() {
   local pg=()
   [ -z "$peak" ] || pg=(--peak-gflops "$("$PY" -c "print(float('$peak') * 1000)")")
   local lim
-  lim=$(limit 300 30)
+  lim=$(limit "${MT_TIMEOUT:-240}" 30)
   [ "$lim" -gt 0 ] || { echo "skipped: bench budget" >"$log"; return 124; }
   local cmd=("${MT[@]}" train "${dev[@]}" --dtype bf16 --n-layer "$L" --n-head "$H"
              --d-model "$C" --vocab "$V" --seq "$T" --batch "$b" --microbatch "$b"
