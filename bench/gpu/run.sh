@@ -169,6 +169,7 @@ for s in $SHAPES; do
     if grep -qi 'out of memory\|cudaErrorMemoryAllocation' "$log" && [ "$BATCH" = auto ]; then
       say "$s: meshtrain out of memory at batch $mb"
       mb=$((mb / 2))
+      [ "$mb" -ge 1 ] || record_error "$s" meshtrain-error 1 "out of memory at every batch"
       continue
     fi
     say "$s: meshtrain failed (rc $rc): $(tail -n 3 "$log" | tr '\n' ' ')"
