@@ -123,7 +123,7 @@ void* cuda_malloc(int64_t bytes) {
     (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     (void)cudaMemGetInfo(&free_b, &total_b);
-    fail_run("out of GPU memory allocating {} bytes ({:.2f} GiB free of {:.2f} GiB): use a "
+    fail_run("out of memory on the GPU allocating {} bytes ({:.2f} GiB free of {:.2f} GiB): use a "
              "smaller --microbatch, --recompute selective/full, --zero 1-3 or more ranks",
              bytes, static_cast<double>(free_b) / (1 << 30),
              static_cast<double>(total_b) / (1 << 30));
