@@ -289,12 +289,13 @@ std::unique_ptr<model::Gpt> gather_whole_model(Replica& rep, comm::Group& tp_gro
   return whole;
 }
 
-// The GPU of a rank: its index among the ranks of its host (mpirun's local rank, or the
-// thread's rank under the local backend) modulo the GPUs there. Ranks beyond the GPU count
-// share GPUs, which the local and mpi backends allow (NCCL does not).
+// The GPU of a rank: its index among the ranks of its host (the launcher's local rank, or
+// the thread's rank under the local backend; the choice --backend nccl makes too) modulo the
+// GPUs there. Ranks beyond the GPU count share GPUs, which the local and mpi backends allow
+// (NCCL does not).
 int gpu_of_rank(int world_rank) {
-  int local = world_rank;
-  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
+  const int env = comm::mpi_env_local_rank();
+  const int local = env >= 0 ? env : world_rank;
   const int n = device::cuda_device_count();
   return n > 0 ? local % n : 0;
 }
