@@ -154,7 +154,8 @@ int64_t first_sample(int64_t step, int64_t B, int d, int D, int64_t m, int64_t m
 int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
   if (o.threads > 0) return o.threads;
   int on_host = o.world_size();
-  if (backend == comm::BackendKind::kMpi)
+  // One process per rank (mpi, or nccl under mpirun): the ranks on this host share its cores.
+  if (backend == comm::BackendKind::kMpi || comm::started_by_mpirun())
     if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) on_host = std::atoi(s);
   return std::max(1, kernels::host_cores() / std::max(1, on_host));
 }
