@@ -21,6 +21,7 @@
 
 #include "comm/group.h"
 #include "core/clock.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "parallel/pipeline/schedule.h"
 #include "train/pipeline_stage.h"
@@ -386,14 +387,44 @@ std::vector<std::string> gather_strings(comm::Group& g, const std::string& mine)
   return all;
 }
 
+// The rank's optimizer range [opt_lo, opt_hi) of master values, Adam m and v, as host
+// pointers: on the CPU the tensors themselves; on a GPU a host copy (filled from the GPU
+// before a save by pull(), written back after a load by push()).
+struct OptimizerArrays {
+  explicit OptimizerArrays(Replica& rep)
+      : dev{rep.opt_values(), rep.opt->m().f32(), rep.opt->v().f32()},
+        n(rep.opt_hi - rep.opt_lo),
+        on_gpu(device::on_cuda()) {
+    for (int k = 0; k < kArrays; ++k) {
+      if (on_gpu) host[k].resize(static_cast<size_t>(n));
+      ptr[k] = on_gpu ? host[k].data() : dev[k];
+    }
+  }
+  void pull() {
+    if (on_gpu)
+      for (int k = 0; k < kArrays; ++k)
+        device::copy(host[k].data(), mem::Device::kCpu, dev[k], mem::Device::kCuda, n * 4);
+  }
+  void push() {
+    if (on_gpu)
+      for (int k = 0; k < kArrays; ++k)
+        device::copy(dev[k], mem::Device::kCuda, host[k].data(), mem::Device::kCpu, n * 4);
+  }
+  float* dev[kArrays];
+  float* ptr[kArrays];
+  std::vector<float> host[kArrays];
+  int64_t n;
+  bool on_gpu;
+};
+
 // What a replica saves: its optimizer range (ZeRO 0: on dp rank 0 only), per parameter,
 // leaving out the copies another rank saves (tp-replicated tensors on tp ranks > 0, the
 // last pipeline stage's tied wte).
-std::vector<PieceData> replica_pieces(Replica& rep) {
+std::vector<PieceData> replica_pieces(Replica& rep, const OptimizerArrays& arrays) {
   std::vector<PieceData> out;
   if (rep.zero == 0 && rep.dp.rank() != 0) return out;
   const int64_t lo = rep.opt_lo, hi = rep.opt_hi;
-  const float* src[kArrays] = {rep.opt_values(), rep.opt->m().f32(), rep.opt->v().f32()};
+  float* const* src = arrays.ptr;
   for (const model::Param& p : rep.gpt.params().params()) {
     const int64_t n = shape_numel(p.spec.shape);
     const int64_t a = std::max(lo, p.offset_elems), b = std::min(hi, p.offset_elems + n);
@@ -412,10 +443,10 @@ std::vector<PieceData> replica_pieces(Replica& rep) {
   return out;
 }
 
-std::vector<Target> replica_targets(Replica& rep) {
+std::vector<Target> replica_targets(Replica& rep, const OptimizerArrays& arrays) {
   std::vector<Target> out;
   const int64_t lo = rep.opt_lo, hi = rep.opt_hi;
-  float* dst[kArrays] = {rep.opt_values(), rep.opt->m().f32(), rep.opt->v().f32()};
+  float* const* dst = arrays.ptr;
   for (const model::Param& p : rep.gpt.params().params()) {
     const int64_t n = shape_numel(p.spec.shape);
     const int64_t a = std::max(lo, p.offset_elems), b = std::min(hi, p.offset_elems + n);
@@ -759,7 +790,9 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
     fs::create_directories(tmp);
   }
   g.world.barrier();
-  std::vector<PieceData> pieces = replica_pieces(rep);
+  OptimizerArrays arrays(rep);
+  arrays.pull();
+  std::vector<PieceData> pieces = replica_pieces(rep, arrays);
   json mine = json::object();
   if (!pieces.empty()) {
     const std::string file = fmt::format("rank-{:05}.safetensors", rank);
@@ -872,9 +905,11 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
             "data position (step x batch samples) would not continue where it stopped (resume "
             "with --batch {}, or start a new run in another --checkpoint-dir)",
             cands[i], idx.batch, o.batch, idx.batch);
-      const std::vector<Target> targets = replica_targets(rep);
+      OptimizerArrays arrays(rep);
+      const std::vector<Target> targets = replica_targets(rep, arrays);
       for (const Target& t : targets) bytes += (t.hi - t.lo) * 4 * kArrays;
       load_targets(idx, targets);
+      arrays.push();
       step = idx.step;
       adam_steps = idx.adam_steps;
     } catch (const Error& e) {
