@@ -3,13 +3,41 @@
 // block h*hd of qkv's row, so heads are `hd` floats apart with leading dim 3C), and a
 // softmax kernel in between. att [B, NH, T, T] holds the probabilities, 0 above the
 // diagonal; backward's scratch holds dP and then dS, same shape.
+//
+// With MESHTRAIN_FLASH=1 (or detail::set_flash_attention(true)) the fused kernels of
+// flash_attention.cu run instead: att then holds the per-row log-sum-exp and scratch the
+// rows' D = sum(dO * O), B*NH*T floats each. The plain path stays the default (the GPU's
+// reference until the fused one has been proven on a GPU).
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace mt::kernels::cuda {
+namespace detail {
+namespace {
+std::atomic<int> g_flash_override{-1};  // -1: the environment decides; 0 off; 1 on
+}  // namespace
+
+void set_flash_attention(bool on) { g_flash_override.store(on ? 1 : 0); }
+void reset_flash_attention() { g_flash_override.store(-1); }
+
+bool flash_attention_enabled() {
+  const int o = g_flash_override.load();
+  if (o >= 0) return o == 1;
+  static const bool env = [] {
+    const char* e = std::getenv("MESHTRAIN_FLASH");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return env;
+}
+}  // namespace detail
+
 namespace {
 
 using namespace detail;
@@ -56,11 +84,18 @@ void check_shape(const char* what, int64_t B, int64_t T, int64_t C, int64_t NH) 
     fail_input(std::string(what) + ": B*NH*T=" + str(B * NH * T) + " rows exceed 2^31-1");
 }
 
+// The fused path runs when it is enabled and T fits its grid. The head dim is not part of
+// the choice: attention_stash_elems does not know it, and the buffers it sizes must fit the
+// path that runs, so an unsupported head dim with the fused path enabled is refused (by
+// flash_attention_forward / _backward) rather than falling back into a too-small `att`.
+bool use_flash(int64_t T) { return flash_attention_enabled() && T <= flash_attention_max_T(); }
+
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH) {
   check_shape("attention_forward", B, T, C, NH);
+  if (use_flash(T)) return flash_attention_forward(out, att, qkv, B, T, C, NH);
   if (B == 0) return;
   const int64_t hd = C / NH, C3 = 3 * C, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -84,6 +119,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
   check_shape("attention_backward", B, T, C, NH);
+  if (use_flash(T)) return flash_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
   if (B == 0) return;
   const int64_t hd = C / NH, C3 = 3 * C, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -109,7 +145,11 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   }
 }
 
-int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T) { return B * NH * T * T; }
-int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T) { return B * NH * T * T; }
+int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T) {
+  return use_flash(T) ? B * NH * T : B * NH * T * T;
+}
+int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T) {
+  return use_flash(T) ? B * NH * T : B * NH * T * T;
+}
 
 }  // namespace mt::kernels::cuda

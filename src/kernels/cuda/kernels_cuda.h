@@ -52,6 +52,15 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
 int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T);
 int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T);
+namespace detail {
+// The fused (flash) attention path, opt-in: on when MESHTRAIN_FLASH=1 (read once), for head
+// dims 32, 64, 128 (others are refused while it is on). Tests force it on or off for the
+// whole process with set_flash_attention and return to the environment's choice with
+// reset_flash_attention (not while other threads run attention).
+void set_flash_attention(bool on);
+void reset_flash_attention();
+bool flash_attention_enabled();
+}  // namespace detail
 
 void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                            int64_t n, int64_t V, int64_t Vp);
