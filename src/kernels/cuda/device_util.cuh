@@ -1,5 +1,5 @@
-// Device-side helpers shared by the kernels: a deterministic block reduction and the f32 to
-// bf16 rounding of core/dtype.h.
+// Device-side helpers shared by the kernels: a grid-stride loop, a deterministic block
+// reduction and the f32 to bf16 rounding of core/dtype.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +7,11 @@
 #include <cstdint>
 
 #include "kernels/cuda/context.h"
+
+// for (int64_t i = this thread's first element; i < n; i += every thread of the grid)
+#define MT_GRID_STRIDE(i, n)                                                  \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
 
 namespace mt::kernels::cuda::detail {
 

@@ -1,5 +1,6 @@
 // Elementwise kernels: add, accumulate, scale, copy and the bias add of [n, c] rows.
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace mt::kernels::cuda {
@@ -9,10 +10,6 @@ using detail::check_launch;
 using detail::grid_for;
 using detail::kThreads;
 using detail::stream;
-
-#define MT_GRID_STRIDE(i, n)                                                  \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
 
 __global__ void add_kernel(float* y, const float* a, const float* b, int64_t n) {
   MT_GRID_STRIDE(i, n) y[i] = a[i] + b[i];

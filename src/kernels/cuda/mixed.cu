@@ -10,10 +10,6 @@ namespace {
 
 using namespace detail;
 
-#define MT_GRID_STRIDE(e, total)                                                  \
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < (total); \
-       e += int64_t{gridDim.x} * blockDim.x)
-
 __global__ void to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
   MT_GRID_STRIDE(i, n) y[i] = bf16_bits(x[i]);
 }

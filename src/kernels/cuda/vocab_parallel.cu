@@ -12,10 +12,6 @@ namespace {
 
 using namespace detail;
 
-#define MT_GRID_STRIDE(e, total)                                                  \
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < (total); \
-       e += int64_t{gridDim.x} * blockDim.x)
-
 __global__ void vp_max_kernel(float* mx, const float* logits, int64_t cols, int64_t real) {
   __shared__ float shm[kThreads];
   const float* x = logits + blockIdx.x * cols;
