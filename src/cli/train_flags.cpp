@@ -52,7 +52,9 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--pp-layers", pipeline.layers,
                  "layers per pipeline chunk, e.g. 5,7,7,5 (default: balanced by cost)");
   cmd.add_option("--bucket-mb", bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB (default 25)");
-  cmd.add_option("--backend", backend, "communication: auto (mpi under mpirun), local, mpi");
+  cmd.add_option("--backend", backend,
+                 "communication: auto (mpi under mpirun), local, mpi, or nccl (GPUs, with "
+                 "--device cuda)");
   cmd.add_option("--mesh-order", mesh_order,
                  "mesh dimensions slowest to fastest (default pp,dp,tp: a tp group on "
                  "neighbouring ranks)");

@@ -91,6 +91,9 @@ void TrainOptions::validate() const {
     fail("--dtype '{}' is not a training precision (choose f32 or bf16)", dtype);
   if (device != "cpu" && device != "cuda")
     fail("--device '{}' is not a device (choose cpu or cuda)", device);
+  if (backend == "nccl" && device != "cuda")
+    fail("--backend nccl moves GPU buffers between GPUs: add --device cuda (or use --backend "
+         "local / mpi on the CPU)");
   if (device == "cuda") {
     if (!device::cuda_built())
       fail("--device cuda: this meshtrain was built without CUDA (configure with "

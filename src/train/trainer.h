@@ -24,7 +24,7 @@ struct TrainOptions {
   bool sp = false;               // sequence parallelism inside the tp group
   int zero = 0;                  // ZeRO stage: 0 DDP, 1 optimizer state, 2 + gradients, 3 + params
   double bucket_mb = 25;         // DDP / ZeRO-1 gradient bucket (MiB, PyTorch DDP's default)
-  std::string backend = "auto";  // auto (mpi under mpirun, else local), local, mpi
+  std::string backend = "auto";  // auto (mpi under mpirun, else local), local, mpi, nccl
   double comm_timeout_s = 300;
   int64_t steps = 100;
   float lr = 1e-3f;

@@ -60,6 +60,14 @@ TEST_F(CudaTrain, RefusesWhatAGpuCannotDoYet) {
   }
   o = tiny(2, "tpu");
   EXPECT_THROW(run_training(o), Error);
+  o = tiny(2, "cpu");
+  o.backend = "nccl";
+  try {
+    run_training(o);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add --device cuda"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CudaTrain, NoGpuIsAClearError) {
