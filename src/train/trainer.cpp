@@ -325,7 +325,10 @@ void run_rank(Shared& sh, comm::Group& world) {
   mem::Tracker tracker;
   mem::ScopedTracker track(tracker);
   // Before the first allocation: tensors go to the thread's device.
-  if (o.device == "cuda") device::use_cuda(gpu_of_rank(world.rank()));
+  if (o.device == "cuda")
+    device::use_cuda(gpu_of_rank(world.rank()));
+  else
+    device::use_cpu();  // under mpirun this is the main thread: nothing left from a GPU run
   kernels::set_threads(sh.threads);
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
