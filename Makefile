@@ -35,12 +35,13 @@ demo: build data/demo.bin
 bench: build
 	bench/run-all.sh $(BUILD)
 
-# Address + undefined-behaviour and thread sanitizers, each in its own build tree.
+# Address + undefined-behaviour and thread sanitizers, each in its own build tree, of the
+# CPU code (the CUDA code has compute-sanitizer on a GPU machine: docs/cuda.md).
 sanitize: setup
-	cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=address >/dev/null
+	cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=address -DMESHTRAIN_CUDA=OFF >/dev/null
 	cmake --build build/asan -j $(JOBS)
 	cd build/asan && ctest --output-on-failure -j $(JOBS) -L unit
-	cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=thread >/dev/null
+	cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=thread -DMESHTRAIN_CUDA=OFF >/dev/null
 	cmake --build build/tsan -j $(JOBS)
 	cd build/tsan && ctest --output-on-failure -j $(JOBS) -L unit
 
