@@ -205,7 +205,9 @@ WorkPtr Group::submit_p2p(std::shared_ptr<OpCall> call) {
   if (ctx_->job && ctx_->job->aborted())
     throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
   if (call->device == mem::Device::kCuda && backend_->kind() != "nccl")
-    return submit_staged_p2p(std::move(call));
+    return staged_p2p(std::move(call), [this](std::shared_ptr<OpCall> c) {
+      return submit_p2p(std::move(c));
+    });
   {
     std::lock_guard lock(p2p_mu_);
     int64_t& s = p2p_seq_[{call->peer, call->op == OpType::kSend ? 0 : 1}];
@@ -220,57 +222,6 @@ WorkPtr Group::submit_p2p(std::shared_ptr<OpCall> call) {
     else
       ctx->recorder.on_done(id, c.sent_bytes, c.recv_bytes);
   });
-}
-
-namespace {
-// A send or recv of a GPU buffer on a host backend, run through a host copy: the send's
-// copy is made before it starts; the recv's lands on the GPU in wait()/test(), on the rank
-// thread that waits (its device and stream). The host copy lives as long as the op.
-class StagedP2pWork : public Work {
- public:
-  StagedP2pWork(WorkPtr inner, std::shared_ptr<std::vector<char>> host, OpCall dev_call)
-      : inner_(std::move(inner)), host_(std::move(host)), call_(std::move(dev_call)) {}
-  void wait() override {
-    inner_->wait();
-    land();
-  }
-  bool test() override {
-    if (!inner_->test()) return false;
-    land();
-    return true;
-  }
-
- private:
-  void land() {
-    if (landed_ || call_.op != OpType::kRecv) return;
-    copy_for_call(call_, call_.out, mem::Device::kCuda, host_->data(), mem::Device::kCpu,
-                  call_.out_elems * dtype_bytes(call_.dtype));
-    landed_ = true;
-  }
-  WorkPtr inner_;
-  std::shared_ptr<std::vector<char>> host_;
-  OpCall call_;
-  bool landed_ = false;
-};
-}  // namespace
-
-// Several rank threads sharing one GPU (`--device cuda` on the local backend) exchange
-// pipeline activations through host memory: slow, exact. (A host vector per op: this path
-// exists for correctness runs on one GPU, not for speed; NCCL is the fast path.)
-WorkPtr Group::submit_staged_p2p(std::shared_ptr<OpCall> call) {
-  const bool send = call->op == OpType::kSend;
-  const int64_t bytes = (send ? call->in_elems : call->out_elems) * dtype_bytes(call->dtype);
-  auto host = std::make_shared<std::vector<char>>(static_cast<size_t>(bytes));
-  const OpCall dev_call = *call;
-  if (send) {
-    copy_for_call(*call, host->data(), mem::Device::kCpu, call->in, mem::Device::kCuda, bytes);
-    call->in = host->data();
-  } else {
-    call->out = host->data();
-  }
-  call->device = mem::Device::kCpu;
-  WorkPtr inner = submit_p2p(std::move(call));
-  return std::make_shared<StagedP2pWork>(std::move(inner), std::move(host), dev_call);
 }
 
 void Group::check_peer(int peer, const char* what) const {

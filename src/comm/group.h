@@ -143,7 +143,6 @@ class Group {
   std::shared_ptr<OpCall> make_call(OpType op, Buf in, Buf out);
   WorkPtr submit(std::shared_ptr<OpCall> call, bool async);
   WorkPtr submit_p2p(std::shared_ptr<OpCall> call);
-  WorkPtr submit_staged_p2p(std::shared_ptr<OpCall> call);  // GPU buffer, host backend
   int64_t record(const OpCall& c);
   void execute(Pending& p);
   void run_call(OpCall& c);

@@ -1,6 +1,7 @@
 #include "comm/staging.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 
@@ -96,6 +97,57 @@ void HostStaging::run(Backend& b, OpCall& c) {
     copy_for_call(c, const_cast<char*>(lo), kGpu, host_in - (in - lo), kHost, span);
   else if (out_bytes > 0)
     copy_for_call(c, out, kGpu, host_out, kHost, out_bytes);
+}
+
+namespace {
+// A send or recv of a GPU buffer on a host backend, run through a host copy: the send's
+// copy is made before it starts; the recv's lands on the GPU in wait()/test(), on the rank
+// thread that waits (its device and stream). The host copy lives as long as the op.
+class StagedP2pWork : public Work {
+ public:
+  StagedP2pWork(WorkPtr inner, std::shared_ptr<std::vector<char>> host, OpCall dev_call)
+      : inner_(std::move(inner)), host_(std::move(host)), call_(std::move(dev_call)) {}
+  void wait() override {
+    inner_->wait();
+    land();
+  }
+  bool test() override {
+    if (!inner_->test()) return false;
+    land();
+    return true;
+  }
+
+ private:
+  void land() {
+    if (landed_ || call_.op != OpType::kRecv) return;
+    copy_for_call(call_, call_.out, mem::Device::kCuda, host_->data(), mem::Device::kCpu,
+                  call_.out_elems * dtype_bytes(call_.dtype));
+    landed_ = true;
+  }
+  WorkPtr inner_;
+  std::shared_ptr<std::vector<char>> host_;
+  OpCall call_;
+  bool landed_ = false;
+};
+}  // namespace
+
+// A host vector per op: this path exists for correctness runs on one GPU, not for speed
+// (NCCL is the fast path).
+WorkPtr staged_p2p(std::shared_ptr<OpCall> call,
+                   const std::function<WorkPtr(std::shared_ptr<OpCall>)>& submit) {
+  const bool send = call->op == OpType::kSend;
+  const int64_t bytes = (send ? call->in_elems : call->out_elems) * dtype_bytes(call->dtype);
+  auto host = std::make_shared<std::vector<char>>(static_cast<size_t>(bytes));
+  const OpCall dev_call = *call;
+  if (send) {
+    copy_for_call(*call, host->data(), mem::Device::kCpu, call->in, mem::Device::kCuda, bytes);
+    call->in = host->data();
+  } else {
+    call->out = host->data();
+  }
+  call->device = mem::Device::kCpu;
+  WorkPtr inner = submit(std::move(call));
+  return std::make_shared<StagedP2pWork>(std::move(inner), std::move(host), dev_call);
 }
 
 }  // namespace mt::comm

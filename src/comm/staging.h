@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "comm/group.h"
 #include "core/memory.h"
@@ -35,5 +37,13 @@ class HostStaging {
   char* grow(mem::Block& blk, int64_t bytes);
   mem::Block a_, b_;
 };
+
+// Send/recv of a GPU buffer on a host backend (several rank threads sharing one GPU
+// exchange pipeline activations this way): the send's host copy is made before `submit`
+// starts the host op; the recv's data lands on the GPU in the returned Work's wait()/test(),
+// on the rank thread that waits (its device and stream). The host copy lives as long as
+// the op.
+WorkPtr staged_p2p(std::shared_ptr<OpCall> call,
+                   const std::function<WorkPtr(std::shared_ptr<OpCall>)>& submit);
 
 }  // namespace mt::comm

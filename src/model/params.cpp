@@ -216,11 +216,9 @@ void ParamStore::initialize_range(uint64_t seed, int64_t first, int64_t n, float
     dst = host.data();
   }
   for (int64_t i = 0; i < n; ++i) dst[i] = 0.f;  // padding
-  for (const auto& p : params_) {
-    const int64_t lo = std::max(first, p.offset_elems);
-    const int64_t hi = std::min(first + n, p.offset_elems + shape_numel(p.spec.shape));
-    if (lo < hi) init_param_local(p.spec, seed, lo - p.offset_elems, hi - lo, dst + (lo - first));
-  }
+  for_each_in_range(first, first + n, [&](const Param& p, int64_t lo, int64_t hi) {
+    init_param_local(p.spec, seed, lo - p.offset_elems, hi - lo, dst + (lo - first));
+  });
   if (dst != out) device::copy(out, mem::Device::kCuda, dst, mem::Device::kCpu, n * 4);
 }
 

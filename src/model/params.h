@@ -4,6 +4,8 @@
 // Philox stream (DESIGN.md, idea 2).
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -102,6 +104,16 @@ class ParamStore {
 
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
+  // fn(param, a, b) for each parameter that overlaps flat elements [lo, hi), [a, b) the
+  // overlap in flat element indices (a rank's optimizer shard may cut parameters).
+  template <class Fn>
+  void for_each_in_range(int64_t lo, int64_t hi, Fn&& fn) const {
+    for (const Param& p : params_) {
+      const int64_t a = std::max(lo, p.offset_elems);
+      const int64_t b = std::min(hi, p.offset_elems + shape_numel(p.spec.shape));
+      if (a < b) fn(p, a, b);
+    }
+  }
   Param& get(const std::string& name);
   const Param* find(const std::string& name) const;
   Tensor& flat_values() { return flat_values_; }

@@ -425,12 +425,10 @@ std::vector<PieceData> replica_pieces(Replica& rep, const OptimizerArrays& array
   if (rep.zero == 0 && rep.dp.rank() != 0) return out;
   const int64_t lo = rep.opt_lo, hi = rep.opt_hi;
   float* const* src = arrays.ptr;
-  for (const model::Param& p : rep.gpt.params().params()) {
-    const int64_t n = shape_numel(p.spec.shape);
-    const int64_t a = std::max(lo, p.offset_elems), b = std::min(hi, p.offset_elems + n);
-    if (a >= b) continue;
-    const std::pair<int64_t, int64_t> range{p.offset_elems, p.offset_elems + n};
-    if (std::binary_search(rep.uncounted.begin(), rep.uncounted.end(), range)) continue;
+  rep.gpt.params().for_each_in_range(lo, hi, [&](const model::Param& p, int64_t a, int64_t b) {
+    const std::pair<int64_t, int64_t> range{p.offset_elems,
+                                            p.offset_elems + shape_numel(p.spec.shape)};
+    if (std::binary_search(rep.uncounted.begin(), rep.uncounted.end(), range)) return;
     PieceData d;
     d.meta.tensor = p.spec.name;
     d.meta.tp_rank = p.spec.tp_rank;
@@ -439,7 +437,7 @@ std::vector<PieceData> replica_pieces(Replica& rep, const OptimizerArrays& array
     d.meta.local_hi = b - p.offset_elems;
     for (int k = 0; k < kArrays; ++k) d.src[k] = src[k] + (a - lo);
     out.push_back(std::move(d));
-  }
+  });
   return out;
 }
 
@@ -447,17 +445,14 @@ std::vector<Target> replica_targets(Replica& rep, const OptimizerArrays& arrays)
   std::vector<Target> out;
   const int64_t lo = rep.opt_lo, hi = rep.opt_hi;
   float* const* dst = arrays.ptr;
-  for (const model::Param& p : rep.gpt.params().params()) {
-    const int64_t n = shape_numel(p.spec.shape);
-    const int64_t a = std::max(lo, p.offset_elems), b = std::min(hi, p.offset_elems + n);
-    if (a >= b) continue;
+  rep.gpt.params().for_each_in_range(lo, hi, [&](const model::Param& p, int64_t a, int64_t b) {
     Target t;
     t.spec = &p.spec;
     t.lo = a - p.offset_elems;
     t.hi = b - p.offset_elems;
     for (int k = 0; k < kArrays; ++k) t.dst[k] = dst[k] + (a - lo);
     out.push_back(t);
-  }
+  });
   return out;
 }
 

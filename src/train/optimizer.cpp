@@ -18,12 +18,10 @@ AdamW::AdamW(model::ParamStore& params, AdamWConfig config, int64_t lo, int64_t 
       hi_(hi),
       m_(Tensor::zeros({hi - lo}, DType::kF32, mem::Category::kOptimizer)),
       v_(Tensor::zeros({hi - lo}, DType::kF32, mem::Category::kOptimizer)) {
-  for (auto& prm : params_->params()) {
-    const int64_t a = std::max(lo_, prm.offset_elems);
-    const int64_t b = std::min(hi_, prm.offset_elems + shape_numel(prm.spec.shape));
-    if (a >= b) continue;  // not in this range (padding beyond the last is never updated)
+  // (Padding beyond the last parameter is in no segment: never updated.)
+  params_->for_each_in_range(lo_, hi_, [&](const model::Param& prm, int64_t a, int64_t b) {
     segments_.push_back({a - lo_, b - a, prm.spec.weight_decay ? config_.weight_decay : 0.f});
-  }
+  });
 }
 
 void AdamW::step(float lr) {

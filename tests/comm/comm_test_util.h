@@ -1,6 +1,8 @@
 // Helpers shared by the comm tests: deterministic inputs and plain references.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -69,6 +71,47 @@ inline void run_local(int n, const std::function<void(Group&)>& fn, double timeo
   o.world_size = n;
   o.timeout_s = timeout_s;
   launch(o, fn);
+}
+
+// The collectives' byte counters against the ring formulas of docs/comm.md (Patarasuk &
+// Yuan 2009; NCCL's busbw factor), both dtypes, on buffers of type Buffer (host: Host; GPU:
+// the nccl test's Dev): constructible from (DType, elems), with buf().
+template <class Buffer>
+void check_ring_byte_counters(Group& g) {
+  const int n = g.size();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const int64_t E = 840 * 3;  // divisible by 1..8: the formulas are integers
+    const int64_t S = E * dtype_bytes(dt);
+    Buffer a(dt, E);
+    g.recorder().reset_counters();
+    g.all_reduce(a.buf());
+    g.all_reduce(a.buf(), ReduceOp::kAvg);
+    // Ring all-reduce: each rank sends and receives 2(n-1)/n * S per call.
+    ByteCount ar = g.recorder().bytes(g.name(), OpType::kAllReduce);
+    EXPECT_EQ(ar.sent_bytes, 2 * 2 * (n - 1) * S / n);
+    EXPECT_EQ(ar.recv_bytes, 2 * 2 * (n - 1) * S / n);
+    EXPECT_EQ(ar.ops, 2);
+    Buffer piece(dt, E / n), full(dt, E);
+    g.all_gather(piece.buf(), full.buf());  // S = output size
+    ByteCount ag = g.recorder().bytes(g.name(), OpType::kAllGather);
+    EXPECT_EQ(ag.sent_bytes, (n - 1) * S / n);
+    EXPECT_EQ(ag.recv_bytes, (n - 1) * S / n);
+    g.reduce_scatter(full.buf(), piece.buf());  // S = input size
+    ByteCount rs = g.recorder().bytes(g.name(), OpType::kReduceScatter);
+    EXPECT_EQ(rs.sent_bytes, (n - 1) * S / n);
+    EXPECT_EQ(rs.recv_bytes, (n - 1) * S / n);
+    Buffer x(dt, E), y(dt, E);
+    g.all_to_all(x.buf(), y.buf());
+    ByteCount aa = g.recorder().bytes(g.name(), OpType::kAllToAll);
+    EXPECT_EQ(aa.sent_bytes, (n - 1) * S / n);
+    EXPECT_EQ(aa.recv_bytes, (n - 1) * S / n);
+    if (n >= 2) {
+      g.send_recv(x.buf(), (g.rank() + 1) % n, y.buf(), (g.rank() + n - 1) % n);
+      EXPECT_EQ(g.recorder().bytes(g.name(), OpType::kSend).sent_bytes, S);
+      EXPECT_EQ(g.recorder().bytes(g.name(), OpType::kRecv).recv_bytes, S);
+    }
+    g.barrier();
+  }
 }
 
 }  // namespace mt::comm::testing

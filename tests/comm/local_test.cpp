@@ -16,6 +16,7 @@ namespace mt::comm {
 namespace {
 
 using testing::Host;
+using testing::check_ring_byte_counters;
 using testing::run_local;
 
 class LocalSizes : public ::testing::TestWithParam<int> {};
@@ -109,45 +110,7 @@ TEST(Local, GroupsOfSeveralMeshDimsUsedAtOnce) {
 }
 
 TEST(Local, ByteCountersEqualTheRingFormulas) {
-  for (int n = 1; n <= 8; ++n) {
-    run_local(n, [n](Group& g) {
-      // S divisible by n so that the formulas are integers; both dtypes.
-      for (DType dt : {DType::kF32, DType::kBF16}) {
-        const int64_t E = 840 * 3;  // divisible by 1..8
-        const int64_t S = E * dtype_bytes(dt);
-        Host a(dt, E);
-        g.recorder().reset_counters();
-        g.all_reduce(a.buf());
-        g.all_reduce(a.buf(), ReduceOp::kAvg);
-        ByteCount ar = g.recorder().bytes(g.name(), OpType::kAllReduce);
-        // Ring all-reduce: each rank sends and receives 2(n-1)/n * S per call (Patarasuk &
-        // Yuan 2009; NCCL's busbw factor).
-        EXPECT_EQ(ar.sent_bytes, 2 * 2 * (n - 1) * S / n);
-        EXPECT_EQ(ar.recv_bytes, 2 * 2 * (n - 1) * S / n);
-        EXPECT_EQ(ar.ops, 2);
-        Host piece(dt, E / n), full(dt, E);
-        g.all_gather(piece.buf(), full.buf());  // S = output size
-        ByteCount ag = g.recorder().bytes(g.name(), OpType::kAllGather);
-        EXPECT_EQ(ag.sent_bytes, (n - 1) * S / n);
-        EXPECT_EQ(ag.recv_bytes, (n - 1) * S / n);
-        g.reduce_scatter(full.buf(), piece.buf());  // S = input size
-        ByteCount rs = g.recorder().bytes(g.name(), OpType::kReduceScatter);
-        EXPECT_EQ(rs.sent_bytes, (n - 1) * S / n);
-        EXPECT_EQ(rs.recv_bytes, (n - 1) * S / n);
-        Host x(dt, E), y(dt, E);
-        g.all_to_all(x.buf(), y.buf());
-        ByteCount aa = g.recorder().bytes(g.name(), OpType::kAllToAll);
-        EXPECT_EQ(aa.sent_bytes, (n - 1) * S / n);
-        EXPECT_EQ(aa.recv_bytes, (n - 1) * S / n);
-        if (n >= 2) {
-          g.send_recv(x.buf(), (g.rank() + 1) % n, y.buf(), (g.rank() + n - 1) % n);
-          EXPECT_EQ(g.recorder().bytes(g.name(), OpType::kSend).sent_bytes, S);
-          EXPECT_EQ(g.recorder().bytes(g.name(), OpType::kRecv).recv_bytes, S);
-        }
-        g.barrier();
-      }
-    });
-  }
+  for (int n = 1; n <= 8; ++n) run_local(n, [](Group& g) { check_ring_byte_counters<Host>(g); });
 }
 
 TEST(Local, RecorderKeepsTheLastOpsWithSequenceNumbers) {

@@ -19,6 +19,7 @@
 namespace mt::comm {
 namespace {
 
+using testing::check_ring_byte_counters;
 using testing::Host;
 
 #if !MESHTRAIN_CUDA
@@ -217,38 +218,6 @@ void check_device_collectives(Group& g) {
   g.barrier();
 }
 
-// The ring formulas of docs/comm.md, with GPU buffers (as Local.ByteCountersEqualTheRingFormulas).
-void check_device_byte_counters(Group& g) {
-  const int n = g.size();
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    const int64_t E = 840 * 3;  // divisible by 1..8
-    const int64_t S = E * dtype_bytes(dt);
-    Dev a(dt, E);
-    g.recorder().reset_counters();
-    g.all_reduce(a.buf());
-    g.all_reduce(a.buf(), ReduceOp::kAvg);
-    ByteCount ar = g.recorder().bytes(g.name(), OpType::kAllReduce);
-    EXPECT_EQ(ar.sent_bytes, 2 * 2 * (n - 1) * S / n);
-    EXPECT_EQ(ar.recv_bytes, 2 * 2 * (n - 1) * S / n);
-    EXPECT_EQ(ar.ops, 2);
-    Dev piece(dt, E / n), full(dt, E);
-    g.all_gather(piece.buf(), full.buf());
-    ByteCount ag = g.recorder().bytes(g.name(), OpType::kAllGather);
-    EXPECT_EQ(ag.sent_bytes, (n - 1) * S / n);
-    EXPECT_EQ(ag.recv_bytes, (n - 1) * S / n);
-    g.reduce_scatter(full.buf(), piece.buf());
-    ByteCount rs = g.recorder().bytes(g.name(), OpType::kReduceScatter);
-    EXPECT_EQ(rs.sent_bytes, (n - 1) * S / n);
-    EXPECT_EQ(rs.recv_bytes, (n - 1) * S / n);
-    Dev x(dt, E), y(dt, E);
-    g.all_to_all(x.buf(), y.buf());
-    ByteCount aa = g.recorder().bytes(g.name(), OpType::kAllToAll);
-    EXPECT_EQ(aa.sent_bytes, (n - 1) * S / n);
-    EXPECT_EQ(aa.recv_bytes, (n - 1) * S / n);
-    g.barrier();
-  }
-}
-
 // Several async all-reduces and an all-gather queued, then a blocking barrier: they ran on
 // the group's progress thread, ordered with this rank's stream through the captured stream.
 void check_device_async(Group& g) {
@@ -309,7 +278,7 @@ TEST(Nccl, WorldOfOneHostBuffersRunOnTheHostTwin) {
 
 TEST(Nccl, WorldOfOneByteCounters) {
   MT_REQUIRE_GPU();
-  run_nccl(1, [](Group& world) { check_device_byte_counters(world); });
+  run_nccl(1, [](Group& world) { check_ring_byte_counters<Dev>(world); });
 }
 
 TEST(Nccl, WorldOfOneAsyncOps) {
@@ -402,7 +371,7 @@ TEST_P(LocalOnGpu, EveryCollectiveStagedMatchesTheHostResult) {
 
 TEST_P(LocalOnGpu, ByteCountersAreThoseOfTheOp) {
   MT_REQUIRE_GPU();
-  run_local_on_gpu0(GetParam(), [](Group& world) { check_device_byte_counters(world); });
+  run_local_on_gpu0(GetParam(), [](Group& world) { check_ring_byte_counters<Dev>(world); });
 }
 
 TEST_P(LocalOnGpu, AsyncOpsStageOnTheIssuingRanksStream) {
