@@ -1,5 +1,14 @@
 #include "plan/pipeline.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include "core/error.h"
+
 namespace mt::plan {
 
 namespace pp = parallel::pp;
@@ -37,6 +46,94 @@ ReplayResult replay(const PipeSchedule& s,
         if (a.is_compute()) r.spans[k].push_back({a, iv.start, iv.end});
       }
   }
+  return r;
+}
+
+ReplayResult replay_shared(const PipeSchedule& s,
+                           const std::function<double(int, const PipeAction&)>& cost,
+                           double p2p_s, const std::function<double(int)>& speed,
+                           bool keep_spans) {
+  const int P = s.pp;
+  const auto n = static_cast<size_t>(P);
+  std::vector<size_t> next(n, 0);
+  std::vector<double> left(n, 0);   // work left in the running compute action (cost units)
+  std::vector<double> start(n, 0);  // when it started
+  std::vector<bool> computing(n, false);
+  std::unordered_map<int, double> arrives;  // message tag -> arrival time
+  ReplayResult r;
+  r.busy_s.assign(n, 0);
+  if (keep_spans) r.spans.resize(n);
+  double now = 0;
+  for (;;) {
+    // Every rank not computing runs its zero-time actions at `now` until it starts a compute
+    // action or waits for a message that has not arrived.
+    bool all_done = true;
+    for (int k = 0; k < P; ++k) {
+      const auto& list = s.ranks[static_cast<size_t>(k)];
+      size_t& i = next[static_cast<size_t>(k)];
+      while (!computing[static_cast<size_t>(k)] && i < list.size()) {
+        const PipeAction& a = list[i];
+        if (a.kind == PipeKind::kRecvAct || a.kind == PipeKind::kRecvGrad) {
+          auto it = arrives.find(parallel::pp::message_tag(s, a));
+          if (it == arrives.end() || it->second > now) break;
+          arrives.erase(it);
+          ++i;
+        } else if (a.kind == PipeKind::kSendAct || a.kind == PipeKind::kSendGrad) {
+          arrives[parallel::pp::message_tag(s, a)] = now + p2p_s;
+          ++i;
+        } else if (const double c = cost(k, a); c > 0) {
+          computing[static_cast<size_t>(k)] = true;
+          left[static_cast<size_t>(k)] = c;
+          start[static_cast<size_t>(k)] = now;
+        } else {
+          ++i;
+        }
+      }
+      if (i < list.size()) all_done = false;
+    }
+    if (all_done) break;
+    // The next event: the first running action to end at the current speed, or the first
+    // awaited message to arrive.
+    int active = 0;
+    for (int k = 0; k < P; ++k) active += computing[static_cast<size_t>(k)] ? 1 : 0;
+    const double v = active > 0 ? speed(active) : 1.0;
+    double t_next = std::numeric_limits<double>::infinity();
+    for (int k = 0; k < P; ++k) {
+      const auto u = static_cast<size_t>(k);
+      if (computing[u]) {
+        t_next = std::min(t_next, now + left[u] / v);
+      } else if (next[u] < s.ranks[u].size()) {
+        auto it = arrives.find(parallel::pp::message_tag(s, s.ranks[u][next[u]]));
+        if (it != arrives.end()) t_next = std::min(t_next, it->second);
+      }
+    }
+    if (!std::isfinite(t_next)) {
+      std::string why;
+      for (int k = 0; k < P; ++k) {
+        const auto u = static_cast<size_t>(k);
+        if (next[u] < s.ranks[u].size())
+          why += fmt::format("; rank {} waits at action {} ({})", k, next[u],
+                             parallel::pp::format_action(s.ranks[u][next[u]]));
+      }
+      fail_run("deadlock: no rank can progress{}", why);
+    }
+    const double dt = t_next - now;
+    for (int k = 0; k < P; ++k) {
+      const auto u = static_cast<size_t>(k);
+      if (!computing[u]) continue;
+      r.busy_s[u] += dt * v;
+      // The action(s) that define the event end exactly now; the others lose dt·v of work.
+      if (now + left[u] / v <= t_next) {
+        computing[u] = false;
+        if (keep_spans) r.spans[u].push_back({s.ranks[u][next[u]], start[u], t_next});
+        ++next[u];
+      } else {
+        left[u] -= dt * v;
+      }
+    }
+    now = t_next;
+  }
+  r.makespan_s = now;
   return r;
 }
 

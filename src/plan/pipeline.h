@@ -40,4 +40,16 @@ ReplayResult replay(const PipeSchedule& s,
                     const std::function<double(int rank, const PipeAction&)>& cost, double p2p_s,
                     bool keep_spans = false);
 
+// The same schedule on ranks that share one pool of processors (this-host: rank threads on a
+// few cores). cost(rank, action) is the action's time when every rank of the job computes at
+// once; while only `active` of the pipeline's ranks compute, each runs `speed(active)` times
+// faster (processor sharing: the idle ranks' cores go to the busy ones). Time advances from
+// event to event (an action ends, a message arrives); speed ≡ 1 gives replay()'s timeline.
+// busy_s is each rank's work in cost units (its compute at the all-busy rate), so the
+// pipeline's loss against a perfect one is makespan − max busy, as with replay().
+ReplayResult replay_shared(const PipeSchedule& s,
+                           const std::function<double(int rank, const PipeAction&)>& cost,
+                           double p2p_s, const std::function<double(int active)>& speed,
+                           bool keep_spans = false);
+
 }  // namespace mt::plan

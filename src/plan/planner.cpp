@@ -372,6 +372,31 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   return c;
 }
 
+// How much faster a pipeline rank computes while only `active` of the P pipeline ranks do,
+// on a host whose cores all ranks share (compute_units > 0). Costs assume every rank
+// computes at once (per_rank_share: 1/N of the host each); a rank's threads cap what it can
+// use (the trainer gives each max(1, cores / N)), and the N / P ranks of each pipeline rank
+// (its DP, TP and CP peers) compute alongside it.
+double shared_speed(const Job& j, const Layout& l, int active) {
+  const int64_t cores = j.cluster.compute_units;
+  const int64_t threads = std::max<int64_t>(1, cores / j.gpus);
+  const double cap = double(threads) / double(cores);  // the most of the host one rank uses
+  return std::min(double(j.gpus) * cap, double(l.pp) / active);
+}
+
+ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, bool keep_spans) {
+  const PipeSchedule sched =
+      make_schedule(l.schedule, l.pp, l.virtual_stages, int(p.microbatches));
+  auto cost = [&](int r, const PipeAction& a) { return chunk_cost(p, l, r, a); };
+  if (j.cluster.compute_units > 0 && l.pp > 1)
+    return replay_shared(
+        sched, cost, p.p2p, [&](int active) { return shared_speed(j, l, active); }, keep_spans);
+  return replay(sched, cost, p.p2p, keep_spans);
+}
+
+// A floor under the step time: the microbatch-chunks every rank runs (at a middle chunk's
+// cost), the optimizer and the DP reduction's exposed part. It holds on a shared host too:
+// P ranks never compute more than P ranks' worth at once (shared_speed(k) · k <= P).
 double lower_bound(const Prepared& p, const Layout& l) {
   const double per_mb = (p.fwd_chunk + p.bwd_chunk) * l.virtual_stages;
   return double(p.microbatches) * per_mb + p.optimizer +
@@ -394,7 +419,8 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   const double peak = j.cluster.gpu.peak_flops(j.dtype) * per_rank_share(j);
   e.mfu = e.tflops_per_gpu * 1e12 / peak;
   const double busy = *std::max_element(e.replay.busy_s.begin(), e.replay.busy_s.end());
-  e.bubble_fraction = e.pipeline_s > 0 ? (e.pipeline_s - busy) / e.step_time_s : 0;
+  // A shared host's ranks can finish sooner than their work at the all-busy rate: no bubble.
+  e.bubble_fraction = e.pipeline_s > 0 ? std::max(0.0, e.pipeline_s - busy) / e.step_time_s : 0;
   const double mb = double(p.microbatches) * l.virtual_stages;
   e.forward_s = mb * p.fwd_chunk;
   e.backward_s = mb * p.bwd_chunk;
@@ -411,9 +437,7 @@ Estimate estimate(const Job& j, const Layout& l, bool keep_spans) {
   e.memory = memory_per_gpu(j, l, &e.worst_stage, &e.in_flight);
   const Prepared p = prepare(j, l);
   e.microbatches = p.microbatches;
-  PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, int(p.microbatches));
-  e.replay = replay(
-      sched, [&](int r, const PipeAction& a) { return chunk_cost(p, l, r, a); }, p.p2p, keep_spans);
+  e.replay = replay_layout(j, l, p, keep_spans);
   finish(j, p, e);
   return e;
 }
@@ -565,10 +589,7 @@ SearchResult search(const Job& j, const SearchPins& pins, int top_k) {
     e.worst_stage = c.worst;
     e.in_flight = c.flight;
     e.microbatches = c.p.microbatches;
-    PipeSchedule sched =
-        make_schedule(c.l.schedule, c.l.pp, c.l.virtual_stages, int(c.p.microbatches));
-    e.replay = replay(
-        sched, [&](int r, const PipeAction& a) { return chunk_cost(c.p, c.l, r, a); }, c.p.p2p);
+    e.replay = replay_layout(j, c.l, c.p, false);
     ++res.replayed;
     finish(j, c.p, e);
     best.push_back(std::move(e));
