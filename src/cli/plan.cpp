@@ -23,7 +23,7 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_option("--dp", dp, "data-parallel ranks");
   app.add_option("--tp", tp, "tensor-parallel ranks (within a node)");
   app.add_option("--pp", pp, "pipeline stages");
-  app.add_option("--cp", cp, "context-parallel ranks (1: not modelled beyond the split)");
+  app.add_option("--cp", cp, "context-parallel ranks (ring attention; pinned, default 1)");
   app.add_option("--zero", zero, "ZeRO stage 0..3");
   app.add_flag("--sp", sp, "sequence parallelism in the tp group");
   app.add_flag("--no-sp", no_sp, "no sequence parallelism (plan: pins it off)");
@@ -159,6 +159,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"forward", e.forward_s},
             {"backward", e.backward_s},
             {"tp_comm", e.tp_comm_s},
+            {"cp_comm", e.cp_comm_s},
             {"pp_comm", e.pp_comm_s},
             {"dp_comm", e.dp_comm_s},
             {"dp_exposed", e.dp_exposed_s},

@@ -44,20 +44,21 @@ double stage_params(const Job& j, const Layout& l, int r) {
 // 2022, Table 2, generalised to GQA / SwiGLU; docs/planner.md).
 double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
   const ModelSpec& m = j.model;
-  const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, F = m.d_ff,
-               kv = m.kv_dim(), a = m.n_head, t = l.tp;
+  // With CP a rank holds s = seq / cp tokens whose queries attend over all S = seq keys.
+  const double s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch),
+               h = m.d_model, F = m.d_ff, kv = m.kv_dim(), a = m.n_head, t = l.tp;
   if (!mixed(j)) {
     // Our f32 runtime (docs/flops.md, docs/tensor_parallel.md), floats per token: whole
     // ln1, res2, ln2, block output and 4 norm statistics (/t with SP); split qkv,
     // attention output, fc, GELU; probabilities n_head·T/t. t = 1: 8C + 2F + 4 + n_head·T.
-    return 4.0 * s * b * ((4 * h + 4) / (l.sp ? t : 1) + (4 * h + 2 * F) / t + a / t * s);
+    return 4.0 * s * b * ((4 * h + 4) / (l.sp ? t : 1) + (4 * h + 2 * F) / t + a / t * S);
   }
   const bool dropout = m.bias;  // GPT presets train with dropout; Llama-style do not
   if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
   double replicated = s * b * h * (4 + 2 + 2 + (dropout ? 2 : 0));
   double divided = s * b * (2 * h + 4 * kv + 2 * h) + s * b * F * (m.swiglu ? 8 : 4);
   double core = 0;
-  if (rc == Recompute::kNone) core = (dropout ? 5.0 : 0.0) * a * s * s * b;  // Llama: flash
+  if (rc == Recompute::kNone) core = (dropout ? 5.0 : 0.0) * a * s * S * b;  // Llama: flash
   return (l.sp ? replicated / t : replicated) + divided / t + core / t;
 }
 
@@ -97,6 +98,7 @@ struct PassCosts {
   double fwd = 0, bwd = 0;  // per layer per microbatch, compute + exposed TP comm
   double bwd_plain = 0;     // bwd without recomputation
   double tp_fwd = 0, tp_bwd = 0;
+  double cp_fwd = 0, cp_bwd = 0;  // ring attention's exposed transfers
   double head_fwd = 0, head_bwd = 0;  // last stage
   double embed_fwd = 0, embed_bwd = 0;
 };
@@ -107,7 +109,10 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const double share = per_rank_share(j);
   const double peak = g.peak_flops(j.dtype) * share;
   const double hbm = g.hbm_bytes_per_s * g.hbm_efficiency * share;
-  const double t = l.tp, s = double(j.seq) / l.cp, b = double(l.microbatch), n = s * b;
+  // s tokens per rank (seq / cp); their queries attend over all S = seq keys, with CP as
+  // cp blocks of s keys that the ring brings in turn.
+  const double t = l.tp, s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch),
+               n = s * b, cp = l.cp;
   const double h = m.d_model, F = m.d_ff, kv = m.kv_dim(), a = m.n_head, hd = m.head_dim();
   auto gemm = [&](double M, double N, double K, double batch) {
     return 2 * M * N * K * batch / (peak * g.gemm.efficiency(M, N, K));
@@ -115,8 +120,8 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const double wb = weight_bytes(j);
   double f = 0;
   f += gemm(n, (h + 2 * kv) / t, h, 1);            // qkv
-  f += gemm(s, s, hd, b * a / t);                  // scores (full T×T)
-  f += gemm(s, hd, s, b * a / t);                  // probabilities · V
+  const double att_block = gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t);
+  f += cp * att_block;  // scores (full T×T) and probabilities · V, per key block
   f += gemm(n, h, h / t, 1);                       // output projection
   f += gemm(n, (m.swiglu ? 2 : 1) * F / t, h, 1);  // MLP in (gate+up)
   f += gemm(n, h, F / t, 1);                       // MLP out
@@ -125,7 +130,7 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const bool dropout = m.bias;
   const double rep = (dropout ? 22.0 : 16.0) * h * wb / 2;
   const double act = (m.swiglu ? 6.0 : 4.0) * F * wb / 2;
-  const double soft = (dropout && mixed(j)) ? 9.0 * a * s : (mixed(j) ? 0.0 : 16.0 * a * s);
+  const double soft = (dropout && mixed(j)) ? 9.0 * a * S : (mixed(j) ? 0.0 : 16.0 * a * S);
   double elem = n * ((l.sp ? rep / t : rep) + act / t + soft / t) / hbm;
   const double fwd_compute = f + elem + g.kernel_overhead_s;
   const double bwd_compute = 2 * f + 2 * elem + g.kernel_overhead_s;
@@ -141,14 +146,27 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   PassCosts pc;
   pc.tp_fwd = 2 * tp_one;
   pc.tp_bwd = 2 * tp_one;
-  pc.fwd = fwd_compute + pc.tp_fwd;
-  double bwd = bwd_compute + pc.tp_bwd;
+  if (l.cp > 1) {
+    // Ring attention: cp − 1 times each rank passes the K and V of its tokens (its TP rank's
+    // heads) to the next CP rank while it computes on the block it holds; backward passes
+    // K, V and their gradients against twice the compute. CP ranks follow TP in the rank
+    // order: inside a node while tp·cp fits, else the ring crosses nodes.
+    const bool intra = int64_t(l.tp) * l.cp <= j.cluster.gpus_per_node;
+    const double bw = intra ? j.cluster.intra_bytes_per_s : j.cluster.inter_bytes_per_s;
+    const double lat = intra ? j.cluster.intra_latency_s : j.cluster.inter_latency_s;
+    const double kv_bytes = 2 * n * kv / t * wb;
+    pc.cp_fwd = (cp - 1) * std::max(0.0, lat + kv_bytes / bw - att_block);
+    pc.cp_bwd = (cp - 1) * std::max(0.0, lat + 2 * kv_bytes / bw - 2 * att_block);
+  }
+  pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd;
+  double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd;
   pc.bwd_plain = bwd;
   if (l.recompute == Recompute::kFull) {
-    bwd += fwd_compute + pc.tp_fwd;
+    bwd += fwd_compute + pc.tp_fwd + pc.cp_fwd;
     pc.tp_bwd += pc.tp_fwd;
+    pc.cp_bwd += pc.cp_fwd;
   } else if (l.recompute == Recompute::kSelective) {
-    bwd += gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t) + n * soft / t / hbm;
+    bwd += cp * att_block + n * soft / t / hbm;
   }
   pc.bwd = bwd;
   // LM head (vocab-parallel) and cross-entropy in f32 over the logits.
@@ -251,8 +269,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
   MemoryBytes worst;
   for (int r = 0; r < l.pp; ++r) {
     const double psi_r = stage_params(j, l, r);
-    MemoryBytes mb = zero_model_states(psi_r, l.dp, l.zero, j.dtype);
-    if (mixed(j)) mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp : 1);
+    MemoryBytes mb = zero_model_states(psi_r, l.dp * l.cp, l.zero, j.dtype);
+    if (mixed(j)) mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
     double act = flight[r] * lpc * act_layer;
     if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
       act += layer_activation_bytes(j, l, Recompute::kNone);
@@ -263,7 +281,7 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
       // Our runtime (docs/flops.md): embeddings, final norm, logits, loss stats; backward
       // scratch 6C + 2F per token and one n_head·T·T score matrix per sequence.
       act += 4 * s * b * (h + h + 2 + V / t + 2);  // vocab-parallel logits
-      act += 4 * s * b * (6 * h + 2 * m.d_ff / t) + 4 * b * m.n_head / t * s * s;
+      act += 4 * s * b * (6 * h + 2 * m.d_ff / t) + 4 * b * m.n_head / t * s * double(j.seq);
     }
     mb.activations = act;
     // Communication buffers: p2p send/recv (2 each way), ZeRO-3 gathered units (2 blocks),
@@ -328,8 +346,10 @@ Prepared prepare(const Job& j, const Layout& l) {
   // DP: gradients of the worst stage (stage 0 holds the embedding).
   double psi = 0;
   for (int r = 0; r < l.pp; ++r) psi = std::max(psi, stage_params(j, l, r));
-  const int per_node = std::max(1, c.gpus_per_node / (l.tp * l.cp));
-  const int dpn = l.dp;
+  // The ranks that hold the same parameters: DP and CP (a CP rank's gradients cover its part
+  // of the sequence), tp-strided: gpus_per_node / tp of them share a node.
+  const int dpn = l.dp * l.cp;
+  const int per_node = std::max(1, c.gpus_per_node / l.tp);
   const double grad_bytes = psi * wb;
   const double rs = hier_collective(j, grad_bytes, dpn, per_node, 1);
   const double ag = rs;
@@ -343,7 +363,7 @@ Prepared prepare(const Job& j, const Layout& l) {
   }
   // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
   // parameter with fp32 master and moments; f32: 28).
-  const double opt_params = psi / (l.zero >= 1 ? l.dp : 1);
+  const double opt_params = psi / (l.zero >= 1 ? dpn : 1);
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
   // The last microbatch's backward on the stage hides the reduction when overlapped.
@@ -425,6 +445,7 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.forward_s = mb * p.fwd_chunk;
   e.backward_s = mb * p.bwd_chunk;
   e.tp_comm_s = mb * p.layers_per_chunk * (p.pc.tp_fwd + p.pc.tp_bwd);
+  e.cp_comm_s = mb * p.layers_per_chunk * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 ? 2 * mb * p.p2p : 0;
 }
 
@@ -537,7 +558,7 @@ SearchResult search(const Job& j, const SearchPins& pins, int top_k) {
                 l.dp_overlap = pins.dp_overlap.value_or(!pins.megatron_2021 || pp == 1);
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
-                if (dp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0
+                if (dp * cp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0
                 ++res.considered;
                 if (auto why = invalid_reason(j, l)) {
                   // The reason with its numbers replaced by N counts as one kind.

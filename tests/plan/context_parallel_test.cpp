@@ -1,0 +1,100 @@
+// Context parallelism in the planner: CP ranks hold the same parameters as DP ranks (one
+// gradient group, one ZeRO shard group), split the sequence while every query still attends
+// over all of it, and pay ring attention's transfers only where the attention compute of a
+// block cannot hide them.
+#include <gtest/gtest.h>
+
+#include "plan/planner.h"
+
+namespace mt::plan {
+namespace {
+
+Job llama_job(int64_t gpus) {
+  Job j;
+  j.model = model_preset("llama3-70b");
+  j.seq = 8192;
+  j.model.seq = j.seq;
+  j.batch = 64;
+  j.dtype = "bf16";
+  j.gpus = gpus;
+  j.cluster = cluster_preset("dgx-h100");
+  return j;
+}
+
+Layout layout(int dp, int tp, int cp, int zero) {
+  Layout l;
+  l.dp = dp;
+  l.tp = tp;
+  l.cp = cp;
+  l.zero = zero;
+  l.microbatch = 1;
+  l.recompute = Recompute::kFull;
+  return l;
+}
+
+TEST(PlanContextParallel, CpRanksShareTheDataParallelGroup) {
+  const Job j = llama_job(64);
+  for (int zero : {0, 1, 3}) {
+    SCOPED_TRACE(zero);
+    const Estimate with_cp = estimate(j, layout(4, 8, 2, zero));
+    const Estimate dp_only = estimate(j, layout(8, 8, 1, zero));
+    EXPECT_DOUBLE_EQ(with_cp.memory.parameters, dp_only.memory.parameters);
+    EXPECT_DOUBLE_EQ(with_cp.memory.gradients, dp_only.memory.gradients);
+    EXPECT_DOUBLE_EQ(with_cp.memory.optimizer, dp_only.memory.optimizer);
+    EXPECT_DOUBLE_EQ(with_cp.memory.step_gradients_f32, dp_only.memory.step_gradients_f32);
+    if (zero < 3) {
+      EXPECT_DOUBLE_EQ(with_cp.dp_comm_s, dp_only.dp_comm_s);
+    }
+  }
+}
+
+TEST(PlanContextParallel, SplittingTheSequenceKeepsEachRanksWork) {
+  // Flat GEMM efficiency, no per-pass overhead, links fast enough to hide the ring: a rank
+  // of dp 4 x cp 2 computes the same FLOPs and bytes as one of dp 8 (half the tokens per
+  // microbatch, twice the microbatches, each query over all 8192 keys).
+  Job j = llama_job(64);
+  j.cluster.gpu.gemm.d0 = 0;
+  j.cluster.gpu.kernel_overhead_s = 0;
+  j.cluster.intra_bytes_per_s = j.cluster.inter_bytes_per_s = 1e18;
+  j.cluster.intra_latency_s = j.cluster.inter_latency_s = 0;
+  const Estimate with_cp = estimate(j, layout(4, 8, 2, 1));
+  const Estimate dp_only = estimate(j, layout(8, 8, 1, 1));
+  EXPECT_EQ(with_cp.microbatches, 2 * dp_only.microbatches);
+  EXPECT_NEAR(with_cp.forward_s, dp_only.forward_s, 1e-12 * dp_only.forward_s);
+  EXPECT_NEAR(with_cp.backward_s, dp_only.backward_s, 1e-12 * dp_only.backward_s);
+  EXPECT_EQ(with_cp.cp_comm_s, 0.0);
+  // Activations per microbatch: half the tokens, and the attention over all keys is flash
+  // (no score matrix kept) for a Llama model, so exactly half.
+  Layout none_cp = layout(4, 8, 2, 1), none_dp = layout(8, 8, 1, 1);
+  none_cp.recompute = none_dp.recompute = Recompute::kNone;
+  EXPECT_NEAR(memory_per_gpu(j, none_cp).activations * 2, memory_per_gpu(j, none_dp).activations,
+              0.02 * memory_per_gpu(j, none_dp).activations);
+}
+
+TEST(PlanContextParallel, RingTransfersShowWhereComputeCannotHideThem) {
+  Job j = llama_job(64);
+  // A slow inter-node link: the ring inside a node (tp 4 x cp 2) hides behind the block
+  // attention; across nodes (tp 8 x cp 2) it does not.
+  j.cluster.inter_bytes_per_s = 1e9;
+  const Estimate inside = estimate(j, layout(8, 4, 2, 1));
+  const Estimate across = estimate(j, layout(4, 8, 2, 1));
+  EXPECT_EQ(inside.cp_comm_s, 0.0);
+  EXPECT_GT(across.cp_comm_s, 0.0);
+  // Per layer and microbatch: fwd + recomputed fwd + bwd = 2 (t − x) + (2t − 2x) over cp − 1
+  // = 1 step, t the transfer of the local K and V (bf16, GQA: 8 KV heads of 128 per 8 TP
+  // ranks), x the block attention.
+  const double kv_bytes = 2.0 * 4096 * (8 * 128) / 8 * 2;
+  const double t = j.cluster.inter_latency_s + kv_bytes / j.cluster.inter_bytes_per_s;
+  const double per_layer_mb = across.cp_comm_s / double(across.microbatches) / 80;
+  EXPECT_LT(per_layer_mb, 4 * t);
+  EXPECT_GT(per_layer_mb, 4 * t * 0.5);
+  EXPECT_GT(across.step_time_s, estimate(j, layout(8, 8, 1, 1)).step_time_s);
+  // A CP ring refuses a sequence that does not split in 2·cp chunks.
+  Job odd = j;
+  odd.seq = 8190;
+  odd.model.seq = odd.seq;
+  EXPECT_TRUE(invalid_reason(odd, layout(4, 8, 2, 1)).has_value());
+}
+
+}  // namespace
+}  // namespace mt::plan
