@@ -100,8 +100,7 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace) {
       "{:.3f} GB: peak {:.3f} GB of {:.1f} GB{}\n",
       e.worst_stage, e.in_flight, m.parameters / gb, m.gradients / gb, m.optimizer / gb,
       m.activations / gb, m.communication / gb, m.step_gradients_f32 / gb, m.total() / gb,
-      j.cluster.gpu.hbm_bytes / gb,
-      m.total() > j.cluster.gpu.hbm_bytes ? "  (DOES NOT FIT)" : "");
+      j.cluster.gpu.hbm_bytes / gb, m.total() > j.cluster.gpu.hbm_bytes ? "  (DOES NOT FIT)" : "");
   text += fmt::format(
       "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + exposed dp {:.4g} s + "
       "optimizer {:.4g} s\n"

@@ -375,28 +375,41 @@ void MpiBackend::reduce_scatter_pieces(const OpCall& c, const std::vector<int64_
   const int n = size_;
   const int64_t es = dtype_bytes(c.dtype);
   std::vector<int64_t> off(static_cast<size_t>(n) + 1, 0);
-  for (int r = 0; r < n; ++r)
+  int64_t largest = 0;
+  for (int r = 0; r < n; ++r) {
     off[static_cast<size_t>(r) + 1] = off[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
+    largest = std::max(largest, counts[static_cast<size_t>(r)]);
+  }
   const int64_t mine = counts[static_cast<size_t>(rank_)];
-  char* buf = static_cast<char*>(scratch(std::max<int64_t>(1, n * mine * es)));
+  // Rounds of at most `seg` elements of every piece: the scratch holds one round's n pieces
+  // (n · kMpiSegmentBytes at most) whatever the buffer's size. Every rank derives the same
+  // rounds from the same counts.
+  const int64_t seg = std::max<int64_t>(1, std::min(largest, kMpiSegmentBytes / es));
+  const int64_t rounds = largest == 0 ? 1 : (largest + seg - 1) / seg;
+  char* buf = static_cast<char*>(scratch(std::max<int64_t>(1, n * std::min(mine, seg) * es)));
   std::vector<int> scount(static_cast<size_t>(n)), sdispl(static_cast<size_t>(n)),
       rcount(static_cast<size_t>(n)), rdispl(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    auto i = static_cast<size_t>(r);
-    scount[i] = r == rank_ ? 0 : to_int(counts[i] * es, "reduce_scatter piece");
-    sdispl[i] = to_int(off[i] * es, "reduce_scatter input");
-    rcount[i] = r == rank_ ? 0 : to_int(mine * es, "reduce_scatter piece");
-    rdispl[i] = to_int(r * mine * es, "reduce_scatter scratch");
-  }
-  check_mpi(MPI_Alltoallv(c.in, scount.data(), sdispl.data(), MPI_BYTE, buf, rcount.data(),
-                          rdispl.data(), MPI_BYTE, comm_),
-            "alltoallv");
   std::vector<const void*> pieces(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r)
-    pieces[static_cast<size_t>(r)] =
-        r == rank_ ? static_cast<const char*>(c.in) + off[static_cast<size_t>(r)] * es
-                   : buf + r * mine * es;
-  reduce_pieces(out, pieces, mine, c.dtype, c.reduce);
+  for (int64_t k = 0; k < rounds; ++k) {
+    auto part = [&](int64_t count) { return std::clamp<int64_t>(count - k * seg, 0, seg); };
+    const int64_t len = part(mine);
+    for (int r = 0; r < n; ++r) {
+      auto i = static_cast<size_t>(r);
+      scount[i] = r == rank_ ? 0 : to_int(part(counts[i]) * es, "reduce_scatter piece");
+      sdispl[i] = to_int((off[i] + std::min(k * seg, counts[i])) * es, "reduce_scatter input");
+      rcount[i] = r == rank_ ? 0 : to_int(len * es, "reduce_scatter piece");
+      rdispl[i] = to_int(r * len * es, "reduce_scatter scratch");
+    }
+    check_mpi(MPI_Alltoallv(c.in, scount.data(), sdispl.data(), MPI_BYTE, buf, rcount.data(),
+                            rdispl.data(), MPI_BYTE, comm_),
+              "alltoallv");
+    for (int r = 0; r < n; ++r)
+      pieces[static_cast<size_t>(r)] =
+          r == rank_ ? static_cast<const char*>(c.in) + (off[static_cast<size_t>(r)] + k * seg) * es
+                     : buf + r * len * es;
+    if (len > 0)
+      reduce_pieces(static_cast<char*>(out) + k * seg * es, pieces, len, c.dtype, c.reduce);
+  }
 }
 
 void MpiBackend::run(OpCall& c) {

@@ -1,6 +1,7 @@
 // The `mpi` backend: one rank per process under mpirun (Open MPI; MPI_THREAD_MULTIPLE).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -15,5 +16,10 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world
                 const std::string& world_name = "world");
 // mpirun's world size from the environment, or 0.
 int mpi_env_world_size();
+
+// A reduce-scatter (and so an all-reduce) receives the n ranks' copies of its piece in rounds
+// of at most this many bytes from each rank, reducing each round in rank order: its scratch
+// is n · min(piece, kMpiSegmentBytes), not the whole buffer (the planner counts the same).
+inline constexpr int64_t kMpiSegmentBytes = int64_t{1} << 20;
 
 }  // namespace mt::comm

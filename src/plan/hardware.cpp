@@ -128,7 +128,8 @@ nlohmann::json to_json(const ClusterSpec& c) {
           {"intra_latency_s", c.intra_latency_s},
           {"inter_bytes_per_s", c.inter_bytes_per_s},
           {"inter_latency_s", c.inter_latency_s},
-          {"compute_units", c.compute_units}};
+          {"compute_units", c.compute_units},
+          {"backend", c.backend}};
 }
 
 ClusterSpec cluster_from_json(const nlohmann::json& j) {
@@ -151,6 +152,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.inter_bytes_per_s = j.at("inter_bytes_per_s").get<double>();
   c.inter_latency_s = j.value("inter_latency_s", 0.0);
   c.compute_units = j.value("compute_units", 0);
+  c.backend = j.value("backend", std::string());
   if (c.gpus_per_node < 1) fail("cluster '{}': gpus_per_node must be at least 1", c.name);
   return c;
 }

@@ -43,6 +43,9 @@ struct ClusterSpec {
   double inter_bytes_per_s = 0;  // per GPU, one direction (its InfiniBand rail)
   double inter_latency_s = 0;
   int compute_units = 0;  // this-host: cores shared by all ranks (0: a GPU each)
+  // this-host: the backend whose all-reduce the links were timed with ("local", "mpi"); the
+  // memory model counts that backend's scratch. Empty for GPU clusters.
+  std::string backend;
 };
 
 ClusterSpec cluster_preset(const std::string& name);  // preset name or JSON file path

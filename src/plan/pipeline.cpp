@@ -50,9 +50,8 @@ ReplayResult replay(const PipeSchedule& s,
 }
 
 ReplayResult replay_shared(const PipeSchedule& s,
-                           const std::function<double(int, const PipeAction&)>& cost,
-                           double p2p_s, const std::function<double(int)>& speed,
-                           bool keep_spans) {
+                           const std::function<double(int, const PipeAction&)>& cost, double p2p_s,
+                           const std::function<double(int)>& speed, bool keep_spans) {
   const int P = s.pp;
   const auto n = static_cast<size_t>(P);
   std::vector<size_t> next(n, 0);

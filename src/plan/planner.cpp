@@ -9,6 +9,7 @@
 #include <limits>
 #include <tuple>
 
+#include "comm/mpi.h"
 #include "core/error.h"
 
 namespace mt::plan {
@@ -45,8 +46,8 @@ double stage_params(const Job& j, const Layout& l, int r) {
 double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
   const ModelSpec& m = j.model;
   // With CP a rank holds s = seq / cp tokens whose queries attend over all S = seq keys.
-  const double s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch),
-               h = m.d_model, F = m.d_ff, kv = m.kv_dim(), a = m.n_head, t = l.tp;
+  const double s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch), h = m.d_model,
+               F = m.d_ff, kv = m.kv_dim(), a = m.n_head, t = l.tp;
   if (!mixed(j)) {
     // Our f32 runtime (docs/flops.md, docs/tensor_parallel.md), floats per token: whole
     // ln1, res2, ln2, block output and 4 norm statistics (/t with SP); split qkv,
@@ -98,7 +99,7 @@ struct PassCosts {
   double fwd = 0, bwd = 0;  // per layer per microbatch, compute + exposed TP comm
   double bwd_plain = 0;     // bwd without recomputation
   double tp_fwd = 0, tp_bwd = 0;
-  double cp_fwd = 0, cp_bwd = 0;  // ring attention's exposed transfers
+  double cp_fwd = 0, cp_bwd = 0;      // ring attention's exposed transfers
   double head_fwd = 0, head_bwd = 0;  // last stage
   double embed_fwd = 0, embed_bwd = 0;
 };
@@ -119,10 +120,10 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   };
   const double wb = weight_bytes(j);
   double f = 0;
-  f += gemm(n, (h + 2 * kv) / t, h, 1);            // qkv
+  f += gemm(n, (h + 2 * kv) / t, h, 1);  // qkv
   const double att_block = gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t);
-  f += cp * att_block;  // scores (full T×T) and probabilities · V, per key block
-  f += gemm(n, h, h / t, 1);                       // output projection
+  f += cp * att_block;        // scores (full T×T) and probabilities · V, per key block
+  f += gemm(n, h, h / t, 1);  // output projection
   f += gemm(n, (m.swiglu ? 2 : 1) * F / t, h, 1);  // MLP in (gate+up)
   f += gemm(n, h, F / t, 1);                       // MLP out
   // Memory-bound kernels (bytes per token, docs/planner.md): layer norms, residual
@@ -297,6 +298,19 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
       const double pool = 4 * (m.embedding_params() + m.head_params() + 2 * m.block_params()) / t;
       comm += (l.zero >= 3 ? 2 : 1) * pool;
     }
+    // The mpi backend's reduce-scatter scratch (comm/mpi.h): n pieces of at most
+    // kMpiSegmentBytes, kept at its largest. DP (and CP) reduce the stage's gradients in one
+    // call (ZeRO-2/3: one unit at a time); TP reduces a microbatch's activations.
+    if (j.cluster.backend == "mpi") {
+      auto scratch = [](double bytes, int n) {
+        return n > 1 ? n * std::min(bytes / n, double(comm::kMpiSegmentBytes)) : 0.0;
+      };
+      const double gb = mixed(j) ? 2 : 4;
+      const double unit =
+          std::max({m.embedding_params(), m.head_params(), m.block_params()}) / t * gb;
+      const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
+      comm += std::max(scratch(dp_bytes, l.dp * l.cp), scratch(s * b * h * wb, l.tp));
+    }
     mb.communication = comm;
     if (mb.total() > worst.total()) {
       worst = mb;
@@ -405,8 +419,7 @@ double shared_speed(const Job& j, const Layout& l, int active) {
 }
 
 ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, bool keep_spans) {
-  const PipeSchedule sched =
-      make_schedule(l.schedule, l.pp, l.virtual_stages, int(p.microbatches));
+  const PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, int(p.microbatches));
   auto cost = [&](int r, const PipeAction& a) { return chunk_cost(p, l, r, a); };
   if (j.cluster.compute_units > 0 && l.pp > 1)
     return replay_shared(

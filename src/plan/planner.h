@@ -62,8 +62,8 @@ struct Estimate {
          bubble_fraction = 0;
   // Where the time goes (seconds per step, busiest rank).
   // cp_comm_s: ring attention's transfers not hidden behind the attention compute.
-  double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0,
-         pp_comm_s = 0, dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0;
+  double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,
+         dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0;
   ReplayResult replay;  // spans kept when asked
 };
 

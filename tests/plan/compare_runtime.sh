@@ -1,13 +1,14 @@
 #!/bin/bash
 # Calibrate this host, then for each layout: the planner's predicted step time and peak
 # memory (simulate --cluster this-host --dtype f32) vs the runtime's measured ones (best
-# step time of steps 3..N, the allocator's peak). Prints a markdown table.
+# step time of steps 3..N, the allocator's peak). Prints a markdown table: the local backend
+# (rank threads) first, then, when mpirun is installed, MPI (one process per rank, the host
+# calibrated with `mpirun -np 2 meshtrain calibrate --backend mpi`).
 # Usage: tests/plan/compare_runtime.sh BUILD_DIR [STEPS]
 set -euo pipefail
 B=${1:-build/plan}/meshtrain
-STEPS=${2:-12}
+STEPS=${2:-16}
 W=$(mktemp -d)
-"$B" calibrate --out "$W/host.json" >/dev/null
 python3 - "$W" <<'PY'
 import sys, os
 out = os.path.join(sys.argv[1], "demo.bin")
@@ -21,26 +22,35 @@ with open(out, "wb") as f:
     f.write(struct.pack("<256i", *hdr))
     f.write(struct.pack("<%dH" % len(data), *data))
 PY
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MODEL="--model tiny --n-layer 4 --d-model 256 --n-head 4 --seq 128"
-echo "| layout | ranks | predicted step (ms) | measured (ms) | error | predicted peak MB | measured peak MB |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
-for L in "--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 2 --zero 2" "--dp 2 --zero 3" \
-         "--dp 8 --zero 0" "--dp 8 --zero 1" "--dp 8 --zero 3" "--dp 2 --zero 0 --microbatch 4" \
-         "--dp 1 --pp 2 --microbatches 4" "--dp 4 --pp 2 --microbatches 2" \
-         "--dp 2 --pp 4 --microbatches 4" "--dp 1 --pp 2 --microbatches 4 --schedule gpipe" \
-         "--dp 1 --tp 2" "--dp 1 --tp 2 --sp" "--dp 4 --tp 2 --sp"; do
+LOCAL_LAYOUTS=("--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 2 --zero 2" "--dp 2 --zero 3"
+  "--dp 8 --zero 0" "--dp 8 --zero 1" "--dp 8 --zero 3" "--dp 2 --zero 0 --microbatch 4"
+  "--dp 1 --pp 2 --microbatches 4" "--dp 4 --pp 2 --microbatches 2"
+  "--dp 2 --pp 4 --microbatches 4" "--dp 1 --pp 2 --microbatches 4 --schedule gpipe"
+  "--dp 1 --tp 2" "--dp 1 --tp 2 --sp" "--dp 4 --tp 2 --sp")
+MPI_LAYOUTS=("--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 8 --zero 0" "--dp 8 --zero 1"
+  "--dp 1 --pp 2 --microbatches 4" "--dp 2 --pp 4 --microbatches 4" "--dp 1 --tp 2"
+  "--dp 4 --tp 2 --sp")
+
+# compare BACKEND HOST_JSON LAYOUT: one table row.
+compare() {
+  local backend=$1 host=$2 L=$3
+  local DP PP=1 TP=1 N
   DP=$(echo "$L" | sed -E 's/.*--dp ([0-9]+).*/\1/')
-  PP=1
   if [[ "$L" == *"--pp "* ]]; then PP=$(echo "$L" | sed -E 's/.*--pp ([0-9]+).*/\1/'); fi
-  TP=1
   if [[ "$L" == *"--tp "* ]]; then TP=$(echo "$L" | sed -E 's/.*--tp ([0-9]+).*/\1/'); fi
   N=$((DP * PP * TP))
-  "$B" train $MODEL $L --batch 16 --steps "$STEPS" --data "$W/demo.bin" --peak-gflops 100 \
-      --metrics "$W/m.jsonl" --eval-every 0 >/dev/null 2>&1 || { echo "| $L | $N | train failed | | | | |"; continue; }
-  "$B" simulate $MODEL $L --batch 16 --gpus "$N" --cluster "$W/host.json" --dtype f32 --json \
+  local run=("$B")
+  if [ "$backend" = mpi ]; then run=(mpirun -np "$N" --oversubscribe "$B"); fi
+  rm -f "$W/m.jsonl"
+  "${run[@]}" train $MODEL $L --backend "$backend" --batch 16 --steps "$STEPS" \
+      --data "$W/demo.bin" --peak-gflops 100 --metrics "$W/m.jsonl" --eval-every 0 \
+      >/dev/null 2>&1 || { echo "| $backend $L | $N | train failed | | | | |"; return; }
+  "$B" simulate $MODEL $L --batch 16 --gpus "$N" --cluster "$host" --dtype f32 --json \
       2>/dev/null >"$W/s.json"
-  python3 - "$W" "$L" "$N" <<'PY'
-import json, sys, statistics
+  python3 - "$W" "$backend $L" "$N" <<'PY'
+import json, sys
 w, L, n = sys.argv[1:4]
 rows = [json.loads(l) for l in open(w + "/m.jsonl")]
 # The best step after two warm-up steps: like calibrate's best-of, the least disturbed by
@@ -52,5 +62,14 @@ pred = s["step_time_s"]
 print(f"| {L} | {n} | {pred*1e3:.1f} | {meas*1e3:.1f} | {100*(pred/meas-1):+.0f}% | "
       f"{s['memory_bytes_per_gpu']['total']/1e6:.1f} | {peak/1e6:.1f} |")
 PY
-done
+}
+
+echo "| backend, layout | ranks | predicted step (ms) | measured (ms) | error | predicted peak MB | measured peak MB |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+"$B" calibrate --backend local --out "$W/host.json" 2>/dev/null >/dev/null
+for L in "${LOCAL_LAYOUTS[@]}"; do compare local "$W/host.json" "$L"; done
+if command -v mpirun >/dev/null; then
+  mpirun -np 2 "$B" calibrate --backend mpi --out "$W/host-mpi.json" 2>/dev/null >/dev/null
+  for L in "${MPI_LAYOUTS[@]}"; do compare mpi "$W/host-mpi.json" "$L"; done
+fi
 rm -rf "$W"

@@ -30,15 +30,16 @@ TEST(SharedReplay, ConstantSpeedIsTheRuntimesReplay) {
     const char* schedule;
     int pp, v, m;
   };
-  for (const Case& c : {Case{"gpipe", 4, 1, 6}, Case{"1f1b", 4, 1, 8}, Case{"1f1b", 3, 1, 3},
-                        Case{"interleaved", 4, 2, 8}, Case{"interleaved", 2, 3, 4},
-                        Case{"zb1", 4, 1, 8}}) {
-    SCOPED_TRACE(testing::Message() << c.schedule << " pp " << c.pp << " v " << c.v << " m "
-                                    << c.m);
+  for (const Case& c :
+       {Case{"gpipe", 4, 1, 6}, Case{"1f1b", 4, 1, 8}, Case{"1f1b", 3, 1, 3},
+        Case{"interleaved", 4, 2, 8}, Case{"interleaved", 2, 3, 4}, Case{"zb1", 4, 1, 8}}) {
+    SCOPED_TRACE(testing::Message()
+                 << c.schedule << " pp " << c.pp << " v " << c.v << " m " << c.m);
     const PipeSchedule s = make_schedule(c.schedule, c.pp, c.v, c.m);
     for (double p2p : {0.0, 0.37}) {
       const ReplayResult plain = replay(s, uneven_cost, p2p, true);
-      const ReplayResult shared = replay_shared(s, uneven_cost, p2p, [](int) { return 1.0; }, true);
+      const ReplayResult shared = replay_shared(
+          s, uneven_cost, p2p, [](int) { return 1.0; }, true);
       EXPECT_NEAR(shared.makespan_s, plain.makespan_s, 1e-9 * plain.makespan_s);
       ASSERT_EQ(shared.busy_s.size(), plain.busy_s.size());
       for (size_t r = 0; r < plain.busy_s.size(); ++r) {
