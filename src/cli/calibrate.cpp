@@ -90,12 +90,31 @@ AlphaBeta allreduce_alpha_beta(comm::Group& world) {
   return ab;
 }
 
-// The compute side of this host: GEMM peaks and shape curve, memory bandwidth, RAM.
-// `cores`: those the job's ranks share on this host.
-plan::ClusterSpec measure_host(bool quick, int cores) {
-  // One thread: the trainer gives each rank max(1, cores / ranks) threads, so with as many
-  // ranks as cores (or more) a rank computes on one core; N ranks share the host's
-  // cores · (one-core rate).
+// The sum over `threads` concurrent threads (one OpenMP thread each) of each one's best rate
+// of `measure` over `window_s`: every core busy, as when the job's ranks all compute (a core
+// alone runs faster — turbo, the whole cache and memory bus — than the training will see).
+double all_cores_rate(int threads, double window_s, const std::function<double()>& measure) {
+  std::vector<double> rates(static_cast<size_t>(threads), 0.0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      kernels::set_threads(1);
+      rates[static_cast<size_t>(t)] = best_over(window_s, measure);
+    });
+  for (std::thread& th : pool) th.join();
+  double sum = 0;
+  for (double r : rates) sum += r;
+  return sum;
+}
+
+// The compute side of this host: GEMM peaks and shape curve, memory bandwidth, RAM, with
+// every one of its `cores` busy. This process runs `threads` measuring threads; `sum_ranks`
+// adds its totals to those of the other processes measuring at the same time (mpi: one
+// process per bound core; local: the identity).
+plan::ClusterSpec measure_host(bool quick, int cores, int threads,
+                               const std::function<double(double)>& sum_ranks) {
+  // One thread each: the trainer gives each rank max(1, cores / ranks) threads, so with as
+  // many ranks as cores (or more) a rank computes on one core; N ranks share the host's rate.
   kernels::set_threads(1);
   plan::ClusterSpec c;
   c.name = "this-host";
@@ -104,15 +123,19 @@ plan::ClusterSpec measure_host(bool quick, int cores) {
   c.gpus_per_node = 1024;          // every rank of the local backend shares one host
   const int reps = quick ? 2 : 6;  // best of: the host is shared, the best run is the rate
   const double window_s = quick ? 0.0 : 0.4;  // and each shape for at least this long
+  auto host_rate = [&](const std::function<double()>& measure) {
+    return sum_ranks(all_cores_rate(threads, window_s, measure));
+  };
   // Peaks: a large square GEMM.
   const int64_t big = quick ? 512 : 1024;
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    const double peak = best_over(
-        window_s, [&] { return kernels::time_gemm_flops(dt, false, false, big, big, big, reps); });
-    (dt == DType::kF32 ? c.gpu.peak_flops_f32 : c.gpu.peak_flops_bf16) = peak * cores;
-    std::fprintf(
-        stderr, "%s\n",
-        fmt::format("gemm {} {}^3: {:.1f} GFLOP/s", dtype_name(dt), big, peak / 1e9).c_str());
+    const double peak =
+        host_rate([&] { return kernels::time_gemm_flops(dt, false, false, big, big, big, reps); });
+    (dt == DType::kF32 ? c.gpu.peak_flops_f32 : c.gpu.peak_flops_bf16) = peak;
+    std::fprintf(stderr, "%s\n",
+                 fmt::format("gemm {} {}^3: {:.1f} GFLOP/s per core, all {} busy", dtype_name(dt),
+                             big, peak / cores / 1e9, cores)
+                     .c_str());
   }
   // The shape curve (f32, the runtime's dtype): rate / peak over small and skinny shapes.
   // Shapes of small transformer layers (tokens x width x width, per-head attention) and
@@ -122,36 +145,36 @@ plan::ClusterSpec measure_host(bool quick, int cores) {
                                {big, big, 64},   {64, big, big},  {256, 256, 256}};
   std::vector<std::pair<Shape, double>> eff;
   for (const Shape& s : shapes) {
-    const double r = best_over(window_s, [&] {
-      return kernels::time_gemm_flops(DType::kF32, false, false, s.m, s.n, s.k, reps);
-    });
-    eff.push_back({s, r * cores / c.gpu.peak_flops_f32});
-    std::fprintf(stderr, "%s\n",
-                 fmt::format("gemm f32 {}x{}x{}: {:.1f} GFLOP/s", s.m, s.n, s.k, r / 1e9).c_str());
+    const double r = host_rate(
+        [&] { return kernels::time_gemm_flops(DType::kF32, false, false, s.m, s.n, s.k, reps); });
+    eff.push_back({s, r / c.gpu.peak_flops_f32});
+    std::fprintf(
+        stderr, "%s\n",
+        fmt::format("gemm f32 {}x{}x{}: {:.1f} GFLOP/s per core", s.m, s.n, s.k, r / cores / 1e9)
+            .c_str());
   }
   // The runtime's own linear layer (bias, transposed backward GEMMs): forward + backward of
   // tokens x in -> out, 6·n·in·out FLOPs, as (tokens, out, in) GEMM shapes of the curve.
   for (const Shape& s :
        std::vector<Shape>{{big, 768, 256}, {big, 256, 256}, {big, 1024, 256}, {big, 256, 1024}}) {
-    std::vector<float> x(s.m * s.k, 0.01f), w(s.n * s.k, 0.02f), b(s.n, 0.0f), y(s.m * s.n),
-        dx(s.m * s.k), dw(s.n * s.k, 0.0f), db(s.n, 0.0f);
-    auto pass = [&] {
-      const double t0 = now_s();
-      kernels::linear_forward(y.data(), x.data(), w.data(), b.data(), s.m, s.k, s.n);
-      kernels::linear_backward(dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), s.m,
-                               s.k, s.n);
-      return 6.0 * s.m * s.n * s.k / (now_s() - t0);
-    };
-    pass();  // warm-up
-    const double r = best_over(window_s, [&] {
+    const double r = host_rate([&] {
+      std::vector<float> x(s.m * s.k, 0.01f), w(s.n * s.k, 0.02f), b(s.n, 0.0f), y(s.m * s.n),
+          dx(s.m * s.k), dw(s.n * s.k, 0.0f), db(s.n, 0.0f);
       double best = 0;
-      for (int rep = 0; rep < reps; ++rep) best = std::max(best, pass());
+      for (int rep = 0; rep <= reps; ++rep) {  // the first is the warm-up
+        const double t0 = now_s();
+        kernels::linear_forward(y.data(), x.data(), w.data(), b.data(), s.m, s.k, s.n);
+        kernels::linear_backward(dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), s.m,
+                                 s.k, s.n);
+        if (rep > 0) best = std::max(best, 6.0 * s.m * s.n * s.k / (now_s() - t0));
+      }
       return best;
     });
-    eff.push_back({s, r * cores / c.gpu.peak_flops_f32});
-    std::fprintf(
-        stderr, "%s\n",
-        fmt::format("linear fwd+bwd {}x{} -> {}: {:.1f} GFLOP/s", s.m, s.k, s.n, r / 1e9).c_str());
+    eff.push_back({s, r / c.gpu.peak_flops_f32});
+    std::fprintf(stderr, "%s\n",
+                 fmt::format("linear fwd+bwd {}x{} -> {}: {:.1f} GFLOP/s per core", s.m, s.k, s.n,
+                             r / cores / 1e9)
+                     .c_str());
   }
   // The peak is the best rate seen (on a busy host a skinny shape may beat the square);
   // the curve is fitted to every rate / peak, the square included, by least squares on
@@ -173,8 +196,8 @@ plan::ClusterSpec measure_host(bool quick, int cores) {
         err += std::pow(std::log(g.efficiency(double(s.m), double(s.n), double(s.k)) / e), 2);
       if (err < best_err) best_err = err, c.gpu.gemm = g;
     }
-  c.gpu.hbm_bytes_per_s = best_over(window_s, memory_bandwidth);
-  c.gpu.hbm_efficiency = 1.0;  // measured as achieved
+  c.gpu.hbm_bytes_per_s = host_rate(memory_bandwidth);  // all cores copying at once
+  c.gpu.hbm_efficiency = 1.0;                           // measured as achieved
   c.gpu.hbm_bytes = 0;
   {
     std::ifstream mi("/proc/meminfo");
@@ -189,18 +212,25 @@ plan::ClusterSpec measure_host(bool quick, int cores) {
   return c;
 }
 
-void report_and_write(plan::ClusterSpec c, const AlphaBeta& ab, comm::BackendKind backend,
-                      int ranks, const std::string& out_path) {
-  c.intra_latency_s = c.inter_latency_s = ab.alpha;
-  c.intra_bytes_per_s = c.inter_bytes_per_s = ab.bus_bytes_per_s;
+// `links`: the all-reduce measured at one or more rank counts, ascending; the first is the
+// preset's plain link (a job of that size), all go to host_links.
+void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& links,
+                      comm::BackendKind backend, const std::string& out_path) {
+  c.intra_latency_s = c.inter_latency_s = links.front().latency_s;
+  c.intra_bytes_per_s = c.inter_bytes_per_s = links.front().bytes_per_s;
+  c.host_links = links;
   c.backend = std::string(comm::backend_name(backend));
-  std::fprintf(
-      stderr, "%s\n",
-      fmt::format("memory copy {:.1f} GB/s; {} all_reduce over {} ranks: alpha {:.1f} "
-                  "us, bus bandwidth {:.1f} GB/s; gemm curve eff_max {:.2f}, d0 {:.0f}",
-                  c.gpu.hbm_bytes_per_s / 1e9, comm::backend_name(backend), ranks, ab.alpha * 1e6,
-                  ab.bus_bytes_per_s / 1e9, c.gpu.gemm.eff_max, c.gpu.gemm.d0)
-          .c_str());
+  std::string measured;
+  for (const plan::HostLink& h : links)
+    measured +=
+        fmt::format("{}{} ranks: alpha {:.1f} us, bus bandwidth {:.1f} GB/s",
+                    measured.empty() ? "" : "; ", h.ranks, h.latency_s * 1e6, h.bytes_per_s / 1e9);
+  std::fprintf(stderr, "%s\n",
+               fmt::format("memory copy {:.1f} GB/s; gemm curve eff_max {:.2f}, d0 {:.0f}; {} "
+                           "all_reduce at {}",
+                           c.gpu.hbm_bytes_per_s / 1e9, c.gpu.gemm.eff_max, c.gpu.gemm.d0,
+                           comm::backend_name(backend), measured)
+                   .c_str());
   std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
   std::ofstream out(out_path);
   if (!out) fail_run("calibrate: cannot write '{}'", out_path);
@@ -221,14 +251,23 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
         "calibrate --backend nccl: not available; calibrate measures CPU ranks (local or mpi). "
         "For GPUs use a preset (--cluster dgx-a100, dgx-h100, hgx-b200) or a JSON cluster file");
   if (kind == comm::BackendKind::kLocal) {
-    const plan::ClusterSpec c = measure_host(quick, kernels::host_cores());
-    AlphaBeta ab;
-    lo.world_size = 2;
-    comm::launch(lo, [&](comm::Group& world) {
-      const AlphaBeta r = allreduce_alpha_beta(world);
-      if (world.rank() == 0) ab = r;
-    });
-    report_and_write(c, ab, kind, 2, out_path);
+    const int cores = kernels::host_cores();
+    const plan::ClusterSpec c = measure_host(quick, cores, cores, [](double v) { return v; });
+    // Rank threads from 2 to 4x the cores (at least 8): past the cores every ring step
+    // waits for the scheduler, and α and the bandwidth change by an order of magnitude.
+    std::vector<plan::HostLink> links;
+    for (int ranks = 2; ranks <= std::max(8, 4 * cores); ranks *= 2) {
+      lo.world_size = ranks;
+      plan::HostLink h;
+      h.ranks = ranks;
+      comm::launch(lo, [&](comm::Group& world) {
+        const AlphaBeta r = allreduce_alpha_beta(world);
+        if (world.rank() == 0) h.latency_s = r.alpha, h.bytes_per_s = r.bus_bytes_per_s;
+      });
+      links.push_back(h);
+      if (quick) break;
+    }
+    report_and_write(c, links, kind, out_path);
     return;
   }
   lo.world_size = 0;
@@ -237,28 +276,25 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
       fail(
           "calibrate --backend mpi needs at least 2 processes to time MPI's all_reduce: run "
           "it as `mpirun -np 2 meshtrain calibrate --backend mpi`");
-    // The others wait asleep, not in MPI_Barrier: Open MPI's barrier spins, and a spinning
-    // process on the other core halved the measured GEMM rate on this 2-vCPU host.
-    // mpirun binds each process to its own core(s) (np <= cores): the job's cores are the
-    // ranks' together, at most the host's.
-    float cores = static_cast<float>(kernels::host_cores());
+    // mpirun binds each process to its own core(s) when np <= cores: the job's cores are the
+    // ranks' together (at most the host's), and every process measures its own at the same
+    // time; the rates add up over the processes.
+    const int mine = kernels::host_cores();
+    float cores = static_cast<float>(mine);
     world.all_reduce(comm::Buf(&cores, 1));
     const int job_cores =
         std::min(static_cast<int>(cores),
                  std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-    plan::ClusterSpec c;
-    float token = 0;
-    if (world.rank() == 0) {
-      c = measure_host(quick, job_cores);
-      for (int r = 1; r < world.size(); ++r) world.send(comm::Buf(&token, 1), r);
-    } else {
-      comm::WorkPtr w = world.recv_async(comm::Buf(&token, 1), 0);
-      while (!w->test()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      w->wait();
-    }
+    const plan::ClusterSpec c = measure_host(quick, job_cores, mine, [&](double v) {
+      float x = static_cast<float>(v);
+      world.all_reduce(comm::Buf(&x, 1));
+      return static_cast<double>(x);
+    });
     world.barrier();
     const AlphaBeta ab = allreduce_alpha_beta(world);
-    if (world.rank() == 0) report_and_write(c, ab, kind, world.size(), out_path);
+    if (world.rank() == 0)
+      report_and_write(c, {plan::HostLink{world.size(), ab.alpha, ab.bus_bytes_per_s}}, kind,
+                       out_path);
   });
 }
 

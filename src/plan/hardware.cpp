@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -120,6 +121,10 @@ ClusterSpec cluster_preset(const std::string& name) {
 }
 
 nlohmann::json to_json(const ClusterSpec& c) {
+  nlohmann::json links = nlohmann::json::array();
+  for (const HostLink& h : c.host_links)
+    links.push_back(
+        {{"ranks", h.ranks}, {"latency_s", h.latency_s}, {"bytes_per_s", h.bytes_per_s}});
   return {{"name", c.name},
           {"gpu", gpu_json(c.gpu)},
           {"gpus_per_node", c.gpus_per_node},
@@ -129,7 +134,8 @@ nlohmann::json to_json(const ClusterSpec& c) {
           {"inter_bytes_per_s", c.inter_bytes_per_s},
           {"inter_latency_s", c.inter_latency_s},
           {"compute_units", c.compute_units},
-          {"backend", c.backend}};
+          {"backend", c.backend},
+          {"host_links", links}};
 }
 
 ClusterSpec cluster_from_json(const nlohmann::json& j) {
@@ -153,7 +159,32 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.inter_latency_s = j.value("inter_latency_s", 0.0);
   c.compute_units = j.value("compute_units", 0);
   c.backend = j.value("backend", std::string());
+  if (j.contains("host_links"))
+    for (const auto& h : j.at("host_links"))
+      c.host_links.push_back({h.at("ranks").get<int>(), h.at("latency_s").get<double>(),
+                              h.at("bytes_per_s").get<double>()});
+  std::sort(c.host_links.begin(), c.host_links.end(),
+            [](const HostLink& a, const HostLink& b) { return a.ranks < b.ranks; });
   if (c.gpus_per_node < 1) fail("cluster '{}': gpus_per_node must be at least 1", c.name);
+  return c;
+}
+
+ClusterSpec ClusterSpec::for_job(int64_t ranks) const {
+  ClusterSpec c = *this;
+  if (host_links.empty()) return c;
+  const HostLink* lo = &host_links.front();
+  const HostLink* hi = &host_links.back();
+  for (const HostLink& h : host_links) {
+    if (h.ranks <= ranks) lo = &h;
+    if (h.ranks >= ranks && hi->ranks >= h.ranks) hi = &h;
+  }
+  if (lo->ranks > hi->ranks) lo = hi;  // below the first measured count
+  const double w =
+      hi->ranks == lo->ranks ? 0.0 : double(ranks - lo->ranks) / double(hi->ranks - lo->ranks);
+  const double w1 = std::clamp(w, 0.0, 1.0);
+  c.intra_latency_s = c.inter_latency_s = lo->latency_s + w1 * (hi->latency_s - lo->latency_s);
+  c.intra_bytes_per_s = c.inter_bytes_per_s =
+      lo->bytes_per_s + w1 * (hi->bytes_per_s - lo->bytes_per_s);
   return c;
 }
 

@@ -33,6 +33,13 @@ struct GpuSpec {
   double peak_flops(const std::string& dtype) const;
 };
 
+// A collective link measured on a shared host with `ranks` rank threads (or processes)
+// running at once: more ranks than cores makes every ring step wait for the scheduler.
+struct HostLink {
+  int ranks = 2;
+  double latency_s = 0, bytes_per_s = 0;  // α and bus bandwidth of the all-reduce
+};
+
 struct ClusterSpec {
   std::string name;
   GpuSpec gpu;
@@ -46,6 +53,11 @@ struct ClusterSpec {
   // this-host: the backend whose all-reduce the links were timed with ("local", "mpi"); the
   // memory model counts that backend's scratch. Empty for GPU clusters.
   std::string backend;
+  // this-host: the all-reduce's α and bus bandwidth by the job's rank count (ascending).
+  std::vector<HostLink> host_links;
+  // The cluster as a job of `ranks` ranks sees it: with host_links, the links are those
+  // measured at that rank count (linear between measured counts, the nearest beyond them).
+  ClusterSpec for_job(int64_t ranks) const;
 };
 
 ClusterSpec cluster_preset(const std::string& name);  // preset name or JSON file path

@@ -331,6 +331,8 @@ struct Prepared {
   double p2p = 0;
   double dp_comm = 0, dp_window = 0, optimizer = 0;
   double z3_per_mb = 0;  // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
+  // A shared host's collectives are copies by the same cores that compute: nothing overlaps.
+  bool comm_uses_compute = false;
   int64_t microbatches = 0;
 };
 
@@ -381,7 +383,8 @@ Prepared prepare(const Job& j, const Layout& l) {
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
   // The last microbatch's backward on the stage hides the reduction when overlapped.
-  p.dp_window = l.dp_overlap ? p.bwd_chunk * l.virtual_stages : 0.0;
+  p.comm_uses_compute = c.compute_units > 0;
+  p.dp_window = l.dp_overlap && !p.comm_uses_compute ? p.bwd_chunk * l.virtual_stages : 0.0;
   return p;
 }
 
@@ -401,7 +404,7 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   if (V > 1 && a.kind != PipeKind::kBackwardWeight) c += p.p2p;
   if (p.z3_per_mb > 0) {
     const double comm = p.z3_per_mb * (fwd ? 1.0 / 3 : 2.0 / 3);
-    c = std::max(c, comm);
+    c = p.comm_uses_compute ? c + comm : std::max(c, comm);
   }
   return c;
 }
@@ -464,7 +467,9 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
 
 }  // namespace
 
-Estimate estimate(const Job& j, const Layout& l, bool keep_spans) {
+Estimate estimate(const Job& job, const Layout& l, bool keep_spans) {
+  Job j = job;
+  j.cluster = job.cluster.for_job(job.gpus);
   if (auto why = invalid_reason(j, l)) fail("layout refused: {}", *why);
   Estimate e;
   e.layout = l;
@@ -489,8 +494,10 @@ bool better(const Estimate& a, const Estimate& b) {
 }
 }  // namespace
 
-SearchResult search(const Job& j, const SearchPins& pins, int top_k) {
+SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
   const auto t0 = std::chrono::steady_clock::now();
+  Job j = job;
+  j.cluster = job.cluster.for_job(job.gpus);
   SearchResult res;
   const ModelSpec& m = j.model;
   auto note = [&](const std::string& reason, const std::string& example) {
