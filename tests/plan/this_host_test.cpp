@@ -1,0 +1,87 @@
+// The this-host cluster (`meshtrain calibrate`): links by the job's rank count, the preset's
+// JSON round trip, and collectives that share the cores with compute (nothing overlaps).
+#include <gtest/gtest.h>
+
+#include "plan/hardware.h"
+#include "plan/planner.h"
+
+namespace mt::plan {
+namespace {
+
+ClusterSpec shared_host() {
+  ClusterSpec c = cluster_preset("dgx-a100");
+  c.name = "this-host";
+  c.gpus_per_node = 1024;
+  c.compute_units = 2;
+  c.backend = "local";
+  c.host_links = {{2, 1e-6, 8e9}, {4, 2e-6, 5e9}, {8, 4e-6, 2e9}};
+  c.intra_latency_s = c.inter_latency_s = 1e-6;
+  c.intra_bytes_per_s = c.inter_bytes_per_s = 8e9;
+  return c;
+}
+
+TEST(ThisHost, LinksFollowTheJobsRankCount) {
+  const ClusterSpec c = shared_host();
+  EXPECT_DOUBLE_EQ(c.for_job(2).intra_bytes_per_s, 8e9);
+  EXPECT_DOUBLE_EQ(c.for_job(4).inter_latency_s, 2e-6);
+  EXPECT_DOUBLE_EQ(c.for_job(8).intra_bytes_per_s, 2e9);
+  // Between measured counts: linear; beyond them: the nearest.
+  EXPECT_DOUBLE_EQ(c.for_job(6).intra_bytes_per_s, 3.5e9);
+  EXPECT_DOUBLE_EQ(c.for_job(6).intra_latency_s, 3e-6);
+  EXPECT_DOUBLE_EQ(c.for_job(1).intra_bytes_per_s, 8e9);
+  EXPECT_DOUBLE_EQ(c.for_job(64).intra_latency_s, 4e-6);
+  // A GPU cluster has no host links: unchanged.
+  const ClusterSpec a100 = cluster_preset("dgx-a100");
+  EXPECT_EQ(a100.for_job(1024).inter_bytes_per_s, a100.inter_bytes_per_s);
+}
+
+TEST(ThisHost, PresetJsonKeepsBackendAndLinks) {
+  const ClusterSpec c = shared_host();
+  const ClusterSpec back = cluster_from_json(to_json(c));
+  EXPECT_EQ(back.backend, "local");
+  ASSERT_EQ(back.host_links.size(), 3u);
+  EXPECT_EQ(back.host_links[2].ranks, 8);
+  EXPECT_DOUBLE_EQ(back.host_links[1].bytes_per_s, 5e9);
+  EXPECT_DOUBLE_EQ(back.for_job(6).intra_bytes_per_s, 3.5e9);
+}
+
+TEST(ThisHost, CollectivesShareTheCoresSoNothingOverlaps) {
+  Job j;
+  j.model = model_preset("tiny");
+  j.model.n_layer = 4;
+  j.model.d_model = 256;
+  j.model.n_head = 4;
+  j.model.d_ff = 1024;
+  j.model.seq = 128;
+  j.seq = 128;
+  j.batch = 16;
+  j.dtype = "f32";
+  j.gpus = 8;
+  j.cluster = shared_host();
+  Layout l;
+  l.dp = 8;
+  l.microbatch = 2;
+  const Estimate shared = estimate(j, l);
+  // The 8-rank link, and the whole reduction after backward.
+  EXPECT_GT(shared.dp_comm_s, 0);
+  EXPECT_DOUBLE_EQ(shared.dp_exposed_s, shared.dp_comm_s);
+  Job at_two = j;
+  at_two.cluster.host_links = {{2, 1e-6, 8e9}};  // as if 8 ranks moved bytes like 2
+  EXPECT_GT(shared.dp_comm_s, 3 * estimate(at_two, l).dp_comm_s);
+  // On GPUs the same reduction hides behind the last backward.
+  Job gpus = j;
+  gpus.cluster = cluster_preset("dgx-a100");
+  const Estimate hidden = estimate(gpus, l);
+  EXPECT_LT(hidden.dp_exposed_s, hidden.dp_comm_s);
+  // ZeRO-3's gathers and reduce-scatters add to each chunk on a shared host (the pipeline
+  // grows by exactly their time over ZeRO-1's); on GPUs they hide under the compute.
+  l.zero = 1;
+  const Estimate z1 = estimate(j, l), z1_gpu = estimate(gpus, l);
+  l.zero = 3;
+  const Estimate z3 = estimate(j, l), z3_gpu = estimate(gpus, l);
+  EXPECT_NEAR(z3.pipeline_s - z1.pipeline_s, z3.dp_comm_s, 1e-9 * z3.pipeline_s);
+  EXPECT_LT(z3_gpu.pipeline_s - z1_gpu.pipeline_s, 0.5 * z3_gpu.dp_comm_s);
+}
+
+}  // namespace
+}  // namespace mt::plan
