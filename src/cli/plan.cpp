@@ -292,7 +292,8 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--emit-config", *emit, "write the best layout as a `train --config` file");
   cmd->add_flag("--megatron-2021", *megatron_2021,
                 "search only what Megatron-LM did in 2021 (no ZeRO, no SP, pp divides n_layer, "
-                "interleaving with pp > 2, gradients reduced after the flush when pp > 1)");
+                "interleaving with pp > 2, gradients reduced after the flush when pp > 1, "
+                "backward's TP all-reduces not overlapped)");
   cmd->callback([f, top, emit, megatron_2021] {
     if (*top < 1) fail("--top {} must be at least 1", *top);
     run_plan(*f, *top, *emit, *megatron_2021);

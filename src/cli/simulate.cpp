@@ -15,7 +15,7 @@ namespace mt::cli {
 
 namespace {
 
-plan::Layout layout_of(const PlanFlags& f, const plan::Job& j) {
+plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_2021) {
   plan::Layout l;
   l.tp = f.tp.value_or(1);
   l.pp = f.pp.value_or(1);
@@ -36,6 +36,10 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j) {
            l.dp);
     l.microbatch = j.batch / (int64_t(l.dp) * *f.microbatches);
   }
+  // Megatron-LM 2021 (Narayanan et al.): the DP reduction after backward when pipelining,
+  // backward's TP all-reduces after the weight gradients.
+  l.dp_overlap = !megatron_2021 || l.pp == 1;
+  l.tp_overlap = !megatron_2021;
   return l;
 }
 
@@ -81,9 +85,9 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace) {
+void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
   const plan::Job j = f.job();
-  const plan::Layout l = layout_of(f, j);
+  const plan::Layout l = layout_of(f, j, megatron_2021);
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
   const auto& m = e.memory;
@@ -132,8 +136,12 @@ void register_simulate(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "simulate", "one layout in detail: memory by category, step time, per-rank timeline");
   f->add_to(*cmd);
+  auto megatron_2021 = std::make_shared<bool>(false);
   cmd->add_option("--trace", *trace, "write the per-rank timeline as a Chrome trace (JSON)");
-  cmd->callback([f, trace] { run_simulate(*f, *trace); });
+  cmd->add_flag("--megatron-2021", *megatron_2021,
+                "as Megatron-LM ran in 2021 (Narayanan et al.): no comm overlap of the DP "
+                "reduction when pipelining nor of backward's TP all-reduces");
+  cmd->callback([f, trace, megatron_2021] { run_simulate(*f, *trace, *megatron_2021); });
 }
 
 }  // namespace mt::cli

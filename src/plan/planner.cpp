@@ -120,12 +120,14 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   };
   const double wb = weight_bytes(j);
   double f = 0;
-  f += gemm(n, (h + 2 * kv) / t, h, 1);  // qkv
+  const double qkv = gemm(n, (h + 2 * kv) / t, h, 1);
+  const double mlp_in = gemm(n, (m.swiglu ? 2 : 1) * F / t, h, 1);
+  f += qkv;
   const double att_block = gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t);
   f += cp * att_block;        // scores (full T×T) and probabilities · V, per key block
   f += gemm(n, h, h / t, 1);  // output projection
-  f += gemm(n, (m.swiglu ? 2 : 1) * F / t, h, 1);  // MLP in (gate+up)
-  f += gemm(n, h, F / t, 1);                       // MLP out
+  f += mlp_in;                // MLP in (gate+up)
+  f += gemm(n, h, F / t, 1);  // MLP out
   // Memory-bound kernels (bytes per token, docs/planner.md): layer norms, residual
   // dropout-adds, activation function, softmax (+ dropout) over the attention scores.
   const bool dropout = m.bias;
@@ -146,7 +148,11 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   }
   PassCosts pc;
   pc.tp_fwd = 2 * tp_one;
-  pc.tp_bwd = 2 * tp_one;
+  // Backward's two belong to the column-parallel linears (their input gradients); overlapped,
+  // each shows only beyond its linear's weight-gradient GEMM (the forward GEMM's FLOPs). On a
+  // shared host the cores that would compute do the copies: nothing overlaps.
+  const bool overlap = l.tp_overlap && j.cluster.compute_units == 0;
+  pc.tp_bwd = overlap ? std::max(0.0, tp_one - qkv) + std::max(0.0, tp_one - mlp_in) : 2 * tp_one;
   if (l.cp > 1) {
     // Ring attention: cp − 1 times each rank passes the K and V of its tokens (its TP rank's
     // heads) to the next CP rank while it computes on the block it holds; backward passes
@@ -576,6 +582,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.recompute = rc;
                 l.sp = sp;
                 l.dp_overlap = pins.dp_overlap.value_or(!pins.megatron_2021 || pp == 1);
+                l.tp_overlap = pins.tp_overlap.value_or(!pins.megatron_2021);
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
                 if (dp * cp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0

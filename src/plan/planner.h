@@ -28,6 +28,10 @@ struct Layout {
   // Gradient reduction overlapped with the last backward (PyTorch DDP, our runtime); false:
   // after backward (Megatron-LM 2021's "local" DDP).
   bool dp_overlap = true;
+  // Backward's TP collectives of the column-parallel linears (qkv, MLP in) run while the same
+  // linear's weight gradient computes (Megatron-LM since 2022, Korthikanti et al.); false:
+  // after it (Megatron-LM 2021).
+  bool tp_overlap = true;
 };
 
 struct Job {
@@ -90,6 +94,7 @@ struct SearchPins {
   // Gradient reduction overlapped with backward (PyTorch DDP) or after it (Megatron's
   // "local" DDP); unset: overlapped (megatron_2021: only without pipelining).
   std::optional<bool> dp_overlap;
+  std::optional<bool> tp_overlap;  // unset: overlapped (megatron_2021: not)
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
   // (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved schedule only with

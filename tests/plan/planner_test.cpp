@@ -59,6 +59,7 @@ Layout table1_layout(const Row& r) {
   l.schedule = r.v > 1 ? "interleaved" : "1f1b";
   l.recompute = Recompute::kFull;
   l.dp_overlap = !r.local_ddp;
+  l.tp_overlap = false;  // 2021: backward's TP all-reduces after the weight gradients
   return l;
 }
 
