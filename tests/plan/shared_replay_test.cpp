@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "plan/pipeline.h"
+#include "plan/plan_test_util.h"
 #include "plan/planner.h"
 
 namespace mt::plan {
@@ -87,21 +88,7 @@ TEST(SharedReplay, IdleRanksLendTheirCores) {
 TEST(SharedReplay, ThisHostPipelinesAbsorbTheirBubble) {
   // The runtime-comparison layout dp 2 x pp 4 (tests/plan/compare_runtime.sh) on a host of
   // two cores: 8 rank threads, one thread each.
-  Job j;
-  j.model = model_preset("tiny");
-  j.model.n_layer = 4;
-  j.model.d_model = 256;
-  j.model.n_head = 4;
-  j.model.d_ff = 1024;
-  j.model.seq = 128;
-  j.seq = 128;
-  j.batch = 16;
-  j.dtype = "f32";
-  j.gpus = 8;
-  j.cluster = cluster_preset("dgx-a100");
-  j.cluster.name = "this-host";
-  j.cluster.gpus_per_node = 1024;
-  j.cluster.compute_units = 2;
+  const Job j = test::runtime_tiny_job(8);
   Layout l;
   l.dp = 2;
   l.pp = 4;

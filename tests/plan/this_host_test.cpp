@@ -3,22 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "plan/hardware.h"
+#include "plan/plan_test_util.h"
 #include "plan/planner.h"
 
 namespace mt::plan {
 namespace {
 
-ClusterSpec shared_host() {
-  ClusterSpec c = cluster_preset("dgx-a100");
-  c.name = "this-host";
-  c.gpus_per_node = 1024;
-  c.compute_units = 2;
-  c.backend = "local";
-  c.host_links = {{2, 1e-6, 8e9}, {4, 2e-6, 5e9}, {8, 4e-6, 2e9}};
-  c.intra_latency_s = c.inter_latency_s = 1e-6;
-  c.intra_bytes_per_s = c.inter_bytes_per_s = 8e9;
-  return c;
-}
+using test::shared_host;
 
 TEST(ThisHost, LinksFollowTheJobsRankCount) {
   const ClusterSpec c = shared_host();
@@ -46,18 +37,7 @@ TEST(ThisHost, PresetJsonKeepsBackendAndLinks) {
 }
 
 TEST(ThisHost, CollectivesShareTheCoresSoNothingOverlaps) {
-  Job j;
-  j.model = model_preset("tiny");
-  j.model.n_layer = 4;
-  j.model.d_model = 256;
-  j.model.n_head = 4;
-  j.model.d_ff = 1024;
-  j.model.seq = 128;
-  j.seq = 128;
-  j.batch = 16;
-  j.dtype = "f32";
-  j.gpus = 8;
-  j.cluster = shared_host();
+  const Job j = test::runtime_tiny_job(8);
   Layout l;
   l.dp = 8;
   l.microbatch = 2;
