@@ -277,24 +277,61 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
           "calibrate --backend mpi needs at least 2 processes to time MPI's all_reduce: run "
           "it as `mpirun -np 2 meshtrain calibrate --backend mpi`");
     // mpirun binds each process to its own core(s) when np <= cores: the job's cores are the
-    // ranks' together (at most the host's), and every process measures its own at the same
-    // time; the rates add up over the processes.
+    // ranks' together (at most the host's). The first min(np, cores) processes measure the
+    // host at the same time, one thread per core in all, and add up their rates; the others
+    // wait asleep (Open MPI's barrier spins, which would take a core from the ones measuring;
+    // and more measuring threads than cores would each time a GEMM inside one time slice and
+    // report a whole core).
     const int mine = kernels::host_cores();
     float cores = static_cast<float>(mine);
     world.all_reduce(comm::Buf(&cores, 1));
     const int job_cores =
         std::min(static_cast<int>(cores),
                  std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-    const plan::ClusterSpec c = measure_host(quick, job_cores, mine, [&](double v) {
-      float x = static_cast<float>(v);
-      world.all_reduce(comm::Buf(&x, 1));
-      return static_cast<double>(x);
-    });
-    world.barrier();
-    const AlphaBeta ab = allreduce_alpha_beta(world);
-    if (world.rank() == 0)
-      report_and_write(c, {plan::HostLink{world.size(), ab.alpha, ab.bus_bytes_per_s}}, kind,
-                       out_path);
+    const int measuring = std::min(world.size(), job_cores);
+    auto wait_for_rank0 = [&] {
+      float token = 0;
+      comm::WorkPtr w = world.recv_async(comm::Buf(&token, 1), 0);
+      while (!w->test()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      w->wait();
+    };
+    auto wake_from = [&](int first) {
+      float token = 0;
+      for (int r = first; r < world.size(); ++r) world.send(comm::Buf(&token, 1), r);
+    };
+    plan::ClusterSpec c;
+    {
+      std::unique_ptr<comm::Group> team =
+          world.split(world.rank() < measuring ? 0 : -1, world.rank(), "calibrate-host");
+      if (team) {
+        c = measure_host(quick, job_cores, std::max(1, mine / measuring), [&](double v) {
+          float x = static_cast<float>(v);
+          team->all_reduce(comm::Buf(&x, 1));
+          return static_cast<double>(x);
+        });
+        if (world.rank() == 0) wake_from(measuring);
+      } else {
+        wait_for_rank0();
+      }
+    }
+    // MPI's all-reduce over the first k processes, k = 2, 4, ... up to -np: the others wait
+    // asleep (Open MPI's barrier spins, which would take a core from the ones measuring).
+    std::vector<plan::HostLink> links;
+    for (int k = 2;; k = std::min(2 * k, world.size())) {
+      std::unique_ptr<comm::Group> sub =
+          world.split(world.rank() < k ? 0 : -1, world.rank(), fmt::format("calibrate{}", k));
+      if (sub) {
+        const AlphaBeta ab = allreduce_alpha_beta(*sub);
+        if (world.rank() == 0) {
+          links.push_back({k, ab.alpha, ab.bus_bytes_per_s});
+          wake_from(k);
+        }
+      } else {
+        wait_for_rank0();
+      }
+      if (k == world.size()) break;
+    }
+    if (world.rank() == 0) report_and_write(c, links, kind, out_path);
   });
 }
 

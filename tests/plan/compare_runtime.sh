@@ -3,9 +3,11 @@
 # memory (simulate --cluster this-host --dtype f32) vs the runtime's measured ones (best
 # step time of steps 3..N, the allocator's peak). Prints a markdown table: the local backend
 # (rank threads) first, then, when mpirun is installed, MPI (one process per rank, the host
-# calibrated with `mpirun -np 2 meshtrain calibrate --backend mpi`).
+# calibrated with `mpirun -np 8 --oversubscribe meshtrain calibrate --backend mpi`: the
+# host, and MPI's all-reduce at 2, 4 and 8 processes).
 # The host is shared and noisy in bursts: each layout trains RUNS times (the best step over
-# all of them counts) and the host is calibrated twice (the faster calibration counts).
+# all of them counts; rounds over all layouts) and the host is calibrated twice (the faster
+# calibration counts).
 # Usage: tests/plan/compare_runtime.sh BUILD_DIR [STEPS] [RUNS]
 set -euo pipefail
 B=${1:-build/plan}/meshtrain
@@ -36,34 +38,50 @@ MPI_LAYOUTS=("--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 8 --zero 0" "--dp 8 --zer
   "--dp 1 --pp 2 --microbatches 4" "--dp 2 --pp 4 --microbatches 4" "--dp 1 --tp 2"
   "--dp 4 --tp 2 --sp")
 
-# compare BACKEND HOST_JSON LAYOUT: one table row.
-compare() {
-  local backend=$1 host=$2 L=$3
-  local DP PP=1 TP=1 N
+# ranks LAYOUT: dp x pp x tp.
+ranks() {
+  local L=$1 DP PP=1 TP=1
   DP=$(echo "$L" | sed -E 's/.*--dp ([0-9]+).*/\1/')
   if [[ "$L" == *"--pp "* ]]; then PP=$(echo "$L" | sed -E 's/.*--pp ([0-9]+).*/\1/'); fi
   if [[ "$L" == *"--tp "* ]]; then TP=$(echo "$L" | sed -E 's/.*--tp ([0-9]+).*/\1/'); fi
-  N=$((DP * PP * TP))
+  echo $((DP * PP * TP))
+}
+
+# key BACKEND LAYOUT: a file-name-safe name for the pair.
+key() { echo "$1 $2" | tr -c 'a-z0-9\n' '_'; }
+
+# measure BACKEND LAYOUT ROUND: one training run's metrics into $W/<key>.<ROUND>.jsonl.
+measure() {
+  local backend=$1 L=$2 round=$3 N
+  N=$(ranks "$L")
   local run=("$B")
   if [ "$backend" = mpi ]; then run=(mpirun -np "$N" --oversubscribe "$B"); fi
-  rm -f "$W"/m*.jsonl
-  for run_i in $(seq "$RUNS"); do
-    "${run[@]}" train $MODEL $L --backend "$backend" --batch 16 --steps "$STEPS" \
-        --data "$W/demo.bin" --peak-gflops 100 --metrics "$W/m$run_i.jsonl" --eval-every 0 \
-        >/dev/null 2>&1 || { echo "| $backend $L | $N | train failed | | | | |"; return; }
-  done
+  "${run[@]}" train $MODEL $L --backend "$backend" --batch 16 --steps "$STEPS" \
+      --data "$W/demo.bin" --peak-gflops 100 --metrics "$W/$(key "$backend" "$L").$round.jsonl" \
+      --eval-every 0 >/dev/null 2>&1 || true
+}
+
+# report BACKEND HOST_JSON LAYOUT: one table row from every round's metrics.
+report() {
+  local backend=$1 host=$2 L=$3 N
+  N=$(ranks "$L")
   "$B" simulate $MODEL $L --batch 16 --gpus "$N" --cluster "$host" --dtype f32 --json \
       2>/dev/null >"$W/s.json"
-  python3 - "$W" "$backend $L" "$N" <<'PY'
+  python3 - "$W" "$(key "$backend" "$L")" "$backend $L" "$N" <<'PY'
 import glob, json, sys
-w, L, n = sys.argv[1:4]
+w, key, L, n = sys.argv[1:5]
 # The best step after two warm-up steps of every run: like calibrate's best-of, the least
 # disturbed by other processes on a shared host.
 meas, peak = float("inf"), 0
-for f in glob.glob(w + "/m*.jsonl"):
+for f in glob.glob(f"{w}/{key}.*.jsonl"):
     rows = [json.loads(l) for l in open(f)]
-    meas = min(meas, min(r["time_s"] for r in rows[2:]) if len(rows) > 3 else rows[-1]["time_s"])
+    if len(rows) < 4:
+        continue
+    meas = min(meas, min(r["time_s"] for r in rows[2:]))
     peak = max(peak, max(r["peak_bytes"] for r in rows))
+if meas == float("inf"):
+    print(f"| {L} | {n} | train failed | | | | |")
+    sys.exit(0)
 s = json.load(open(w + "/s.json"))["layouts"][0]
 pred = s["step_time_s"]
 print(f"| {L} | {n} | {pred*1e3:.1f} | {meas*1e3:.1f} | {100*(pred/meas-1):+.0f}% | "
@@ -86,12 +104,22 @@ shutil.copy(a if rate(a) >= rate(b) else b, out)
 PY
 }
 
+HAVE_MPI=0
+if command -v mpirun >/dev/null; then HAVE_MPI=1; fi
+calibrate "$W/host.json" local
+if [ $HAVE_MPI = 1 ]; then calibrate "$W/host-mpi.json" mpi mpirun -np 8 --oversubscribe; fi
+# Rounds over all layouts, so that a burst of other work on the host hits one run of many
+# layouts rather than every run of a few.
+for round in $(seq "$RUNS"); do
+  for L in "${LOCAL_LAYOUTS[@]}"; do measure local "$L" "$round"; done
+  if [ $HAVE_MPI = 1 ]; then
+    for L in "${MPI_LAYOUTS[@]}"; do measure mpi "$L" "$round"; done
+  fi
+done
 echo "| backend, layout | ranks | predicted step (ms) | measured (ms) | error | predicted peak MB | measured peak MB |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
-calibrate "$W/host.json" local
-for L in "${LOCAL_LAYOUTS[@]}"; do compare local "$W/host.json" "$L"; done
-if command -v mpirun >/dev/null; then
-  calibrate "$W/host-mpi.json" mpi mpirun -np 2
-  for L in "${MPI_LAYOUTS[@]}"; do compare mpi "$W/host-mpi.json" "$L"; done
+for L in "${LOCAL_LAYOUTS[@]}"; do report local "$W/host.json" "$L"; done
+if [ $HAVE_MPI = 1 ]; then
+  for L in "${MPI_LAYOUTS[@]}"; do report mpi "$W/host-mpi.json" "$L"; done
 fi
 rm -rf "$W"
