@@ -89,6 +89,47 @@ TEST(PlanCli, EmitConfigIsATrainConfig) {
   EXPECT_EQ(t.exit_code, 0) << t.output;
 }
 
+// `calibrate` writes a this-host preset that `simulate` takes, for the local backend (its
+// all-reduce timed at 2 rank threads with --quick) and under mpirun for MPI.
+TEST(PlanCli, CalibrateWritesAThisHostForEachBackend) {
+  const auto dir = test::scratch_dir("plan-calibrate");
+  auto check = [&](const std::string& launcher, const std::string& backend, int np) {
+    const std::string out = (dir / (backend + ".json")).string();
+    const auto r = test::run_command(launcher + MT_BINARY + " calibrate --quick --backend " +
+                                     backend + " --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(out);
+    const nlohmann::json c = nlohmann::json::parse(in);
+    EXPECT_EQ(c["backend"], backend);
+    EXPECT_GE(c["compute_units"].get<int>(), 1);
+    EXPECT_GT(c["gpu"]["peak_flops_f32"].get<double>(), 1e9);
+    EXPECT_GT(c["gpu"]["hbm_bytes_per_s"].get<double>(), 1e8);
+    ASSERT_FALSE(c["host_links"].empty());
+    EXPECT_EQ(c["host_links"][0]["ranks"], 2);
+    EXPECT_EQ(c["host_links"].back()["ranks"], np);
+    for (const auto& h : c["host_links"]) EXPECT_GT(h["bytes_per_s"].get<double>(), 1e6);
+    const nlohmann::json s = run_json(
+        "simulate --model tiny --n-layer 2 --seq 64 --batch 8 --dp 2 --gpus 2 --dtype f32 "
+        "--cluster " +
+        out + " --json");
+    EXPECT_GT(s["layouts"][0]["step_time_s"].get<double>(), 0);
+  };
+  check("", "local", 2);
+  ASSERT_EQ(test::run_command("command -v mpirun").exit_code, 0)
+      << "no mpirun: run scripts/setup.sh";
+  check(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 4 --oversubscribe ",
+      "mpi", 4);
+  // MPI needs a partner to time an all-reduce with.
+  const auto one =
+      test::run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 " +
+                        std::string(MT_BINARY) + " calibrate --quick --backend mpi --out " +
+                        (dir / "one.json").string());
+  EXPECT_NE(one.exit_code, 0);
+  EXPECT_NE(one.output.find("needs at least 2 processes"), std::string::npos) << one.output;
+}
+
 TEST(PlanCli, SimulateWritesAChromeTrace) {
   const auto dir = test::scratch_dir("plan-sim");
   const auto trace = (dir / "t.json").string();
