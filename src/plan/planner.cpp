@@ -18,6 +18,11 @@ namespace {
 
 bool mixed(const Job& j) { return j.dtype != "f32"; }
 double weight_bytes(const Job& j) { return mixed(j) ? 2 : 4; }
+// Gradients as kept and reduced: fp16 in fp16 (the ZeRO paper's 2Ψ), bf16 in fp32 (Megatron-LM
+// forces accumulate_allreduce_grads_in_fp32 for bf16: "bfloat16 requires gradient accumulation
+// and all-reduce to be done in fp32"; DeepSpeed's bf16 optimizer likewise), f32 in f32.
+double gradient_bytes(const std::string& dtype) { return dtype == "fp16" ? 2 : 4; }
+double gradient_bytes(const Job& j) { return gradient_bytes(j.dtype); }
 
 // Layers of the largest chunk: n_layer split over pp·v chunks, the first ones one layer
 // larger when it does not divide (the runtime's partition puts the remainder first).
@@ -210,7 +215,7 @@ Recompute parse_recompute(const std::string& s) {
 
 MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& dtype) {
   const bool mp = dtype != "f32";
-  const double wb = mp ? 2 : 4, gb = mp ? 2 : 4, ob = mp ? 12 : 8;
+  const double wb = mp ? 2 : 4, gb = gradient_bytes(dtype), ob = mp ? 12 : 8;
   MemoryBytes mb;
   mb.parameters = psi * wb / (zero >= 3 ? dp : 1);
   mb.gradients = psi * gb / (zero >= 2 ? dp : 1);
@@ -277,7 +282,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
   for (int r = 0; r < l.pp; ++r) {
     const double psi_r = stage_params(j, l, r);
     MemoryBytes mb = zero_model_states(psi_r, l.dp * l.cp, l.zero, j.dtype);
-    if (mixed(j)) mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
+    // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
+    if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
     double act = flight[r] * lpc * act_layer;
     if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
       act += layer_activation_bytes(j, l, Recompute::kNone);
@@ -311,7 +317,7 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
       auto scratch = [](double bytes, int n) {
         return n > 1 ? n * std::min(bytes / n, double(comm::kMpiSegmentBytes)) : 0.0;
       };
-      const double gb = mixed(j) ? 2 : 4;
+      const double gb = gradient_bytes(j);
       const double unit =
           std::max({m.embedding_params(), m.head_params(), m.block_params()}) / t * gb;
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
@@ -372,9 +378,9 @@ Prepared prepare(const Job& j, const Layout& l) {
   // of the sequence), tp-strided: gpus_per_node / tp of them share a node.
   const int dpn = l.dp * l.cp;
   const int per_node = std::max(1, c.gpus_per_node / l.tp);
-  const double grad_bytes = psi * wb;
-  const double rs = hier_collective(j, grad_bytes, dpn, per_node, 1);
-  const double ag = rs;
+  const double grad_bytes = psi * gradient_bytes(j);
+  const double rs = hier_collective(j, grad_bytes, dpn, per_node, 1);  // gradients
+  const double ag = hier_collective(j, psi * wb, dpn, per_node, 1);    // parameters
   if (l.zero <= 1) {
     p.dp_comm = l.zero == 0 ? hier_collective(j, grad_bytes, dpn, per_node, 2) : rs + ag;
   } else if (l.zero == 2) {

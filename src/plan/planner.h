@@ -82,7 +82,7 @@ MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vecto
 Estimate estimate(const Job& job, const Layout& l, bool keep_spans = false);
 
 // Model-state bytes per GPU of Ψ parameters on D data-parallel ranks (ZeRO paper §5:
-// mixed precision 2Ψ + 2Ψ + 12Ψ, sharded by stage).
+// mixed precision 2Ψ + 2Ψ + 12Ψ, sharded by stage; bf16 keeps its gradients in fp32: 4Ψ).
 MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& dtype);
 
 struct SearchPins {

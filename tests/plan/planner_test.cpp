@@ -75,8 +75,9 @@ TEST(PlanHardware, JsonPresetsEqualTheEmbeddedOnes) {
 TEST(PlanMemory, Gpt175bWalkthrough) {
   // 175B on 1,024 A100s, T=8, P=16, D=8, no ZeRO: per GPU 2.7 GB parameters, 2.7 GB
   // gradients, 16.4 GB Adam (fp32 master + moments) — the mean over the 16 stages
-  // (Ψ/(T·P) with Ψ = 174.6B).
+  // (Ψ/(T·P) with Ψ = 174.6B). fp16 mixed precision, as GPT-3-era Megatron trained it.
   Job j;
+  j.dtype = "fp16";
   j.model = model_preset("gpt3-175b");
   j.cluster = cluster_preset("dgx-a100");
   j.gpus = 1024;
@@ -84,12 +85,14 @@ TEST(PlanMemory, Gpt175bWalkthrough) {
   j.seq = 2048;
   const double psi = j.model.total_params();
   EXPECT_NEAR(psi / 1e9, 174.6, 0.1);
-  MemoryBytes mean = zero_model_states(psi / (8 * 16), 8, 0, "bf16");
+  MemoryBytes mean = zero_model_states(psi / (8 * 16), 8, 0, "fp16");
   fmt::print("175B mean per GPU: params {:.2f} GB, grads {:.2f} GB, Adam {:.2f} GB\n",
              mean.parameters / 1e9, mean.gradients / 1e9, mean.optimizer / 1e9);
   EXPECT_NEAR(mean.parameters / 1e9, 2.7, 0.05);
   EXPECT_NEAR(mean.gradients / 1e9, 2.7, 0.05);
   EXPECT_NEAR(mean.optimizer / 1e9, 16.4, 0.05);
+  // bf16 keeps and reduces gradients in fp32 (Megatron-LM's default for bf16): 5.5 GB.
+  EXPECT_NEAR(zero_model_states(psi / (8 * 16), 8, 0, "bf16").gradients / 1e9, 5.46, 0.05);
   // The planner's worst stage (stage 0: 6 blocks plus the vocab-parallel embedding).
   Layout l;
   l.tp = 8, l.pp = 16, l.dp = 8, l.microbatch = 1, l.recompute = Recompute::kFull;
