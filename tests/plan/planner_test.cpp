@@ -143,6 +143,55 @@ TEST(PlanTime, NarayananTable1) {
   EXPECT_LE(worst, 0.10);  // no row over 10%
 }
 
+// Narayanan et al. 2021 Figures 13-15 plot 64-GPU sweeps without a table; the model must at
+// least move the way the measurements do (settings of Megatron-LM's examples/sc21
+// run_figure_1{3,4,5}.sh: microbatch 1, full recomputation, DDP=local, fp16).
+TEST(PlanTime, NarayananFigures13To15Directions) {
+  auto hw = [](int64_t layers, int64_t hidden, int64_t heads, int64_t batch, int tp, int pp) {
+    Job j;
+    j.model = model_preset("megatron-1t");
+    j.model.n_layer = layers;
+    j.model.d_model = hidden;
+    j.model.d_ff = 4 * hidden;
+    j.model.n_head = j.model.n_kv_head = heads;
+    j.cluster = cluster_preset("dgx-a100");
+    j.gpus = 64;
+    j.batch = batch;
+    j.seq = 2048;
+    j.dtype = "fp16";
+    Layout l;
+    l.tp = tp;
+    l.pp = pp;
+    l.dp = 64 / (tp * pp);
+    l.microbatch = 1;
+    l.recompute = Recompute::kFull;
+    l.dp_overlap = pp == 1;
+    l.tp_overlap = false;
+    return estimate(j, l).hw_tflops_per_gpu;
+  };
+  // Fig. 13: T x P = 64 on a 162B-like model: T = 8 (a node) beats T = 4 and T = 2.
+  for (int64_t batch : {32, 128}) {
+    SCOPED_TRACE(batch);
+    const double t2 = hw(32, 20480, 128, batch, 2, 32), t4 = hw(32, 20480, 128, batch, 4, 16),
+                 t8 = hw(32, 20480, 128, batch, 8, 8);
+    EXPECT_GT(t8, t4);
+    EXPECT_GT(t4, t2);
+  }
+  // Fig. 14: P x D = 64 (T = 1): throughput falls as P grows.
+  double prev = 1e30;
+  for (int pp : {2, 4, 8, 16, 32}) {
+    const double v = hw(32, 3840, 32, 512, 1, pp);
+    EXPECT_LT(v, prev) << "pp " << pp;
+    prev = v;
+  }
+  // Fig. 15: T x D = 64 (P = 1): throughput falls as T grows.
+  for (int64_t batch : {32, 128, 512}) {
+    SCOPED_TRACE(batch);
+    EXPECT_GT(hw(32, 3840, 32, batch, 2, 1), hw(32, 3840, 32, batch, 4, 1));
+    EXPECT_GT(hw(32, 3840, 32, batch, 4, 1), hw(32, 3840, 32, batch, 8, 1));
+  }
+}
+
 // Distinct (T, P) pairs of a search, best first, with the best estimate of each.
 std::vector<Estimate> best_per_tp_pp(const SearchResult& s) {
   std::vector<Estimate> out;
