@@ -304,7 +304,12 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
       std::unique_ptr<comm::Group> team =
           world.split(world.rank() < measuring ? 0 : -1, world.rank(), "calibrate-host");
       if (team) {
-        c = measure_host(quick, job_cores, std::max(1, mine / measuring), [&](double v) {
+        // The job's cores dealt over the measuring processes (the first ones one more when
+        // they do not divide), never more threads than a process's own cores.
+        const int r = world.rank();
+        const int threads = std::max(
+            1, std::min(mine, job_cores / measuring + (r < job_cores % measuring ? 1 : 0)));
+        c = measure_host(quick, job_cores, threads, [&](double v) {
           float x = static_cast<float>(v);
           team->all_reduce(comm::Buf(&x, 1));
           return static_cast<double>(x);

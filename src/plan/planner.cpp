@@ -79,8 +79,18 @@ struct Link {
   double bw, lat;
 };
 
+// The most of a shared host one rank can use: its threads (the trainer gives each max(1,
+// cores / N)) over the cores.
+double rank_cap(const Job& j) {
+  const int64_t cores = j.cluster.compute_units;
+  return double(std::max<int64_t>(1, cores / j.gpus)) / double(cores);
+}
+
+// A rank's share of its device while every rank computes: a GPU each, or on a shared host
+// 1/N of it — less where N does not divide the cores and the threads leave some idle.
 double per_rank_share(const Job& j) {
-  return j.cluster.compute_units > 0 ? 1.0 / static_cast<double>(j.gpus) : 1.0;
+  if (j.cluster.compute_units <= 0) return 1.0;
+  return std::min(1.0 / static_cast<double>(j.gpus), rank_cap(j));
 }
 
 // All-reduce (factor 2) or all-gather / reduce-scatter (factor 1) of `bytes` over n ranks,
@@ -156,7 +166,9 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   // Backward's two belong to the column-parallel linears (their input gradients); overlapped,
   // each shows only beyond its linear's weight-gradient GEMM (the forward GEMM's FLOPs). On a
   // shared host the cores that would compute do the copies: nothing overlaps.
-  const bool overlap = l.tp_overlap && j.cluster.compute_units == 0;
+  // Zero-bubble schedules run the weight gradients later, apart from the input gradients
+  // whose collectives would hide behind them: no overlap there either.
+  const bool overlap = l.tp_overlap && j.cluster.compute_units == 0 && l.schedule != "zb1";
   pc.tp_bwd = overlap ? std::max(0.0, tp_one - qkv) + std::max(0.0, tp_one - mlp_in) : 2 * tp_one;
   if (l.cp > 1) {
     // Ring attention: cp − 1 times each rank passes the K and V of its tokens (its TP rank's
@@ -178,7 +190,8 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
     pc.tp_bwd += pc.tp_fwd;
     pc.cp_bwd += pc.cp_fwd;
   } else if (l.recompute == Recompute::kSelective) {
-    bwd += cp * att_block + n * soft / t / hbm;
+    bwd += cp * att_block + n * soft / t / hbm + pc.cp_fwd;  // the ring again, with CP
+    pc.cp_bwd += pc.cp_fwd;
   }
   pc.bwd = bwd;
   // LM head (vocab-parallel) and cross-entropy in f32 over the logits.
@@ -302,7 +315,7 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
     double comm = 0;
     if (l.pp > 1) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
     if (mixed(j)) {
-      if (l.zero >= 2) comm += 2 * m.block_params() / t * wb;
+      if (l.zero >= 2) comm += 2 * m.block_params() / t * gradient_bytes(j);  // gradient pool
       if (l.zero >= 3) comm += 2 * m.block_params() / t * wb;
     } else if (l.zero >= 2) {
       // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
@@ -321,7 +334,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
       const double unit =
           std::max({m.embedding_params(), m.head_params(), m.block_params()}) / t * gb;
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
-      comm += std::max(scratch(dp_bytes, l.dp * l.cp), scratch(s * b * h * wb, l.tp));
+      // One backend, and one scratch, per group: the DP and TP groups' add up.
+      comm += scratch(dp_bytes, l.dp * l.cp) + scratch(s * b * h * wb, l.tp);
     }
     mb.communication = comm;
     if (mb.total() > worst.total()) {
@@ -427,10 +441,8 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
 // use (the trainer gives each max(1, cores / N)), and the N / P ranks of each pipeline rank
 // (its DP, TP and CP peers) compute alongside it.
 double shared_speed(const Job& j, const Layout& l, int active) {
-  const int64_t cores = j.cluster.compute_units;
-  const int64_t threads = std::max<int64_t>(1, cores / j.gpus);
-  const double cap = double(threads) / double(cores);  // the most of the host one rank uses
-  return std::min(double(j.gpus) * cap, double(l.pp) / active);
+  const double ranks_busy = double(active) * double(j.gpus) / double(l.pp);
+  return std::min(rank_cap(j), 1.0 / ranks_busy) / per_rank_share(j);
 }
 
 ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, bool keep_spans) {

@@ -124,5 +124,17 @@ TEST(PlanTime, Korthikanti2022PerLayerTimes) {
   EXPECT_LE(worst, 0.10);
 }
 
+TEST(PlanTime, ZeroBubbleBackwardDoesNotHideTpBehindLaterWeightGradients) {
+  // The overlap needs the weight gradient right after the input gradient; zb1 runs it later.
+  const Config& c = kTable3[1];
+  Layout l = layout_of(c, true);
+  l.virtual_stages = 1;
+  l.schedule = "1f1b";
+  const Estimate overlapped = estimate(job_of(c), l);
+  l.schedule = "zb1";
+  const Estimate split = estimate(job_of(c), l);
+  EXPECT_GT(split.tp_comm_s, overlapped.tp_comm_s);
+}
+
 }  // namespace
 }  // namespace mt::plan

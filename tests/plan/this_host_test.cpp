@@ -63,5 +63,40 @@ TEST(ThisHost, CollectivesShareTheCoresSoNothingOverlaps) {
   EXPECT_LT(z3_gpu.pipeline_s - z1_gpu.pipeline_s, 0.5 * z3_gpu.dp_comm_s);
 }
 
+TEST(ThisHost, RanksThatLeaveCoresIdleGetOnlyTheirThreads) {
+  // 2 ranks on 3 cores get one thread each (1/3 of the host, not 1/2): a rank computes as
+  // fast as on a 2-core host of the same cores, with or without a pipeline.
+  Job three = test::runtime_tiny_job(2), two = test::runtime_tiny_job(2);
+  three.cluster.compute_units = 3;
+  three.cluster.gpu.peak_flops_f32 = 3 * two.cluster.gpu.peak_flops_f32 / 2;
+  three.cluster.gpu.hbm_bytes_per_s = 3 * two.cluster.gpu.hbm_bytes_per_s / 2;
+  for (int pp : {1, 2}) {
+    SCOPED_TRACE(pp);
+    Layout l;
+    l.dp = 2 / pp;
+    l.pp = pp;
+    l.microbatch = 2;
+    const Estimate a = estimate(three, l), b = estimate(two, l);
+    EXPECT_NEAR(a.forward_s, b.forward_s, 1e-12 * b.forward_s);
+    EXPECT_NEAR(a.pipeline_s, b.pipeline_s, 1e-9 * b.pipeline_s);
+  }
+}
+
+TEST(ThisHost, MpiScratchOfEachGroupCounts) {
+  // Under mpi every group's backend keeps its own reduce-scatter scratch: dp 2 x tp 2 holds
+  // the DP group's (2 pieces of at most 1 MiB of the stage's gradients) and the TP group's
+  // (2 pieces of half a microbatch's activations).
+  Job local = test::runtime_tiny_job(4), mpi = local;
+  mpi.cluster.backend = "mpi";
+  Layout l;
+  l.dp = 2;
+  l.tp = 2;
+  l.microbatch = 2;
+  const double extra =
+      memory_per_gpu(mpi, l).communication - memory_per_gpu(local, l).communication;
+  const double tp_scratch = 2 * (2.0 * 128 * 256 * 4 / 2);  // microbatch 2 x seq 128 x 256 f32
+  EXPECT_NEAR(extra, 2 * double(1 << 20) + tp_scratch, 1.0);
+}
+
 }  // namespace
 }  // namespace mt::plan
