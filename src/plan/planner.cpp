@@ -527,12 +527,6 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
   auto note = [&](const std::string& reason, const std::string& example) {
     if (res.dropped[reason]++ == 0) res.example[reason] = example;
   };
-  auto divisors = [](int64_t n) {
-    std::vector<int> d;
-    for (int64_t i = 1; i <= n; ++i)
-      if (n % i == 0) d.push_back(static_cast<int>(i));
-    return d;
-  };
   std::vector<int> tps, pps;
   for (int t = 1; t <= j.cluster.gpus_per_node; t *= 2) tps.push_back(t);
   // Stages: the divisors of n_layer (even split) and the powers of two up to it (uneven).
@@ -569,10 +563,15 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
         note("pinned --dp", fmt::format("tp {} pp {} gives dp {}", t, pp, dp));
         continue;
       }
+      // Virtual stages: those that split the layers evenly; beyond Megatron-LM 2021 also
+      // uneven ones (our partition takes any n_layer >= pp·v; the busiest chunk's layers are
+      // charged to every chunk, a little pessimistic), so that e.g. 126 layers can
+      // interleave over 16 stages.
       std::vector<int> vs = {1};
       if (pp > 1)
-        for (int v : divisors(m.n_layer / pp))
-          if (v > 1 && v <= 16 && m.n_layer % (int64_t(pp) * v) == 0) vs.push_back(v);
+        for (int v = 2; v <= 16 && int64_t(pp) * v <= m.n_layer; ++v)
+          if (m.n_layer % (int64_t(pp) * v) == 0 || (!pins.megatron_2021 && v <= 8))
+            vs.push_back(v);
       if (pins.megatron_2021 && pp <= 2) vs = {1};
       if (pins.virtual_stages) vs = {*pins.virtual_stages};
       std::vector<int64_t> mbss;

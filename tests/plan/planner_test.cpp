@@ -192,6 +192,31 @@ TEST(PlanTime, NarayananFigures13To15Directions) {
   }
 }
 
+TEST(PlanSearch, InterleavesUnevenLayerCountsBeyondMegatron2021) {
+  // Llama 3 405B has 126 layers: no v > 1 splits them evenly over 16 stages, yet our
+  // partition (and today's Megatron-LM) runs such pipelines; 2021's could not.
+  Job j;
+  j.model = model_preset("llama3-405b");
+  j.cluster = cluster_preset("dgx-h100");
+  j.gpus = 16384;
+  j.batch = 2048;
+  j.seq = 8192;
+  SearchPins pins;
+  pins.tp = 8;
+  pins.pp = 16;
+  pins.microbatch = 1;
+  pins.recompute = Recompute::kFull;
+  auto uneven_interleaved = [&](const SearchResult& s) {
+    int n = 0;
+    for (const Estimate& e : s.top)
+      n += e.layout.virtual_stages > 1 && 126 % (16 * e.layout.virtual_stages) != 0;
+    return n;
+  };
+  EXPECT_GT(uneven_interleaved(search(j, pins, 50)), 0);
+  pins.megatron_2021 = true;
+  EXPECT_EQ(uneven_interleaved(search(j, pins, 50)), 0);
+}
+
 // Distinct (T, P) pairs of a search, best first, with the best estimate of each.
 std::vector<Estimate> best_per_tp_pp(const SearchResult& s) {
   std::vector<Estimate> out;
