@@ -192,15 +192,21 @@ TEST(PlanTime, NarayananFigures13To15Directions) {
   }
 }
 
-TEST(PlanSearch, InterleavesUnevenLayerCountsBeyondMegatron2021) {
-  // Llama 3 405B has 126 layers: no v > 1 splits them evenly over 16 stages, yet our
-  // partition (and today's Megatron-LM) runs such pipelines; 2021's could not.
+// The largest search: Llama 3 405B on 16,384 H100s, batch 2048 x seq 8192.
+Job llama405b_on_16k_h100() {
   Job j;
   j.model = model_preset("llama3-405b");
   j.cluster = cluster_preset("dgx-h100");
   j.gpus = 16384;
   j.batch = 2048;
   j.seq = 8192;
+  return j;
+}
+
+TEST(PlanSearch, InterleavesUnevenLayerCountsBeyondMegatron2021) {
+  // Llama 3 405B has 126 layers: no v > 1 splits them evenly over 16 stages, yet our
+  // partition (and today's Megatron-LM) runs such pipelines; 2021's could not.
+  const Job j = llama405b_on_16k_h100();
   SearchPins pins;
   pins.tp = 8;
   pins.pp = 16;
@@ -279,12 +285,7 @@ TEST(PlanSearch, Table1TensorPipelineInTopThree) {
 }
 
 TEST(PlanSearch, SixteenThousandGpusUnderFiveSeconds) {
-  Job j;
-  j.model = model_preset("llama3-405b");
-  j.cluster = cluster_preset("dgx-h100");
-  j.gpus = 16384;
-  j.batch = 2048;
-  j.seq = 8192;
+  const Job j = llama405b_on_16k_h100();
   const SearchResult s = search(j, SearchPins{}, 10);
   fmt::print("16,384 GPUs: {} layouts, {} fit, {} replayed, {:.2f} s\n", s.considered, s.fit,
              s.replayed, s.search_s);
