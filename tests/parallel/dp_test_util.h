@@ -5,6 +5,7 @@
 #include <string>
 
 #include "test_util.h"
+#include "tiny_run.h"
 #include "train/trainer.h"
 
 namespace mt::test {
@@ -15,16 +16,8 @@ inline const std::string& dp_demo_data() {
 }
 
 inline train::TrainOptions dp_options(int dp, int zero, int64_t steps) {
-  train::TrainOptions o;
-  o.model = model::preset("tiny");
+  train::TrainOptions o = tiny_run(dp_demo_data(), steps, 32, 8);
   o.model.n_layer = 2;
-  o.model.seq_len = 32;
-  o.batch = 8;
-  o.steps = steps;
-  o.data = dp_demo_data();
-  o.threads = 1;
-  o.quiet = true;
-  o.peak_flops = 1e11;  // MFU is not under test; skip measuring the peak
   o.dp = dp;
   o.zero = zero;
   o.bucket_mb = 0.25;  // 64 Ki elements: about 7 buckets, so bucketing is exercised

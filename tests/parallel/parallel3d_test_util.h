@@ -8,6 +8,7 @@
 #include <string>
 
 #include "test_util.h"
+#include "tiny_run.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 
@@ -43,19 +44,11 @@ inline const std::string& demo3d_data() {
 }
 
 inline train::TrainOptions options3d(const Layout3d& l, int64_t steps) {
-  train::TrainOptions o;
-  o.model = model::preset("tiny");
+  train::TrainOptions o = tiny_run(demo3d_data(), steps, 24, 16);
   o.model.n_layer = 4;
   o.model.n_head = 12;
   o.model.d_model = 96;
   o.model.d_ff = 384;
-  o.model.seq_len = 24;
-  o.batch = 16;
-  o.steps = steps;
-  o.data = demo3d_data();
-  o.threads = 1;
-  o.quiet = true;
-  o.peak_flops = 1e11;  // MFU is not under test; skip measuring the peak
   o.backend = "local";
   o.bucket_mb = 0.25;
   o.dp = l.dp;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "test_util.h"
+#include "tiny_run.h"
 #include "train/trainer.h"
 
 namespace mt::test {
@@ -16,19 +17,11 @@ inline const std::string& pp_demo_data() {
 
 inline train::TrainOptions pp_options(int pp, int m, const std::string& schedule, int v,
                                       int64_t steps) {
-  train::TrainOptions o;
-  o.model = model::preset("tiny");
+  train::TrainOptions o = tiny_run(pp_demo_data(), steps, 32, 16);
   o.model.n_layer = 8;
   o.model.d_model = 64;
   o.model.n_head = 2;
   o.model.d_ff = 256;
-  o.model.seq_len = 32;
-  o.batch = 16;
-  o.steps = steps;
-  o.data = pp_demo_data();
-  o.threads = 1;
-  o.quiet = true;
-  o.peak_flops = 1e11;  // MFU is not under test; skip measuring the peak
   o.backend = "local";
   o.pipeline.pp = pp;
   o.pipeline.microbatches = m;

@@ -10,6 +10,7 @@
 #include "model/params.h"
 #include "parallel/dp_test_util.h"
 #include "test_util.h"
+#include "tiny_run.h"
 #include "train/trainer.h"
 
 namespace mt::train {
@@ -22,16 +23,8 @@ const std::string& data() {
 
 // `tiny` as TrainerTest.TinyLearnsTheDemoText trains it (seq 64, batch 16, lr 2e-3).
 TrainOptions tiny(int64_t steps, const std::string& dtype) {
-  TrainOptions o;
-  o.model = model::preset("tiny");
-  o.model.seq_len = 64;
-  o.batch = 16;
+  TrainOptions o = test::tiny_run(data(), steps, 64, 16);
   o.lr = 2e-3f;
-  o.steps = steps;
-  o.data = data();
-  o.threads = 1;
-  o.quiet = true;
-  o.peak_flops = 1e11;  // MFU is not under test; skip measuring the peak
   o.dtype = dtype;
   return o;
 }

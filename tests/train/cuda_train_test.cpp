@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "test_util.h"
+#include "tiny_run.h"
 #include "train/trainer.h"
 
 namespace mt::train {
@@ -18,15 +19,7 @@ class CudaTrain : public ::testing::Test {
     data_ = new std::string(test::demo_tokens(test::scratch_dir("cuda_train")));
   }
   static TrainOptions tiny(int64_t steps, const std::string& device) {
-    TrainOptions o;
-    o.model = model::preset("tiny");
-    o.model.seq_len = 64;
-    o.batch = 8;
-    o.steps = steps;
-    o.data = *data_;
-    o.threads = 1;
-    o.quiet = true;
-    o.peak_flops = 1e11;  // MFU is not under test
+    TrainOptions o = test::tiny_run(*data_, steps, 64, 8);
     o.device = device;
     o.keep_final_params = true;
     return o;

@@ -3,25 +3,17 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
+#include "tiny_run.h"
 
 namespace mt::train {
 namespace {
 
 class TrainerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { data_ = new std::string(test::demo_tokens(test::scratch_dir("trainer"))); }
-  static TrainOptions tiny(int64_t steps) {
-    TrainOptions o;
-    o.model = model::preset("tiny");
-    o.model.seq_len = 64;
-    o.batch = 8;
-    o.steps = steps;
-    o.data = *data_;
-    o.threads = 1;
-    o.quiet = true;
-    o.peak_flops = 1e11;  // MFU is not under test; skip measuring the peak
-    return o;
+  static void SetUpTestSuite() {
+    data_ = new std::string(test::demo_tokens(test::scratch_dir("trainer")));
   }
+  static TrainOptions tiny(int64_t steps) { return test::tiny_run(*data_, steps, 64, 8); }
   static std::string* data_;
 };
 std::string* TrainerTest::data_ = nullptr;
@@ -81,7 +73,8 @@ TEST_F(TrainerTest, GradientAccumulationMatchesOneBigBatch) {
   for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 1e-4);
   double max_diff = 0;
   for (size_t i = 0; i < a.final_params.size(); ++i)
-    max_diff = std::max(max_diff, std::abs(static_cast<double>(a.final_params[i]) - b.final_params[i]));
+    max_diff =
+        std::max(max_diff, std::abs(static_cast<double>(a.final_params[i]) - b.final_params[i]));
   EXPECT_LT(max_diff, 1e-4);
 }
 
