@@ -2,6 +2,7 @@
 // per GPU by category, where the step's time goes, and the per-rank timeline of the replayed
 // pipeline schedule as a Chrome trace (--trace FILE; chrome://tracing or ui.perfetto.dev).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <fstream>
@@ -10,12 +11,14 @@
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "core/error.h"
+#include "parallel/pipeline/partition.h"
 
 namespace mt::cli {
 
 namespace {
 
-plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_2021) {
+plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_2021,
+                       const std::optional<std::string>& pp_layers) {
   plan::Layout l;
   l.tp = f.tp.value_or(1);
   l.pp = f.pp.value_or(1);
@@ -40,6 +43,9 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
   // backward's TP all-reduces after the weight gradients.
   l.dp_overlap = !megatron_2021 || l.pp == 1;
   l.tp_overlap = !megatron_2021;
+  // Megatron-LM splits the layers evenly; our runtime by cost, or as --pp-layers says.
+  l.even_layers = megatron_2021;
+  if (pp_layers) l.pp_layers = parallel::pp::parse_layer_counts(*pp_layers);
   return l;
 }
 
@@ -85,9 +91,10 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
+void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021,
+                  const std::optional<std::string>& pp_layers) {
   const plan::Job j = f.job();
-  const plan::Layout l = layout_of(f, j, megatron_2021);
+  const plan::Layout l = layout_of(f, j, megatron_2021, pp_layers);
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
   const auto& m = e.memory;
@@ -97,6 +104,12 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
                   j.model.name, j.model.total_params() / 1e9, j.gpus, j.cluster.gpu.name,
                   j.cluster.name, j.batch, j.seq, j.dtype);
   text += estimate_table({e});
+  if (l.pp > 1)
+    text += fmt::format(
+        "layers per pipeline chunk: {}{}\n", fmt::join(plan::chunk_layers(j, l), ","),
+        l.pp_layers.empty()
+            ? (l.even_layers ? " (even split)" : " (balanced by cost, as train splits them)")
+            : " (--pp-layers)");
   text += fmt::format(
       "memory per GPU (worst: pp rank {}, {} microbatch-chunks in flight):\n"
       "  parameters {:.3f} GB, gradients {:.3f} GB, optimizer {:.3f} GB, activations {:.3f} "
@@ -137,11 +150,17 @@ void register_simulate(CLI::App& app) {
       "simulate", "one layout in detail: memory by category, step time, per-rank timeline");
   f->add_to(*cmd);
   auto megatron_2021 = std::make_shared<bool>(false);
+  auto pp_layers = std::make_shared<std::optional<std::string>>();
   cmd->add_option("--trace", *trace, "write the per-rank timeline as a Chrome trace (JSON)");
+  cmd->add_option("--pp-layers", *pp_layers,
+                  "layers per pipeline chunk, comma-separated, as train takes it (default: the "
+                  "split train makes)");
   cmd->add_flag("--megatron-2021", *megatron_2021,
                 "as Megatron-LM ran in 2021 (Narayanan et al.): no comm overlap of the DP "
-                "reduction when pipelining nor of backward's TP all-reduces");
-  cmd->callback([f, trace, megatron_2021] { run_simulate(*f, *trace, *megatron_2021); });
+                "reduction when pipelining nor of backward's TP all-reduces; layers split evenly");
+  cmd->callback([f, trace, megatron_2021, pp_layers] {
+    run_simulate(*f, *trace, *megatron_2021, *pp_layers);
+  });
 }
 
 }  // namespace mt::cli

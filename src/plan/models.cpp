@@ -74,6 +74,11 @@ double ModelSpec::block_params() const {
   return p;
 }
 
+double ModelSpec::block_replicated_params() const {
+  const double C = d_model;
+  return bias ? 4 * C + 2 * C : 2 * C;  // 2 norms (w, b) + attention/MLP output biases
+}
+
 double ModelSpec::embedding_params() const {
   return static_cast<double>(vocab) * d_model + (learned_pos ? double(seq) * d_model : 0.0);
 }

@@ -27,6 +27,13 @@ struct ModelSpec {
   int64_t kv_dim() const { return n_kv_head * head_dim(); }
   // Parameters of one block (matrices, biases, norms).
   double block_params() const;
+  // Of those, the ones every TP rank holds whole: the layer norms and the row-parallel
+  // linears' output biases (Megatron-LM and our runtime alike).
+  double block_replicated_params() const;
+  // One TP rank's share of a block: the split matrices and biases / t, the rest whole.
+  double block_params_per_tp(int t) const {
+    return (block_params() - block_replicated_params()) / t + block_replicated_params();
+  }
   double embedding_params() const;  // token (+ position) embedding
   double head_params() const;       // final norm (+ LM head when untied)
   double total_params() const;

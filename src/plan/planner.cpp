@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <tuple>
 
 #include "comm/mpi.h"
 #include "core/error.h"
+#include "parallel/pipeline/partition.h"
 
 namespace mt::plan {
 
@@ -24,18 +26,34 @@ double weight_bytes(const Job& j) { return mixed(j) ? 2 : 4; }
 double gradient_bytes(const std::string& dtype) { return dtype == "fp16" ? 2 : 4; }
 double gradient_bytes(const Job& j) { return gradient_bytes(j.dtype); }
 
-// Layers of the largest chunk: n_layer split over pp·v chunks, the first ones one layer
-// larger when it does not divide (the runtime's partition puts the remainder first).
-double layers_per_chunk(const ModelSpec& m, const Layout& l) {
-  const int64_t chunks = int64_t(l.pp) * l.virtual_stages;
-  return static_cast<double>((m.n_layer + chunks - 1) / chunks);
+// How the layers sit on the pipeline: per chunk, and per rank (chunks r, r + pp, ...: the
+// schedule IR's rank_of_chunk).
+struct Split {
+  std::vector<int> chunk;     // pp·v entries
+  std::vector<int> rank;      // per pipeline rank, the sum of its chunks
+  std::vector<int> rank_max;  // per pipeline rank, its largest chunk
+  int busiest = 0;            // the most layers on one rank
+};
+
+Split split_of(const Job& j, const Layout& l) {
+  Split s;
+  s.chunk = chunk_layers(j, l);
+  s.rank.assign(size_t(l.pp), 0);
+  s.rank_max.assign(size_t(l.pp), 0);
+  for (size_t c = 0; c < s.chunk.size(); ++c) {
+    const size_t r = c % size_t(l.pp);
+    s.rank[r] += s.chunk[c];
+    s.rank_max[r] = std::max(s.rank_max[r], s.chunk[c]);
+  }
+  s.busiest = *std::max_element(s.rank.begin(), s.rank.end());
+  return s;
 }
 
 // Parameters held by pipeline rank r (before ZeRO), per TP rank.
-double stage_params(const Job& j, const Layout& l, int r) {
+double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
   const ModelSpec& m = j.model;
   const double t = l.tp;
-  double p = layers_per_chunk(m, l) * l.virtual_stages * m.block_params() / t;
+  double p = split.rank[size_t(r)] * m.block_params_per_tp(l.tp);
   if (r == 0)
     p += double(m.vocab) * m.d_model / t + (m.learned_pos ? double(m.seq) * m.d_model : 0);
   if (r == l.pp - 1) {
@@ -57,7 +75,12 @@ double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
     // Our f32 runtime (docs/flops.md, docs/tensor_parallel.md), floats per token: whole
     // ln1, res2, ln2, block output and 4 norm statistics (/t with SP); split qkv,
     // attention output, fc, GELU; probabilities n_head·T/t. t = 1: 8C + 2F + 4 + n_head·T.
-    return 4.0 * s * b * ((4 * h + 4) / (l.sp ? t : 1) + (4 * h + 2 * F) / t + a / t * S);
+    // Full recomputation keeps the block output only, selective all but the probabilities
+    // (model/layers.h Block::Keep).
+    const double rows = l.sp ? t : 1;
+    if (rc == Recompute::kFull) return 4.0 * s * b * h / rows;
+    const double att = rc == Recompute::kNone ? a / t * S : 0.0;
+    return 4.0 * s * b * ((4 * h + 4) / rows + (4 * h + 2 * F) / t + att);
   }
   const bool dropout = m.bias;  // GPT presets train with dropout; Llama-style do not
   if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
@@ -256,6 +279,18 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
   if (m.n_layer < int64_t(l.pp) * l.virtual_stages)
     return fmt::format("pp {} x virtual stages {} exceeds n_layer {}", l.pp, l.virtual_stages,
                        m.n_layer);
+  if (!l.pp_layers.empty()) {
+    const int64_t chunks = int64_t(l.pp) * l.virtual_stages;
+    int64_t sum = 0;
+    for (int n : l.pp_layers) sum += n;
+    if (int64_t(l.pp_layers.size()) != chunks)
+      return fmt::format("--pp-layers has {} entries but pp {} x virtual stages {} = {} chunks",
+                         l.pp_layers.size(), l.pp, l.virtual_stages, chunks);
+    if (*std::min_element(l.pp_layers.begin(), l.pp_layers.end()) < 1)
+      return std::string("--pp-layers: every chunk needs at least one layer");
+    if (sum != m.n_layer)
+      return fmt::format("--pp-layers covers {} layers but n_layer is {}", sum, m.n_layer);
+  }
   if (l.cp > 1 && j.seq % (2 * l.cp) != 0)
     return fmt::format("cp {} does not divide seq {} in 2·cp chunks", l.cp, j.seq);
   if (j.batch % (int64_t(l.dp) * l.microbatch) != 0)
@@ -278,6 +313,35 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
   return std::nullopt;
 }
 
+std::vector<int> chunk_layers(const Job& j, const Layout& l) {
+  const int chunks = l.pp * l.virtual_stages;
+  const int L = static_cast<int>(j.model.n_layer);
+  if (!l.pp_layers.empty()) return l.pp_layers;  // checked by invalid_reason
+  if (chunks <= 1) return {L};
+  if (l.even_layers) {  // the remainder, where it does not divide, on the first chunks
+    std::vector<int> out(size_t(chunks), L / chunks);
+    for (int c = 0; c < L % chunks; ++c) ++out[size_t(c)];
+    return out;
+  }
+  // The runtime's balanced split, once per shape: the search asks for it per layout.
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int>;
+  static std::mutex mu;
+  static std::map<Key, std::vector<int>> cache;
+  const Key key{L, j.model.d_model, j.seq, j.model.vocab, chunks};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const auto k = parallel::pp::gpt_chunk_costs(L, double(j.model.d_model), double(j.seq),
+                                                 double(j.model.vocab));
+    it = cache
+             .emplace(key,
+                      parallel::pp::balanced_partition(k.layer, k.first_extra, k.last_extra, chunks)
+                          .layers)
+             .first;
+  }
+  return it->second;
+}
+
 MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int* in_flight) {
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
   PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
@@ -287,41 +351,71 @@ MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int*
 MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<int>& flight,
                                int* worst_stage, int* in_flight) {
   const ModelSpec& m = j.model;
-  const double lpc = layers_per_chunk(m, l);
+  const Split split = split_of(j, l);
   const double act_layer = layer_activation_bytes(j, l, l.recompute);
   const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, t = l.tp,
                V = m.vocab, wb = weight_bytes(j);
   MemoryBytes worst;
   for (int r = 0; r < l.pp; ++r) {
-    const double psi_r = stage_params(j, l, r);
+    const double psi_r = stage_params(j, l, split, r);
     MemoryBytes mb = zero_model_states(psi_r, l.dp * l.cp, l.zero, j.dtype);
     // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
     if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
-    double act = flight[r] * lpc * act_layer;
+    // Each microbatch-chunk in flight as large as the rank's largest chunk.
+    double act = flight[r] * split.rank_max[size_t(r)] * act_layer;
     if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
       act += layer_activation_bytes(j, l, Recompute::kNone);
     if (mixed(j)) {
       if (r == 0) act += flight[r] * s * b * h * 3 / (l.sp ? t : 1);  // embedding out + mask
       if (r == l.pp - 1) act += 4 * s * b * V / t + 2 * s * b * h;    // f32 logits, final norm
     } else {
-      // Our runtime (docs/flops.md): embeddings, final norm, logits, loss stats; backward
-      // scratch 6C + 2F per token and one n_head·T·T score matrix per sequence.
-      act += 4 * s * b * (h + h + 2 + V / t + 2);  // vocab-parallel logits
-      act += 4 * s * b * (6 * h + 2 * m.d_ff / t) + 4 * b * m.n_head / t * s * double(j.seq);
+      // Our runtime (docs/flops.md, train/pipeline_stage.cpp): one activation set per
+      // microbatch held (with pipelining the stage's pool, flight[r] buffers), each with the
+      // embedding output (C) and, when pipelined, the received input gradient (C); on the
+      // head's rank also the final norm (C + 2 stats), the vocab-parallel logits and the
+      // loss stats (2). Backward scratch 6C + 2F per token and one n_head·T·T score matrix
+      // per sequence, once.
+      // Selective recomputation: one probabilities stash that every layer recomputes into;
+      // zero-bubble: each layer's input-gradient results kept for its weight gradient
+      // (Block::make_stash: qkv' 3C/t, C, fc' F/t, C) in every buffer.
+      if (l.recompute == Recompute::kSelective) act += 4 * b * m.n_head / t * s * double(j.seq);
+      if (l.schedule == "zb1")
+        act += flight[r] * split.rank_max[size_t(r)] * 4 * s * b * (2 * h + (3 * h + m.d_ff) / t);
+      const double rows = l.sp ? t : 1;  // SP splits the residual region's rows
+      double set = (l.pp > 1 ? 2 * h : h) / rows;
+      if (r == l.pp - 1)  // TP: the cross-entropy's max and sums (3); SP: the gathered norm
+        set += (h + 2) / rows + V / t + 2 + (l.tp > 1 ? 3 : 0) + (l.sp ? h : 0);
+      act += flight[r] * 4 * s * b * set;
+      // Scratch: the residual gradient and a block's input gradient (2C), attention output
+      // and qkv gradients (4C/t), the MLP's (2F/t); SP's gathered and partial inputs (2C).
+      act += 4 * s * b * (2 * h + 4 * h / t + 2 * m.d_ff / t + (l.sp ? 2 * h : 0)) +
+             4 * b * m.n_head / t * s * double(j.seq);
     }
     mb.activations = act;
-    // Communication buffers: p2p send/recv (2 each way), ZeRO-3 gathered units (2 blocks),
-    // ZeRO-2 gradient pool (2 blocks).
+    // Communication buffers: p2p send/recv (2 each way; our runtime sends from and receives
+    // into the pool's sets), ZeRO-3 gathered units (2 blocks), ZeRO-2 gradient pool (2 blocks).
     double comm = 0;
-    if (l.pp > 1) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
+    if (l.pp > 1 && mixed(j)) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
     if (mixed(j)) {
-      if (l.zero >= 2) comm += 2 * m.block_params() / t * gradient_bytes(j);  // gradient pool
-      if (l.zero >= 3) comm += 2 * m.block_params() / t * wb;
+      const double block = m.block_params_per_tp(l.tp);
+      if (l.zero >= 2) comm += 2 * block * gradient_bytes(j);  // gradient pool
+      if (l.zero >= 3) comm += 2 * block * wb;
     } else if (l.zero >= 2) {
       // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
       // gradients, the same again for ZeRO-3's gathered values.
-      const double pool = 4 * (m.embedding_params() + m.head_params() + 2 * m.block_params()) / t;
+      const double pool =
+          4 * ((m.embedding_params() + m.head_params()) / t + 2 * m.block_params_per_tp(l.tp));
       comm += (l.zero >= 3 ? 2 : 1) * pool;
+    }
+    if (!mixed(j) && l.sp) {
+      // Our runtime's SP gradient sync (parallel/tp.h ReplicatedGradSync): one packed buffer
+      // of the layer norms' and the position table's gradients (sums over sequence shards).
+      // With ZeRO it packs only the shard's part; counted whole (an upper bound).
+      const double norm = m.bias ? 2 * h : h;
+      double packed = split.rank[size_t(r)] * 2 * norm;
+      if (r == 0 && m.learned_pos) packed += double(m.seq) * h;
+      if (r == l.pp - 1) packed += norm;
+      comm += 4 * packed;
     }
     // The mpi backend's reduce-scatter scratch (comm/mpi.h): n pieces of at most
     // kMpiSegmentBytes, kept at its largest. DP (and CP) reduce the stage's gradients in one
@@ -332,7 +426,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
       };
       const double gb = gradient_bytes(j);
       const double unit =
-          std::max({m.embedding_params(), m.head_params(), m.block_params()}) / t * gb;
+          std::max({m.embedding_params() / t, m.head_params() / t, m.block_params_per_tp(l.tp)}) *
+          gb;
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
       // One backend, and one scratch, per group: the DP and TP groups' add up.
       comm += scratch(dp_bytes, l.dp * l.cp) + scratch(s * b * h * wb, l.tp);
@@ -350,10 +445,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
 namespace {
 
 struct Prepared {
-  PassCosts pc;
-  double layers_per_chunk = 0;
-  double fwd_chunk = 0, bwd_chunk = 0;  // a middle chunk
-  double bwd_plain = 0;                 // bwd_chunk without recomputation
+  PassCosts pc;  // per layer
+  Split split;
   double p2p = 0;
   double dp_comm = 0, dp_window = 0, optimizer = 0;
   double z3_per_mb = 0;  // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
@@ -368,10 +461,7 @@ Prepared prepare(const Job& j, const Layout& l) {
   Prepared p;
   p.pc = pass_costs(j, l);
   p.microbatches = j.batch / (int64_t(l.dp) * l.microbatch);
-  p.layers_per_chunk = layers_per_chunk(m, l);
-  p.fwd_chunk = p.layers_per_chunk * p.pc.fwd;
-  p.bwd_chunk = p.layers_per_chunk * p.pc.bwd;
-  p.bwd_plain = p.layers_per_chunk * p.pc.bwd_plain;
+  p.split = split_of(j, l);
   const double wb = weight_bytes(j);
   const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model;
   // p2p: one activation per microbatch; with tp > 1 each TP rank sends 1/tp (Megatron's
@@ -387,7 +477,11 @@ Prepared prepare(const Job& j, const Layout& l) {
   }
   // DP: gradients of the worst stage (stage 0 holds the embedding).
   double psi = 0;
-  for (int r = 0; r < l.pp; ++r) psi = std::max(psi, stage_params(j, l, r));
+  int worst = 0;
+  for (int r = 0; r < l.pp; ++r) {
+    const double psi_r = stage_params(j, l, p.split, r);
+    if (psi_r > psi) psi = psi_r, worst = r;
+  }
   // The ranks that hold the same parameters: DP and CP (a CP rank's gradients cover its part
   // of the sequence), tp-strided: gpus_per_node / tp of them share a node.
   const int dpn = l.dp * l.cp;
@@ -408,21 +502,22 @@ Prepared prepare(const Job& j, const Layout& l) {
   const double opt_params = psi / (l.zero >= 1 ? dpn : 1);
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
-  // The last microbatch's backward on the stage hides the reduction when overlapped.
+  // The last microbatch's backward on that stage hides the reduction when overlapped.
   p.comm_uses_compute = c.compute_units > 0;
-  p.dp_window = l.dp_overlap && !p.comm_uses_compute ? p.bwd_chunk * l.virtual_stages : 0.0;
+  p.dp_window = l.dp_overlap && !p.comm_uses_compute ? p.split.rank[size_t(worst)] * p.pc.bwd : 0.0;
   return p;
 }
 
 double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a) {
   const int vs = a.chunk, V = l.pp * l.virtual_stages;  // the IR's global chunk index
   const bool fwd = a.kind == PipeKind::kForward;
-  double c = fwd ? p.fwd_chunk : p.bwd_chunk;
+  const double layers = p.split.chunk[size_t(vs)];
+  double c = layers * (fwd ? p.pc.fwd : p.pc.bwd);
   if (vs == V - 1) c += fwd ? p.pc.head_fwd : p.pc.head_bwd;
   if (vs == 0) c += fwd ? p.pc.embed_fwd : p.pc.embed_bwd;
   // Zero-bubble split: the input gradient (with any recomputation) and the weight gradient
   // are each half of the backward GEMMs.
-  const double recompute = p.bwd_chunk - p.bwd_plain;
+  const double recompute = layers * (p.pc.bwd - p.pc.bwd_plain);
   if (a.kind == PipeKind::kBackwardInput) c = recompute + (c - recompute) / 2;
   if (a.kind == PipeKind::kBackwardWeight) c = (c - recompute) / 2;
   // Blocking p2p exchange with the neighbour (Megatron-LM's send_forward_recv_backward and
@@ -454,11 +549,11 @@ ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, boo
   return replay(sched, cost, p.p2p, keep_spans);
 }
 
-// A floor under the step time: the microbatch-chunks every rank runs (at a middle chunk's
-// cost), the optimizer and the DP reduction's exposed part. It holds on a shared host too:
-// P ranks never compute more than P ranks' worth at once (shared_speed(k) · k <= P).
+// A floor under the step time: the busiest rank's layers for every microbatch (without the
+// embedding and head), the optimizer and the DP reduction's exposed part. It holds on a shared host
+// too: P ranks never compute more than P ranks' worth at once (shared_speed(k) · k <= P).
 double lower_bound(const Prepared& p, const Layout& l) {
-  const double per_mb = (p.fwd_chunk + p.bwd_chunk) * l.virtual_stages;
+  const double per_mb = p.split.busiest * (p.pc.fwd + p.pc.bwd);
   return double(p.microbatches) * per_mb + p.optimizer +
          std::max(0.0, l.zero >= 3 ? 0.0 : p.dp_comm - p.dp_window);
 }
@@ -482,10 +577,12 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   // A shared host's ranks can finish sooner than their work at the all-busy rate: no bubble.
   e.bubble_fraction = e.pipeline_s > 0 ? std::max(0.0, e.pipeline_s - busy) / e.step_time_s : 0;
   const double mb = double(p.microbatches) * l.virtual_stages;
-  e.forward_s = mb * p.fwd_chunk;
-  e.backward_s = mb * p.bwd_chunk;
-  e.tp_comm_s = mb * p.layers_per_chunk * (p.pc.tp_fwd + p.pc.tp_bwd);
-  e.cp_comm_s = mb * p.layers_per_chunk * (p.pc.cp_fwd + p.pc.cp_bwd);
+  // The busiest rank's blocks (embedding and head apart).
+  const double layers = double(p.microbatches) * p.split.busiest;
+  e.forward_s = layers * p.pc.fwd;
+  e.backward_s = layers * p.pc.bwd;
+  e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
+  e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 ? 2 * mb * p.p2p : 0;
 }
 
@@ -564,9 +661,9 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
         continue;
       }
       // Virtual stages: those that split the layers evenly; beyond Megatron-LM 2021 also
-      // uneven ones (our partition takes any n_layer >= pp·v; the busiest chunk's layers are
-      // charged to every chunk, a little pessimistic), so that e.g. 126 layers can
-      // interleave over 16 stages.
+      // uneven ones (our partition takes any n_layer >= pp·v and balances the chunks by
+      // cost, as chunk_layers predicts), so that e.g. 126 layers can interleave over 16
+      // stages.
       std::vector<int> vs = {1};
       if (pp > 1)
         for (int v = 2; v <= 16 && int64_t(pp) * v <= m.n_layer; ++v)
@@ -600,6 +697,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.sp = sp;
                 l.dp_overlap = pins.dp_overlap.value_or(!pins.megatron_2021 || pp == 1);
                 l.tp_overlap = pins.tp_overlap.value_or(!pins.megatron_2021);
+                l.even_layers = pins.megatron_2021;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
                 if (dp * cp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0

@@ -32,6 +32,12 @@ struct Layout {
   // linear's weight gradient computes (Megatron-LM since 2022, Korthikanti et al.); false:
   // after it (Megatron-LM 2021).
   bool tp_overlap = true;
+  // Layers per pipeline chunk (pp·v entries in model order), as `train --pp-layers` gives
+  // them. Empty: the split the run makes — our runtime's cost-balanced one
+  // (parallel/pipeline/partition.h: the LM head's chunk takes fewer layers), or with
+  // even_layers Megatron-LM's n_layer / (pp·v) each (which it requires to divide).
+  std::vector<int> pp_layers;
+  bool even_layers = false;
 };
 
 struct Job {
@@ -78,6 +84,8 @@ MemoryBytes memory_per_gpu(const Job& job, const Layout& l, int* worst_stage = n
 // The same, with the per-rank microbatch-chunks in flight of the layout's schedule given.
 MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vector<int>& flight,
                                int* worst_stage = nullptr, int* in_flight = nullptr);
+// Layers of each pipeline chunk (pp·v, model order) as the layout's run splits them.
+std::vector<int> chunk_layers(const Job& job, const Layout& l);
 // Full estimate (memory and time); keep_spans keeps the per-rank timeline.
 Estimate estimate(const Job& job, const Layout& l, bool keep_spans = false);
 
@@ -102,6 +110,7 @@ struct SearchPins {
   // interleaved schedule"); the gradient reduction overlapped with backward only without
   // pipelining (torch DDP's no_sync exists only in forward_backward_no_pipelining; with
   // pp > 1 the reduction runs after the flush, DDP=local).
+  // Megatron-LM's even split of the layers over the pipeline chunks (Layout::even_layers).
   bool megatron_2021 = false;
 };
 

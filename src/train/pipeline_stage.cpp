@@ -15,17 +15,15 @@ namespace mt::train {
 
 namespace pp = parallel::pp;
 
-// Estimated forward cost per token (FLOPs): a block 24·C² + 4·T·C (docs/flops.md), the
-// embedding a lookup (2·C), the head the LM head GEMM plus the softmax (2·C·Vp + 5·Vp).
+// The split's costs: pp::gpt_chunk_costs (shared with the planner).
 pp::Partition make_partition(const TrainOptions& o, int chunks) {
   const model::GptConfig& c = o.model;
-  const double C = c.d_model, T = c.seq_len, Vp = c.padded_vocab();
-  const std::vector<double> layer(static_cast<size_t>(c.n_layer), 24 * C * C + 4 * T * C);
-  const double embed = 2 * C, head = 2 * C * Vp + 5 * Vp;
+  const pp::ChunkCosts k = pp::gpt_chunk_costs(static_cast<int>(c.n_layer), double(c.d_model),
+                                               double(c.seq_len), double(c.padded_vocab()));
   if (!o.pipeline.layers.empty())
-    return pp::explicit_partition(pp::parse_layer_counts(o.pipeline.layers), layer, embed, head,
-                                  chunks);
-  return pp::balanced_partition(layer, embed, head, chunks);
+    return pp::explicit_partition(pp::parse_layer_counts(o.pipeline.layers), k.layer, k.first_extra,
+                                  k.last_extra, chunks);
+  return pp::balanced_partition(k.layer, k.first_extra, k.last_extra, chunks);
 }
 
 model::StageParts stage_parts(const pp::Schedule& s, const pp::Partition& part, int pp_rank) {

@@ -59,6 +59,7 @@ Layout layout_of(const Config& c, bool present, int dp = 1) {
   l.recompute = present ? Recompute::kSelective : Recompute::kFull;
   l.sp = present;
   l.dp_overlap = false;  // "we do not use any overlapping of gradient all-reduces"
+  l.even_layers = true;  // Megatron-LM: n_layer / (pp·v) per chunk
   return l;
 }
 

@@ -1,8 +1,10 @@
 // `meshtrain plan / simulate / calibrate` end to end: the JSON keys, pins, --emit-config
 // accepted by `train`'s config reader, the Chrome trace, refusals, and the issue's
 // 16,384-GPU search under 5 s.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -147,6 +149,59 @@ TEST(PlanCli, SimulateWritesAChromeTrace) {
   // optimizer span per rank.
   EXPECT_EQ(j["layouts"][0]["microbatches"], 12);
   EXPECT_EQ(spans, 2 * 2 * 12 + 2);
+}
+
+// The text after `key` up to the first character that is neither a digit nor a comma.
+std::string counts_after(const std::string& out, const std::string& key) {
+  const size_t at = out.find(key);
+  if (at == std::string::npos) return "(missing: " + key + ")";
+  size_t i = at + key.size(), j = i;
+  while (j < out.size() && (std::isdigit(static_cast<unsigned char>(out[j])) || out[j] == ',')) ++j;
+  return out.substr(i, j - i);
+}
+
+TEST(PlanCli, SimulateSplitsTheLayersAsTrainDoes) {
+  // The planner predicts the run's own partition (parallel/pipeline/partition.h), not an even
+  // split: with GPT-2's vocabulary the LM head of a d_model-128 model costs ~33 blocks, so
+  // 8 layers over 2 stages go 7,1.
+  const auto dir = test::scratch_dir("plan-split");
+  const std::string data = test::demo_tokens(dir);
+  struct Case {
+    const char* shape;
+    const char* layout;
+    const char* split;
+    int stages;
+  };
+  const Case cases[] = {
+      {"--n-layer 8 --vocab 50257", "--pp 2 --microbatches 2", "7,1", 2},
+      {"--n-layer 6", "--pp 4 --microbatches 4", "1,2,2,1", 4},
+      {"--n-layer 7", "--pp 2 --virtual-stages 2 --schedule interleaved --microbatches 4",
+       "2,2,2,1", 2}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.layout);
+    const std::string common =
+        fmt::format("--model tiny {} --seq 32 --batch 8 {}", c.shape, c.layout);
+    auto t = test::run_meshtrain(
+        fmt::format("train {} --steps 1 --data {} --peak-gflops 100", common, data));
+    ASSERT_EQ(t.exit_code, 0) << t.output;
+    auto s = test::run_meshtrain(
+        fmt::format("simulate {} --cluster dgx-a100 --gpus {} --dtype f32", common, c.stages));
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    EXPECT_EQ(counts_after(t.output, "layers per chunk "), c.split);
+    EXPECT_EQ(counts_after(s.output, "layers per pipeline chunk: "), c.split);
+  }
+  // Megatron-LM splits evenly; --pp-layers is taken as train takes it, and checked.
+  const std::string head =
+      "simulate --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --pp 2 --microbatches 2 "
+      "--cluster dgx-a100 --gpus 2 --dtype f32";
+  auto r = test::run_meshtrain(head + " --megatron-2021");
+  EXPECT_EQ(counts_after(r.output, "layers per pipeline chunk: "), "4,4") << r.output;
+  r = test::run_meshtrain(head + " --pp-layers 5,3");
+  EXPECT_EQ(counts_after(r.output, "layers per pipeline chunk: "), "5,3") << r.output;
+  r = test::run_meshtrain(head + " --pp-layers 5,2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--pp-layers covers 7 layers but n_layer is 8"), std::string::npos)
+      << r.output;
 }
 
 TEST(PlanCli, RefusesBadLayouts) {

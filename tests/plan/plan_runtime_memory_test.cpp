@@ -1,7 +1,10 @@
 // The planner's memory model against the runtime's accounting allocator (DESIGN.md idea 6):
-// for the small layouts the runtime tests use, the predicted per-rank peak (f32, our
-// runtime's formulas) equals the peak `meshtrain train` measures within 5% (the issue's
-// bar; measured: equal to the byte).
+// for the small layouts the runtime tests use (DP/ZeRO, TP/SP, 1F1B, GPipe, interleaved,
+// zero-bubble, full and selective recomputation, a head heavy enough that train splits the
+// layers 7,1), the predicted per-rank peak (f32, our runtime's formulas) equals the peak
+// `meshtrain train` measures. The bar is 5%; the test holds 0.1%: every case is equal
+// to the byte except ZeRO-1 with SP (+0.07%: the SP gradient sync packs only the shard's part
+// of the layer norms, which the planner counts whole).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -25,8 +28,14 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
     const char* schedule = "1f1b";
     int tp = 1;
     bool sp = false;
+    int64_t layers = 0;  // 0: 4 with pipelining, else 2
+    int64_t vocab = 0;   // 0: the preset's
+    const char* recompute = "none";
+    int virtual_stages = 1;
   };
-  // Pipeline cases: 4 layers over 2 or 4 stages; microbatches in flight from the IR.
+  // Pipeline cases: 4 layers over 2 or 4 stages; microbatches in flight from the IR. The
+  // last: a GPT-2 vocabulary makes the LM head cost ~33 blocks, so train splits 8 layers
+  // 7,1 and stage 0's memory is 7 layers' (the planner must predict that split).
   const Case cases[] = {{1, 0, 8, 8},
                         {2, 0, 8, 4},
                         {2, 1, 8, 4},
@@ -39,23 +48,33 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
                         {2, 0, 8, 1, 4, "1f1b"},
                         {1, 0, 8, 8, 1, "1f1b", 2},
                         {1, 0, 8, 8, 1, "1f1b", 2, true},
-                        {2, 1, 8, 4, 1, "1f1b", 2, true}};
+                        {2, 1, 8, 4, 1, "1f1b", 2, true},
+                        {1, 0, 8, 2, 2, "1f1b", 1, false, 8, 50257},
+                        {1, 0, 8, 2, 2, "interleaved", 1, false, 0, 0, "none", 2},
+                        {1, 0, 8, 2, 2, "zb1"},
+                        {2, 0, 8, 2, 2, "1f1b", 2},
+                        {2, 0, 8, 4, 1, "1f1b", 1, false, 0, 0, "full"},
+                        {2, 0, 8, 4, 1, "1f1b", 1, false, 0, 0, "selective"},
+                        {1, 0, 8, 2, 2, "1f1b", 1, false, 0, 0, "full"}};
   for (const Case& c : cases) {
-    const auto metrics =
-        (dir / fmt::format("m{}_{}_{}_{}_{}{}.jsonl", c.dp, c.zero, c.pp, c.schedule, c.tp, c.sp))
-            .string();
-    const int64_t layers = c.pp > 1 ? 4 : 2;
+    const auto metrics = (dir / fmt::format("m{}_{}_{}_{}_{}{}_{}.jsonl", c.dp, c.zero, c.pp,
+                                            c.schedule, c.tp, c.sp, c.vocab))
+                             .string();
+    const int64_t layers = c.layers ? c.layers : c.pp > 1 ? 4 : 2;
+    const std::string vocab = c.vocab ? fmt::format(" --vocab {}", c.vocab) : "";
     std::string layout = fmt::format("--dp {} --zero {} --batch {} ", c.dp, c.zero, c.batch);
     if (c.tp > 1) layout += fmt::format("--tp {} {}", c.tp, c.sp ? "--sp " : "");
+    layout += fmt::format("--recompute {} ", c.recompute);
+    if (c.virtual_stages > 1) layout += fmt::format("--virtual-stages {} ", c.virtual_stages);
     if (c.pp > 1)
       layout += fmt::format("--pp {} --microbatches {} --schedule {}", c.pp,
                             c.batch / (c.dp * c.microbatch), c.schedule);
     else
       layout += fmt::format("--microbatch {}", c.microbatch);
     auto r = test::run_meshtrain(fmt::format(
-        "train --model tiny --n-layer {} --seq 32 {} --steps 2 --data {} --peak-gflops 100 "
+        "train --model tiny --n-layer {}{} --seq 32 {} --steps 2 --data {} --peak-gflops 100 "
         "--metrics {}",
-        layers, layout, data, metrics));
+        layers, vocab, layout, data, metrics));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     double measured = 0;
     std::ifstream in(metrics);
@@ -65,6 +84,7 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
     model::GptConfig g = model::preset("tiny");
     g.n_layer = layers;
     g.seq_len = 32;
+    if (c.vocab) g.vocab = c.vocab;
     Job j;
     j.model = from_gpt(g);
     j.cluster = cluster_preset("dgx-a100");  // memory does not depend on the cluster
@@ -80,13 +100,15 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
     l.tp = c.tp;
     l.sp = c.sp;
     l.schedule = c.schedule;
+    l.recompute = parse_recompute(c.recompute);
+    l.virtual_stages = c.virtual_stages;
     const double predicted = memory_per_gpu(j, l).total();
     fmt::print(
-        "dp {} zero {} pp {} {} tp {}{} microbatch {}: predicted {:.0f} B, measured {:.0f} "
-        "B ({:+.2f}%)\n",
-        c.dp, c.zero, c.pp, c.schedule, c.tp, c.sp ? " sp" : "", c.microbatch, predicted, measured,
-        100 * (predicted / measured - 1));
-    EXPECT_NEAR(predicted / measured, 1.0, 0.05)
+        "dp {} zero {} pp {} {} v {} tp {}{} microbatch {} recompute {}{}: predicted {:.0f} B, "
+        "measured {:.0f} B ({:+.2f}%)\n",
+        c.dp, c.zero, c.pp, c.schedule, c.virtual_stages, c.tp, c.sp ? " sp" : "", c.microbatch,
+        c.recompute, vocab, predicted, measured, 100 * (predicted / measured - 1));
+    EXPECT_NEAR(predicted / measured, 1.0, 0.001)
         << "dp " << c.dp << " zero " << c.zero << " pp " << c.pp << " " << c.schedule;
   }
 }

@@ -60,6 +60,7 @@ Layout table1_layout(const Row& r) {
   l.recompute = Recompute::kFull;
   l.dp_overlap = !r.local_ddp;
   l.tp_overlap = false;  // 2021: backward's TP all-reduces after the weight gradients
+  l.even_layers = true;  // Megatron-LM: n_layer / (pp·v) per chunk
   return l;
 }
 

@@ -31,6 +31,15 @@ Partition finish(std::vector<int> layers, const std::vector<double>& layer_cost,
 
 }  // namespace
 
+ChunkCosts gpt_chunk_costs(int n_layer, double d_model, double seq, double padded_vocab) {
+  const double C = d_model, T = seq, Vp = padded_vocab;
+  ChunkCosts c;
+  c.layer.assign(static_cast<size_t>(std::max(0, n_layer)), 24 * C * C + 4 * T * C);
+  c.first_extra = 2 * C;
+  c.last_extra = 2 * C * Vp + 5 * Vp;
+  return c;
+}
+
 Partition balanced_partition(const std::vector<double>& layer_cost, double first_extra,
                              double last_extra, int chunks) {
   const int L = static_cast<int>(layer_cost.size());

@@ -18,6 +18,16 @@ struct Partition {
   int num_chunks() const { return static_cast<int>(layers.size()); }
 };
 
+// What the balanced split weighs: an estimated forward cost per token (FLOPs) of each GPT
+// block, 24·C² + 4·T·C (docs/flops.md), the embedding's lookup (2·C) on the first chunk and
+// the LM head GEMM plus the softmax (2·C·Vp + 5·Vp) on the last. One function for the trainer
+// and the planner, so that a plan predicts the split its run will use.
+struct ChunkCosts {
+  std::vector<double> layer;  // per block
+  double first_extra = 0, last_extra = 0;
+};
+ChunkCosts gpt_chunk_costs(int n_layer, double d_model, double seq, double padded_vocab);
+
 // The split minimising the largest chunk cost (ties: the earliest chunks smallest).
 // layer_cost: one entry per block. Refuses fewer blocks than chunks.
 Partition balanced_partition(const std::vector<double>& layer_cost, double first_extra,
