@@ -33,7 +33,10 @@ LOCAL_LAYOUTS=("--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 2 --zero 2" "--dp 2 --z
   "--dp 8 --zero 0" "--dp 8 --zero 1" "--dp 8 --zero 3" "--dp 2 --zero 0 --microbatch 4"
   "--dp 1 --pp 2 --microbatches 4" "--dp 4 --pp 2 --microbatches 2"
   "--dp 2 --pp 4 --microbatches 4" "--dp 1 --pp 2 --microbatches 4 --schedule gpipe"
-  "--dp 1 --tp 2" "--dp 1 --tp 2 --sp" "--dp 4 --tp 2 --sp")
+  "--dp 1 --tp 2" "--dp 1 --tp 2 --sp" "--dp 4 --tp 2 --sp" "--dp 2 --zero 0 --recompute full"
+  "--dp 1 --pp 2 --microbatches 4 --schedule zb1"
+  "--dp 1 --pp 2 --microbatches 4 --schedule interleaved --virtual-stages 2"
+  "--dp 2 --tp 2 --pp 2 --microbatches 4")
 MPI_LAYOUTS=("--dp 2 --zero 0" "--dp 2 --zero 1" "--dp 8 --zero 0" "--dp 8 --zero 1"
   "--dp 1 --pp 2 --microbatches 4" "--dp 2 --pp 4 --microbatches 4" "--dp 1 --tp 2"
   "--dp 4 --tp 2 --sp")
