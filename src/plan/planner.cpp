@@ -431,6 +431,9 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
       // One backend, and one scratch, per group: the DP and TP groups' add up.
       comm += scratch(dp_bytes, l.dp * l.cp) + scratch(s * b * h * wb, l.tp);
+      // The tied embedding's gradient: the first and the last stage sum it in a group of two.
+      if (l.pp > 1 && m.tied && (r == 0 || r == l.pp - 1))
+        comm += scratch(double(m.vocab) * h / t * gb, 2);
     }
     mb.communication = comm;
     if (mb.total() > worst.total()) {

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -18,21 +20,97 @@
 namespace mt::plan {
 namespace {
 
+struct Case {
+  int dp, zero;
+  int64_t batch, microbatch;
+  int pp = 1;
+  const char* schedule = "1f1b";
+  int tp = 1;
+  bool sp = false;
+  int64_t layers = 0;  // 0: 4 with pipelining, else 2
+  int64_t vocab = 0;   // 0: the preset's
+  const char* recompute = "none";
+  int virtual_stages = 1;
+
+  int ranks() const { return dp * pp * tp; }
+  int64_t n_layer() const { return layers ? layers : pp > 1 ? 4 : 2; }
+  std::string name() const {
+    return fmt::format("dp {} zero {} pp {} {} v {} tp {}{} microbatch {} recompute {}{}", dp, zero,
+                       pp, schedule, virtual_stages, tp, sp ? " sp" : "", microbatch, recompute,
+                       vocab ? fmt::format(" vocab {}", vocab) : "");
+  }
+};
+
+// `meshtrain train` for two steps (under mpirun with `mpi`): the allocator's peak over ranks.
+double measured_peak(const Case& c, const std::string& data, const std::filesystem::path& dir,
+                     bool mpi) {
+  std::string key = c.name() + (mpi ? " mpi" : "");
+  for (char& ch : key)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  const auto metrics = (dir / (key + ".jsonl")).string();
+  std::string layout = fmt::format("--dp {} --zero {} --batch {} ", c.dp, c.zero, c.batch);
+  if (c.tp > 1) layout += fmt::format("--tp {} {}", c.tp, c.sp ? "--sp " : "");
+  layout += fmt::format("--recompute {} ", c.recompute);
+  if (c.virtual_stages > 1) layout += fmt::format("--virtual-stages {} ", c.virtual_stages);
+  if (c.pp > 1)
+    layout += fmt::format("--pp {} --microbatches {} --schedule {}", c.pp,
+                          c.batch / (c.dp * c.microbatch), c.schedule);
+  else
+    layout += fmt::format("--microbatch {}", c.microbatch);
+  const std::string args = fmt::format(
+      "train --model tiny --n-layer {}{} --seq 32 {} --steps 2 --data {} --peak-gflops 100 "
+      "--metrics {}{}",
+      c.n_layer(), c.vocab ? fmt::format(" --vocab {}", c.vocab) : "", layout, data, metrics,
+      mpi ? " --backend mpi" : "");
+  const test::RunResult r =
+      mpi ? test::run_command(fmt::format(
+                "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np {} "
+                "--oversubscribe {} {}",
+                c.ranks(), MT_BINARY, args))
+          : test::run_meshtrain(args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  double measured = 0;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);)
+    measured = std::max(measured, nlohmann::json::parse(line)["peak_bytes"].get<double>());
+  return measured;
+}
+
+double predicted_peak(const Case& c, const std::string& backend) {
+  model::GptConfig g = model::preset("tiny");
+  g.n_layer = c.n_layer();
+  g.seq_len = 32;
+  if (c.vocab) g.vocab = c.vocab;
+  Job j;
+  j.model = from_gpt(g);
+  j.cluster = cluster_preset("dgx-a100");  // memory depends on the backend, not the cluster
+  j.cluster.backend = backend;
+  j.gpus = c.ranks();
+  j.batch = c.batch;
+  j.seq = 32;
+  j.dtype = "f32";
+  Layout l;
+  l.dp = c.dp;
+  l.zero = c.zero;
+  l.microbatch = c.microbatch;
+  l.pp = c.pp;
+  l.tp = c.tp;
+  l.sp = c.sp;
+  l.schedule = c.schedule;
+  l.recompute = parse_recompute(c.recompute);
+  l.virtual_stages = c.virtual_stages;
+  return memory_per_gpu(j, l).total();
+}
+
+void expect_equal_peaks(const Case& c, double predicted, double measured) {
+  fmt::print("{}: predicted {:.0f} B, measured {:.0f} B ({:+.2f}%)\n", c.name(), predicted,
+             measured, 100 * (predicted / measured - 1));
+  EXPECT_NEAR(predicted / measured, 1.0, 0.001) << c.name();
+}
+
 TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
   const auto dir = test::scratch_dir("plan-mem");
   const std::string data = test::demo_tokens(dir);
-  struct Case {
-    int dp, zero;
-    int64_t batch, microbatch;
-    int pp = 1;
-    const char* schedule = "1f1b";
-    int tp = 1;
-    bool sp = false;
-    int64_t layers = 0;  // 0: 4 with pipelining, else 2
-    int64_t vocab = 0;   // 0: the preset's
-    const char* recompute = "none";
-    int virtual_stages = 1;
-  };
   // Pipeline cases: 4 layers over 2 or 4 stages; microbatches in flight from the IR. The
   // last: a GPT-2 vocabulary makes the LM head cost ~33 blocks, so train splits 8 layers
   // 7,1 and stage 0's memory is 7 layers' (the planner must predict that split).
@@ -56,61 +134,20 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
                         {2, 0, 8, 4, 1, "1f1b", 1, false, 0, 0, "full"},
                         {2, 0, 8, 4, 1, "1f1b", 1, false, 0, 0, "selective"},
                         {1, 0, 8, 2, 2, "1f1b", 1, false, 0, 0, "full"}};
-  for (const Case& c : cases) {
-    const auto metrics = (dir / fmt::format("m{}_{}_{}_{}_{}{}_{}.jsonl", c.dp, c.zero, c.pp,
-                                            c.schedule, c.tp, c.sp, c.vocab))
-                             .string();
-    const int64_t layers = c.layers ? c.layers : c.pp > 1 ? 4 : 2;
-    const std::string vocab = c.vocab ? fmt::format(" --vocab {}", c.vocab) : "";
-    std::string layout = fmt::format("--dp {} --zero {} --batch {} ", c.dp, c.zero, c.batch);
-    if (c.tp > 1) layout += fmt::format("--tp {} {}", c.tp, c.sp ? "--sp " : "");
-    layout += fmt::format("--recompute {} ", c.recompute);
-    if (c.virtual_stages > 1) layout += fmt::format("--virtual-stages {} ", c.virtual_stages);
-    if (c.pp > 1)
-      layout += fmt::format("--pp {} --microbatches {} --schedule {}", c.pp,
-                            c.batch / (c.dp * c.microbatch), c.schedule);
-    else
-      layout += fmt::format("--microbatch {}", c.microbatch);
-    auto r = test::run_meshtrain(fmt::format(
-        "train --model tiny --n-layer {}{} --seq 32 {} --steps 2 --data {} --peak-gflops 100 "
-        "--metrics {}",
-        layers, vocab, layout, data, metrics));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    double measured = 0;
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);)
-      measured = std::max(measured, nlohmann::json::parse(line)["peak_bytes"].get<double>());
+  for (const Case& c : cases)
+    expect_equal_peaks(c, predicted_peak(c, "local"), measured_peak(c, data, dir, false));
+}
 
-    model::GptConfig g = model::preset("tiny");
-    g.n_layer = layers;
-    g.seq_len = 32;
-    if (c.vocab) g.vocab = c.vocab;
-    Job j;
-    j.model = from_gpt(g);
-    j.cluster = cluster_preset("dgx-a100");  // memory does not depend on the cluster
-    j.gpus = int64_t(c.dp) * c.pp * c.tp;
-    j.batch = c.batch;
-    j.seq = 32;
-    j.dtype = "f32";
-    Layout l;
-    l.dp = c.dp;
-    l.zero = c.zero;
-    l.microbatch = c.microbatch;
-    l.pp = c.pp;
-    l.tp = c.tp;
-    l.sp = c.sp;
-    l.schedule = c.schedule;
-    l.recompute = parse_recompute(c.recompute);
-    l.virtual_stages = c.virtual_stages;
-    const double predicted = memory_per_gpu(j, l).total();
-    fmt::print(
-        "dp {} zero {} pp {} {} v {} tp {}{} microbatch {} recompute {}{}: predicted {:.0f} B, "
-        "measured {:.0f} B ({:+.2f}%)\n",
-        c.dp, c.zero, c.pp, c.schedule, c.virtual_stages, c.tp, c.sp ? " sp" : "", c.microbatch,
-        c.recompute, vocab, predicted, measured, 100 * (predicted / measured - 1));
-    EXPECT_NEAR(predicted / measured, 1.0, 0.001)
-        << "dp " << c.dp << " zero " << c.zero << " pp " << c.pp << " " << c.schedule;
-  }
+TEST(PlanRuntimeMemory, UnderMpirunThePeakEqualsTheModel) {
+  // The mpi backend adds each group's reduce-scatter scratch (comm/mpi.h): DP's, TP's, and
+  // the tied embedding's group of the first and last pipeline stage.
+  ASSERT_EQ(test::run_command("command -v mpirun").exit_code, 0)
+      << "no mpirun: run scripts/setup.sh";
+  const auto dir = test::scratch_dir("plan-mem-mpi");
+  const std::string data = test::demo_tokens(dir);
+  const Case cases[] = {{2, 1, 8, 4}, {1, 0, 8, 2, 2, "1f1b"}, {1, 0, 8, 4, 1, "1f1b", 2, true}};
+  for (const Case& c : cases)
+    expect_equal_peaks(c, predicted_peak(c, "mpi"), measured_peak(c, data, dir, true));
 }
 
 }  // namespace
