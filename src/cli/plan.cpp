@@ -1,6 +1,7 @@
 // `meshtrain plan`: searches every valid layout of a model on a cluster and prints the best,
 // why the rest were dropped, and (--emit-config) a run config that `meshtrain train` accepts.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "core/error.h"
+#include "parallel/pipeline/partition.h"
 
 namespace mt::cli {
 
@@ -33,6 +35,9 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_option("--schedule", schedule, "gpipe, 1f1b, interleaved or zb1")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1"}));
   app.add_option("--virtual-stages", virtual_stages, "model chunks per pipeline rank");
+  app.add_option("--pp-layers", pp_layers,
+                 "layers per pipeline chunk, comma-separated, as train takes it (default: the "
+                 "split train makes; plan: only layouts with that many chunks)");
   app.add_option("--recompute", recompute, "none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_flag("--json", json, "print JSON on stdout (the table goes to stderr)");
@@ -98,6 +103,7 @@ plan::SearchPins PlanFlags::pins() const {
     p.microbatch = batch.value_or(*gpus) / (int64_t(*dp) * *microbatches);
   }
   p.schedule = schedule;
+  if (pp_layers) p.pp_layers = parallel::pp::parse_layer_counts(*pp_layers);
   if (recompute) p.recompute = plan::parse_recompute(*recompute);
   if (sp && no_sp) fail("--sp and --no-sp contradict each other");
   if (sp) p.sp = true;
@@ -132,6 +138,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"pp", l.pp},
           {"cp", l.cp},
           {"virtual_stages", l.virtual_stages},
+          {"pp_layers", plan::chunk_layers(j, l)},
           {"microbatch", l.microbatch},
           {"microbatches", e.microbatches},
           {"zero", l.zero},
@@ -218,6 +225,7 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   if (l.pp > 1) {
     f += fmt::format(" --pp {} --microbatches {} --schedule {}", l.pp, e.microbatches, l.schedule);
     if (l.virtual_stages > 1) f += fmt::format(" --virtual-stages {}", l.virtual_stages);
+    if (!l.pp_layers.empty()) f += fmt::format(" --pp-layers {}", fmt::join(l.pp_layers, ","));
   }
   if (l.recompute != plan::Recompute::kNone)
     f += fmt::format(" --recompute {}", plan::recompute_name(l.recompute));

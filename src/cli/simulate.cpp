@@ -17,8 +17,7 @@ namespace mt::cli {
 
 namespace {
 
-plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_2021,
-                       const std::optional<std::string>& pp_layers) {
+plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_2021) {
   plan::Layout l;
   l.tp = f.tp.value_or(1);
   l.pp = f.pp.value_or(1);
@@ -45,7 +44,7 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
   l.tp_overlap = !megatron_2021;
   // Megatron-LM splits the layers evenly; our runtime by cost, or as --pp-layers says.
   l.even_layers = megatron_2021;
-  if (pp_layers) l.pp_layers = parallel::pp::parse_layer_counts(*pp_layers);
+  if (f.pp_layers) l.pp_layers = parallel::pp::parse_layer_counts(*f.pp_layers);
   return l;
 }
 
@@ -91,10 +90,9 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021,
-                  const std::optional<std::string>& pp_layers) {
+void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
   const plan::Job j = f.job();
-  const plan::Layout l = layout_of(f, j, megatron_2021, pp_layers);
+  const plan::Layout l = layout_of(f, j, megatron_2021);
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
   const auto& m = e.memory;
@@ -150,17 +148,11 @@ void register_simulate(CLI::App& app) {
       "simulate", "one layout in detail: memory by category, step time, per-rank timeline");
   f->add_to(*cmd);
   auto megatron_2021 = std::make_shared<bool>(false);
-  auto pp_layers = std::make_shared<std::optional<std::string>>();
   cmd->add_option("--trace", *trace, "write the per-rank timeline as a Chrome trace (JSON)");
-  cmd->add_option("--pp-layers", *pp_layers,
-                  "layers per pipeline chunk, comma-separated, as train takes it (default: the "
-                  "split train makes)");
   cmd->add_flag("--megatron-2021", *megatron_2021,
                 "as Megatron-LM ran in 2021 (Narayanan et al.): no comm overlap of the DP "
                 "reduction when pipelining nor of backward's TP all-reduces; layers split evenly");
-  cmd->callback([f, trace, megatron_2021, pp_layers] {
-    run_simulate(*f, *trace, *megatron_2021, *pp_layers);
-  });
+  cmd->callback([f, trace, megatron_2021] { run_simulate(*f, *trace, *megatron_2021); });
 }
 
 }  // namespace mt::cli

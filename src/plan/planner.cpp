@@ -701,6 +701,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.dp_overlap = pins.dp_overlap.value_or(!pins.megatron_2021 || pp == 1);
                 l.tp_overlap = pins.tp_overlap.value_or(!pins.megatron_2021);
                 l.even_layers = pins.megatron_2021;
+                l.pp_layers = pins.pp_layers;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
                 if (dp * cp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0

@@ -103,6 +103,7 @@ struct SearchPins {
   // "local" DDP); unset: overlapped (megatron_2021: only without pipelining).
   std::optional<bool> dp_overlap;
   std::optional<bool> tp_overlap;  // unset: overlapped (megatron_2021: not)
+  std::vector<int> pp_layers;      // Layout::pp_layers (only layouts with that many chunks)
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
   // (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved schedule only with

@@ -160,7 +160,7 @@ std::string counts_after(const std::string& out, const std::string& key) {
   return out.substr(i, j - i);
 }
 
-TEST(PlanCli, SimulateSplitsTheLayersAsTrainDoes) {
+TEST(PlanCli, PlanAndSimulateSplitTheLayersAsTrainDoes) {
   // The planner predicts the run's own partition (parallel/pipeline/partition.h), not an even
   // split: with GPT-2's vocabulary the LM head of a d_model-128 model costs ~33 blocks, so
   // 8 layers over 2 stages go 7,1.
@@ -198,6 +198,24 @@ TEST(PlanCli, SimulateSplitsTheLayersAsTrainDoes) {
   EXPECT_EQ(counts_after(r.output, "layers per pipeline chunk: "), "4,4") << r.output;
   r = test::run_meshtrain(head + " --pp-layers 5,3");
   EXPECT_EQ(counts_after(r.output, "layers per pipeline chunk: "), "5,3") << r.output;
+  // plan: --pp-layers pins the split (layouts of 2 chunks only), and --json and
+  // --emit-config carry it.
+  const auto cfg = (dir / "split.json").string();
+  r = test::run_meshtrain(
+      "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
+      "2 --dtype f32 --pp-layers 5,3 --emit-config " +
+      cfg);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--pp-layers 5,3"), std::string::npos) << r.output;
+  auto j = run_json(
+      "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
+      "2 --dtype f32 --pp-layers 5,3 --top 5 --json");
+  ASSERT_FALSE(j["layouts"].empty());
+  for (const auto& l : j["layouts"]) EXPECT_EQ(l["pp_layers"], nlohmann::json({5, 3})) << l;
+  j = run_json(
+      "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
+      "2 --dtype f32 --pp 2 --top 1 --json");
+  EXPECT_EQ(j["layouts"][0]["pp_layers"], nlohmann::json({7, 1}));
   r = test::run_meshtrain(head + " --pp-layers 5,2");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--pp-layers covers 7 layers but n_layer is 8"), std::string::npos)
