@@ -225,7 +225,9 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   if (l.pp > 1) {
     f += fmt::format(" --pp {} --microbatches {} --schedule {}", l.pp, e.microbatches, l.schedule);
     if (l.virtual_stages > 1) f += fmt::format(" --virtual-stages {}", l.virtual_stages);
-    if (!l.pp_layers.empty()) f += fmt::format(" --pp-layers {}", fmt::join(l.pp_layers, ","));
+    // The split the plan assumed (train's own by default; Megatron's even one under
+    // --megatron-2021), so that the run is the layout that was planned.
+    f += fmt::format(" --pp-layers {}", fmt::join(plan::chunk_layers(j, l), ","));
   }
   if (l.recompute != plan::Recompute::kNone)
     f += fmt::format(" --recompute {}", plan::recompute_name(l.recompute));

@@ -89,6 +89,14 @@ double ModelSpec::head_params() const {
   return p;
 }
 
+double ModelSpec::embedding_params_per_tp(int t) const {
+  return static_cast<double>(vocab) * d_model / t + (learned_pos ? double(seq) * d_model : 0.0);
+}
+
+double ModelSpec::head_params_per_tp(int t) const {
+  return (bias ? 2.0 : 1.0) * d_model + (tied ? 0.0 : static_cast<double>(vocab) * d_model / t);
+}
+
 double ModelSpec::total_params() const {
   return n_layer * block_params() + embedding_params() + head_params();
 }

@@ -36,6 +36,9 @@ struct ModelSpec {
   }
   double embedding_params() const;  // token (+ position) embedding
   double head_params() const;       // final norm (+ LM head when untied)
+  // One TP rank's: the vocabulary split (vocab-parallel), the position table and norm whole.
+  double embedding_params_per_tp(int t) const;
+  double head_params_per_tp(int t) const;
   double total_params() const;
   // GEMM weights touched per token (blocks + LM head), the P_matmul of docs/flops.md.
   double matmul_params() const;

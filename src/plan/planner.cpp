@@ -54,12 +54,11 @@ double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
   const ModelSpec& m = j.model;
   const double t = l.tp;
   double p = split.rank[size_t(r)] * m.block_params_per_tp(l.tp);
-  if (r == 0)
-    p += double(m.vocab) * m.d_model / t + (m.learned_pos ? double(m.seq) * m.d_model : 0);
+  if (r == 0) p += m.embedding_params_per_tp(l.tp);
   if (r == l.pp - 1) {
-    p += (m.bias ? 2.0 : 1.0) * m.d_model;
-    // Untied head; or the tied embedding's copy that Megatron keeps on the last stage.
-    if (!m.tied || l.pp > 1) p += double(m.vocab) * m.d_model / t;
+    p += m.head_params_per_tp(l.tp);
+    // The tied embedding's copy that Megatron (and our runtime) keeps on the last stage.
+    if (m.tied && l.pp > 1) p += double(m.vocab) * m.d_model / t;
   }
   return p;
 }
@@ -403,8 +402,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
     } else if (l.zero >= 2) {
       // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
       // gradients, the same again for ZeRO-3's gathered values.
-      const double pool =
-          4 * ((m.embedding_params() + m.head_params()) / t + 2 * m.block_params_per_tp(l.tp));
+      const double pool = 4 * (m.embedding_params_per_tp(l.tp) + m.head_params_per_tp(l.tp) +
+                               2 * m.block_params_per_tp(l.tp));
       comm += (l.zero >= 3 ? 2 : 1) * pool;
     }
     if (!mixed(j) && l.sp) {
@@ -425,9 +424,9 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
         return n > 1 ? n * std::min(bytes / n, double(comm::kMpiSegmentBytes)) : 0.0;
       };
       const double gb = gradient_bytes(j);
-      const double unit =
-          std::max({m.embedding_params() / t, m.head_params() / t, m.block_params_per_tp(l.tp)}) *
-          gb;
+      const double unit = std::max({m.embedding_params_per_tp(l.tp), m.head_params_per_tp(l.tp),
+                                    m.block_params_per_tp(l.tp)}) *
+                          gb;
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
       // One backend, and one scratch, per group: the DP and TP groups' add up.
       comm += scratch(dp_bytes, l.dp * l.cp) + scratch(s * b * h * wb, l.tp);
@@ -552,11 +551,17 @@ ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, boo
   return replay(sched, cost, p.p2p, keep_spans);
 }
 
-// A floor under the step time: the busiest rank's layers for every microbatch (without the
-// embedding and head), the optimizer and the DP reduction's exposed part. It holds on a shared host
-// too: P ranks never compute more than P ranks' worth at once (shared_speed(k) · k <= P).
-double lower_bound(const Prepared& p, const Layout& l) {
-  const double per_mb = p.split.busiest * (p.pc.fwd + p.pc.bwd);
+// A floor under the step time (the search replays layouts in its order and stops past the
+// k-th best): the blocks of every microbatch on the busiest rank (embedding and head apart),
+// the optimizer and the DP reduction's exposed part. On a shared host a rank computing alone
+// runs up to shared_speed(1) times its all-busy rate, and P ranks never compute more than P
+// ranks' worth at once (shared_speed(k) · k <= P): the floor is the larger of the busiest
+// rank's work at that speed and the average rank's work.
+double lower_bound(const Job& j, const Prepared& p, const Layout& l) {
+  double layers = p.split.busiest;
+  if (j.cluster.compute_units > 0 && l.pp > 1)
+    layers = std::max(double(j.model.n_layer) / l.pp, layers / shared_speed(j, l, 1));
+  const double per_mb = layers * (p.pc.fwd + p.pc.bwd);
   return double(p.microbatches) * per_mb + p.optimizer +
          std::max(0.0, l.zero >= 3 ? 0.0 : p.dp_comm - p.dp_window);
 }
@@ -738,7 +743,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 }
                 ++res.fit;
                 c.p = prepare(j, l);
-                c.lb = lower_bound(c.p, l);
+                c.lb = lower_bound(j, c.p, l);
                 cands.push_back(std::move(c));
               }
     }

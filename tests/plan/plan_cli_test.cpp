@@ -207,6 +207,11 @@ TEST(PlanCli, PlanAndSimulateSplitTheLayersAsTrainDoes) {
       cfg);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--pp-layers 5,3"), std::string::npos) << r.output;
+  r = test::run_meshtrain(
+      "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
+      "2 --dtype f32 --pp 2 --megatron-2021 --emit-config " +
+      cfg);
+  EXPECT_NE(r.output.find("--pp-layers 4,4"), std::string::npos) << r.output;
   auto j = run_json(
       "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
       "2 --dtype f32 --pp-layers 5,3 --top 5 --json");

@@ -133,7 +133,9 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
                         {2, 0, 8, 2, 2, "1f1b", 2},
                         {2, 0, 8, 4, 1, "1f1b", 1, false, 0, 0, "full"},
                         {2, 0, 8, 4, 1, "1f1b", 1, false, 0, 0, "selective"},
-                        {1, 0, 8, 2, 2, "1f1b", 1, false, 0, 0, "full"}};
+                        {1, 0, 8, 2, 2, "1f1b", 1, false, 0, 0, "full"},
+                        {2, 2, 8, 4, 1, "1f1b", 2},
+                        {2, 3, 8, 4, 1, "1f1b", 2}};
   for (const Case& c : cases)
     expect_equal_peaks(c, predicted_peak(c, "local"), measured_peak(c, data, dir, false));
 }

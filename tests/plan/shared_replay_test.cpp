@@ -2,6 +2,7 @@
 // the runtime's replay; with shared cores the idle ranks' share goes to the busy ones; and on
 // a this-host cluster the planner's pipeline steps sit between the total-work floor and the
 // dedicated-core replay.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -115,6 +116,23 @@ TEST(SharedReplay, ThisHostPipelinesAbsorbTheirBubble) {
   const SearchResult res = search(j, pins, 1);
   ASSERT_EQ(res.top.size(), 1u);
   EXPECT_DOUBLE_EQ(res.top[0].step_time_s, e.step_time_s);
+}
+
+TEST(SharedReplay, SearchPruningKeepsTheBestOnUnevenSplits) {
+  // The search replays layouts in order of a lower bound and stops once the bound passes the
+  // k-th best, so the bound must never exceed a layout's step. On a shared host a rank with
+  // more layers than the others runs faster while they idle: its all-busy work is no floor.
+  // Asking for the best 1 or for all of them must give the same winner.
+  for (int64_t layers : {3, 5, 7, 11})
+    for (int64_t gpus : {4, 8}) {
+      SCOPED_TRACE(fmt::format("{} layers, {} ranks", layers, gpus));
+      Job j = test::runtime_tiny_job(gpus);
+      j.model.n_layer = layers;
+      j.batch = 64;
+      const SearchResult one = search(j, SearchPins{}, 1), all = search(j, SearchPins{}, 100000);
+      ASSERT_FALSE(one.top.empty());
+      EXPECT_EQ(one.top[0].step_time_s, all.top[0].step_time_s);
+    }
 }
 
 }  // namespace
