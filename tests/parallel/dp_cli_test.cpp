@@ -35,17 +35,13 @@ TEST(DpCli, BadStageIsRefused) {
 
 TEST(DpCli, UnderMpirunZero3Runs) {
   ASSERT_EQ(run_command("command -v mpirun").exit_code, 0) << "no mpirun: run scripts/setup.sh";
-  const std::string env =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 ";
-  const RunResult r = run_command(env + "mpirun -np 2 --oversubscribe " + MT_BINARY + " " +
-                                  small_run() + " --dp 2 --zero 3");
+  const RunResult r = run_mpirun(2, small_run() + " --dp 2 --zero 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("mpi backend"), std::string::npos) << r.output;
-  const RunResult bad = run_command(env + "mpirun -np 2 --oversubscribe " + MT_BINARY + " " +
-                                    small_run() + " --dp 4");
+  const RunResult bad = run_mpirun(2, small_run() + " --dp 4");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("mpirun started 2 processes but --pp 1 x --dp 4 x --tp 1 is 4"), std::string::npos)
+  EXPECT_NE(bad.output.find("mpirun started 2 processes but --pp 1 x --dp 4 x --tp 1 is 4"),
+            std::string::npos)
       << bad.output;
 }
 

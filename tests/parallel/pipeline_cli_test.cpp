@@ -71,11 +71,7 @@ TEST(PipelineCli, RefusesWhatCannotRun) {
 
 TEST(PipelineCli, UnderMpirun) {
   ASSERT_EQ(run_command("command -v mpirun").exit_code, 0) << "no mpirun: run scripts/setup.sh";
-  const std::string env =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 ";
-  const RunResult mpi = run_command(env + "mpirun -np 4 " + std::string(MT_BINARY) + " " +
-                                    small_run() + " --pp 2 --dp 2 --microbatches 4 2>&1");
+  const RunResult mpi = run_mpirun(4, small_run() + " --pp 2 --dp 2 --microbatches 4");
   ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
   const RunResult local = run_meshtrain(small_run() + " --pp 2 --dp 2 --microbatches 4");
   ASSERT_EQ(local.exit_code, 0) << local.output;

@@ -88,12 +88,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TpExport, ::testing::Values("--tp 2 --sp", "--
 // same losses as the local backend (both reduce in rank order).
 TEST(TpCli, UnderMpirunMatchesTheLocalBackend) {
   ASSERT_EQ(run_command("command -v mpirun").exit_code, 0) << "no mpirun: run scripts/setup.sh";
-  const std::string env =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 ";
   const std::string flags = small_run() + " --dp 2 --tp 2 --sp --zero 1";
-  const RunResult mpi =
-      run_command(env + "mpirun -np 4 --oversubscribe " + MT_BINARY + " " + flags);
+  const RunResult mpi = run_mpirun(4, flags);
   ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
   EXPECT_NE(mpi.output.find("mpi backend"), std::string::npos) << mpi.output;
   const RunResult local = run_meshtrain(flags + " --backend local");
@@ -105,8 +101,7 @@ TEST(TpCli, UnderMpirunMatchesTheLocalBackend) {
   EXPECT_FALSE(loss_of(local.output).empty()) << local.output;
   EXPECT_EQ(loss_of(mpi.output), loss_of(local.output));
   // dp x tp must equal the number of processes.
-  const RunResult bad =
-      run_command(env + "mpirun -np 2 --oversubscribe " + MT_BINARY + " " + flags);
+  const RunResult bad = run_mpirun(2, flags);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("mpirun started 2 processes but --pp 1 x --dp 2 x --tp 2 is 4"),
             std::string::npos)

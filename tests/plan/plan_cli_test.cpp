@@ -119,15 +119,10 @@ TEST(PlanCli, CalibrateWritesAThisHostForEachBackend) {
   check("", "local", 2);
   ASSERT_EQ(test::run_command("command -v mpirun").exit_code, 0)
       << "no mpirun: run scripts/setup.sh";
-  check(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 4 --oversubscribe ",
-      "mpi", 4);
+  check(test::mpirun(4), "mpi", 4);
   // MPI needs a partner to time an all-reduce with.
   const auto one =
-      test::run_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 " +
-                        std::string(MT_BINARY) + " calibrate --quick --backend mpi --out " +
-                        (dir / "one.json").string());
+      test::run_mpirun(1, "calibrate --quick --backend mpi --out " + (dir / "one.json").string());
   EXPECT_NE(one.exit_code, 0);
   EXPECT_NE(one.output.find("needs at least 2 processes"), std::string::npos) << one.output;
 }

@@ -62,12 +62,7 @@ double measured_peak(const Case& c, const std::string& data, const std::filesyst
       "--metrics {}{}",
       c.n_layer(), c.vocab ? fmt::format(" --vocab {}", c.vocab) : "", layout, data, metrics,
       mpi ? " --backend mpi" : "");
-  const test::RunResult r =
-      mpi ? test::run_command(fmt::format(
-                "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np {} "
-                "--oversubscribe {} {}",
-                c.ranks(), MT_BINARY, args))
-          : test::run_meshtrain(args);
+  const test::RunResult r = mpi ? test::run_mpirun(c.ranks(), args) : test::run_meshtrain(args);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   double measured = 0;
   std::ifstream in(metrics);
