@@ -315,7 +315,12 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
 std::vector<int> chunk_layers(const Job& j, const Layout& l) {
   const int chunks = l.pp * l.virtual_stages;
   const int L = static_cast<int>(j.model.n_layer);
-  if (!l.pp_layers.empty()) return l.pp_layers;  // checked by invalid_reason
+  if (!l.pp_layers.empty()) {  // invalid_reason says what is wrong with it; this guards indexing
+    if (static_cast<int>(l.pp_layers.size()) != chunks)
+      fail("--pp-layers has {} entries but pp {} x virtual stages {} = {} chunks",
+           l.pp_layers.size(), l.pp, l.virtual_stages, chunks);
+    return l.pp_layers;
+  }
   if (chunks <= 1) return {L};
   if (l.even_layers) {  // the remainder, where it does not divide, on the first chunks
     std::vector<int> out(size_t(chunks), L / chunks);
