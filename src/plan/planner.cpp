@@ -377,8 +377,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
       // microbatch held (with pipelining the stage's pool, flight[r] buffers), each with the
       // embedding output (C) and, when pipelined, the received input gradient (C); on the
       // head's rank also the final norm (C + 2 stats), the vocab-parallel logits and the
-      // loss stats (2). Backward scratch 6C + 2F per token and one n_head·T·T score matrix
-      // per sequence, once.
+      // loss stats (2). The backward scratch (below) and one n_head·T·T score matrix per
+      // sequence, once.
       // Selective recomputation: one probabilities stash that every layer recomputes into;
       // zero-bubble: each layer's input-gradient results kept for its weight gradient
       // (Block::make_stash: qkv' 3C/t, C, fc' F/t, C) in every buffer.
