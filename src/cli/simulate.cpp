@@ -38,12 +38,7 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
            l.dp);
     l.microbatch = j.batch / (int64_t(l.dp) * *f.microbatches);
   }
-  // Megatron-LM 2021 (Narayanan et al.): the DP reduction after backward when pipelining,
-  // backward's TP all-reduces after the weight gradients.
-  l.dp_overlap = !megatron_2021 || l.pp == 1;
-  l.tp_overlap = !megatron_2021;
-  // Megatron-LM splits the layers evenly; our runtime by cost, or as --pp-layers says.
-  l.even_layers = megatron_2021;
+  plan::set_software(l, megatron_2021);  // Megatron-LM 2021 (Narayanan et al.) or today's
   if (f.pp_layers) l.pp_layers = parallel::pp::parse_layer_counts(*f.pp_layers);
   return l;
 }

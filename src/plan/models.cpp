@@ -79,16 +79,6 @@ double ModelSpec::block_replicated_params() const {
   return bias ? 4 * C + 2 * C : 2 * C;  // 2 norms (w, b) + attention/MLP output biases
 }
 
-double ModelSpec::embedding_params() const {
-  return static_cast<double>(vocab) * d_model + (learned_pos ? double(seq) * d_model : 0.0);
-}
-
-double ModelSpec::head_params() const {
-  double p = (bias ? 2.0 : 1.0) * d_model;
-  if (!tied) p += static_cast<double>(vocab) * d_model;
-  return p;
-}
-
 double ModelSpec::embedding_params_per_tp(int t) const {
   return static_cast<double>(vocab) * d_model / t + (learned_pos ? double(seq) * d_model : 0.0);
 }

@@ -34,11 +34,12 @@ struct ModelSpec {
   double block_params_per_tp(int t) const {
     return (block_params() - block_replicated_params()) / t + block_replicated_params();
   }
-  double embedding_params() const;  // token (+ position) embedding
-  double head_params() const;       // final norm (+ LM head when untied)
-  // One TP rank's: the vocabulary split (vocab-parallel), the position table and norm whole.
+  // One TP rank's embedding (token, + position) and head (final norm, + LM head when
+  // untied): the vocabulary split (vocab-parallel), the position table and norm whole.
   double embedding_params_per_tp(int t) const;
   double head_params_per_tp(int t) const;
+  double embedding_params() const { return embedding_params_per_tp(1); }
+  double head_params() const { return head_params_per_tp(1); }
   double total_params() const;
   // GEMM weights touched per token (blocks + LM head), the P_matmul of docs/flops.md.
   double matmul_params() const;

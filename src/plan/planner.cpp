@@ -312,6 +312,12 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
   return std::nullopt;
 }
 
+void set_software(Layout& l, bool megatron_2021) {
+  l.dp_overlap = !megatron_2021 || l.pp == 1;
+  l.tp_overlap = !megatron_2021;
+  l.even_layers = megatron_2021;
+}
+
 std::vector<int> chunk_layers(const Job& j, const Layout& l) {
   const int chunks = l.pp * l.virtual_stages;
   const int L = static_cast<int>(j.model.n_layer);
@@ -708,9 +714,9 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.zero = z;
                 l.recompute = rc;
                 l.sp = sp;
-                l.dp_overlap = pins.dp_overlap.value_or(!pins.megatron_2021 || pp == 1);
-                l.tp_overlap = pins.tp_overlap.value_or(!pins.megatron_2021);
-                l.even_layers = pins.megatron_2021;
+                set_software(l, pins.megatron_2021);
+                l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
+                l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
                 l.pp_layers = pins.pp_layers;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;

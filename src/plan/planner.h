@@ -84,6 +84,11 @@ MemoryBytes memory_per_gpu(const Job& job, const Layout& l, int* worst_stage = n
 // The same, with the per-rank microbatch-chunks in flight of the layout's schedule given.
 MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vector<int>& flight,
                                int* worst_stage = nullptr, int* in_flight = nullptr);
+// The software behaviour of a layout as Megatron-LM 2021 ran it (megatron_2021) or as today's
+// software (ours included) does: the DP reduction after the flush when pipelining, backward's
+// TP all-reduces after the weight gradients, the layers split evenly — or all overlapped and
+// the layers balanced by cost. Set after l.pp.
+void set_software(Layout& l, bool megatron_2021);
 // Layers of each pipeline chunk (pp·v, model order) as the layout's run splits them.
 std::vector<int> chunk_layers(const Job& job, const Layout& l);
 // Full estimate (memory and time); keep_spans keeps the per-rank timeline.
