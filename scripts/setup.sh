@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev            # oneDNN: GEMM (f32 and bf16) on the CPU
+  ocl-icd-opencl-dev     # Debian's dnnl-config.cmake requires OpenCL (only Recommended)
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
