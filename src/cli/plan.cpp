@@ -29,6 +29,9 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_option("--zero", zero, "ZeRO stage 0..3");
   app.add_flag("--sp", sp, "sequence parallelism in the tp group");
   app.add_flag("--no-sp", no_sp, "no sequence parallelism (plan: pins it off)");
+  app.add_flag("--tp-comm-overlap", tp_comm_overlap,
+               "overlap every TP collective with its GEMM (Transformer Engine userbuffers, "
+               "Megatron-Core --tp-comm-overlap; needs --sp; plan: on the SP layouts)");
   app.add_option("--microbatch", microbatch, "sequences per microbatch");
   app.add_option("--microbatches", microbatches,
                  "microbatches per step and pipeline (instead of --microbatch)");
@@ -108,6 +111,8 @@ plan::SearchPins PlanFlags::pins() const {
   if (sp && no_sp) fail("--sp and --no-sp contradict each other");
   if (sp) p.sp = true;
   if (no_sp) p.sp = false;
+  if (tp_comm_overlap && no_sp) fail("--tp-comm-overlap needs sequence parallelism: drop --no-sp");
+  p.tp_comm_overlap = tp_comm_overlap;
   return p;
 }
 
@@ -145,6 +150,13 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"recompute", plan::recompute_name(l.recompute)},
           {"sp", l.sp},
           {"schedule", l.schedule},
+          {"software",
+           {{"dp_overlap", l.dp_overlap},
+            {"tp_overlap", l.tp_overlap},
+            {"tp_comm_overlap", l.tp_comm_overlap},
+            {"pp_overlap", l.pp_overlap},
+            {"fused_attention", l.fused_attention},
+            {"even_layers", l.even_layers}}},
           {"step_time_s", e.step_time_s},
           {"tokens_per_s", e.tokens_per_s},
           {"tflops_per_gpu", e.tflops_per_gpu},

@@ -39,6 +39,7 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
     l.microbatch = j.batch / (int64_t(l.dp) * *f.microbatches);
   }
   plan::set_software(l, megatron_2021);  // Megatron-LM 2021 (Narayanan et al.) or today's
+  l.tp_comm_overlap = f.tp_comm_overlap;
   if (f.pp_layers) l.pp_layers = parallel::pp::parse_layer_counts(*f.pp_layers);
   return l;
 }
@@ -97,6 +98,13 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
                   j.model.name, j.model.total_params() / 1e9, j.gpus, j.cluster.gpu.name,
                   j.cluster.name, j.batch, j.seq, j.dtype);
   text += estimate_table({e});
+  auto yes = [](bool b) { return b ? "yes" : "no"; };
+  text += fmt::format(
+      "software: {} (DP reduction overlapped {}, backward TP beside weight gradients {}, "
+      "userbuffers TP overlap {}, p2p overlapped {}, fused attention {})\n",
+      megatron_2021 ? "Megatron-LM 2021" : "today's Megatron-Core", yes(l.dp_overlap),
+      yes(l.tp_overlap), yes(l.tp_comm_overlap), yes(l.pp_overlap && l.schedule == "interleaved"),
+      yes(l.fused_attention && j.dtype != "f32"));
   if (l.pp > 1)
     text += fmt::format(
         "layers per pipeline chunk: {}{}\n", fmt::join(plan::chunk_layers(j, l), ","),

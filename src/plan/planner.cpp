@@ -85,8 +85,9 @@ double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
   if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
   double replicated = s * b * h * (4 + 2 + 2 + (dropout ? 2 : 0));
   double divided = s * b * (2 * h + 4 * kv + 2 * h) + s * b * F * (m.swiglu ? 8 : 4);
+  // Unfused: the probabilities (2 bytes), with dropout also its mask (1) and output (2).
   double core = 0;
-  if (rc == Recompute::kNone) core = (dropout ? 5.0 : 0.0) * a * s * S * b;  // Llama: flash
+  if (rc == Recompute::kNone && !l.fused_attention) core = (dropout ? 5.0 : 2.0) * a * s * S * b;
   return (l.sp ? replicated / t : replicated) + divided / t + core / t;
 }
 
@@ -157,20 +158,27 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   };
   const double wb = weight_bytes(j);
   double f = 0;
-  const double qkv = gemm(n, (h + 2 * kv) / t, h, 1);
-  const double mlp_in = gemm(n, (m.swiglu ? 2 : 1) * F / t, h, 1);
+  // With userbuffers each GEMM beside a TP collective runs as t chunks of n / t rows.
+  const bool ub = l.tp_comm_overlap && l.tp > 1 && j.cluster.compute_units == 0;
+  const double rows = ub ? n / t : n, chunks = ub ? t : 1;
+  const double qkv = chunks * gemm(rows, (h + 2 * kv) / t, h, 1);
+  const double mlp_in = chunks * gemm(rows, (m.swiglu ? 2 : 1) * F / t, h, 1);
   f += qkv;
   const double att_block = gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t);
-  f += cp * att_block;        // scores (full T×T) and probabilities · V, per key block
-  f += gemm(n, h, h / t, 1);  // output projection
-  f += mlp_in;                // MLP in (gate+up)
-  f += gemm(n, h, F / t, 1);  // MLP out
+  const double proj = chunks * gemm(rows, h, h / t, 1), mlp_out = chunks * gemm(rows, h, F / t, 1);
+  f += cp * att_block;  // scores (full T×T) and probabilities · V, per key block
+  f += proj;            // output projection
+  f += mlp_in;          // MLP in (gate+up)
+  f += mlp_out;         // MLP out
   // Memory-bound kernels (bytes per token, docs/planner.md): layer norms, residual
   // dropout-adds, activation function, softmax (+ dropout) over the attention scores.
   const bool dropout = m.bias;
   const double rep = (dropout ? 22.0 : 16.0) * h * wb / 2;
   const double act = (m.swiglu ? 6.0 : 4.0) * F * wb / 2;
-  const double soft = (dropout && mixed(j)) ? 9.0 * a * S : (mixed(j) ? 0.0 : 16.0 * a * S);
+  // Softmax over the T×T scores: unfused, mixed precision reads the scores and writes the
+  // probabilities (+ dropout's mask and output); f32 is our runtime; fused: none.
+  double soft = 16.0 * a * S;
+  if (mixed(j)) soft = l.fused_attention ? 0.0 : (dropout ? 9.0 : 4.0) * a * S;
   double elem = n * ((l.sp ? rep / t : rep) + act / t + soft / t) / hbm;
   const double fwd_compute = f + elem + g.kernel_overhead_s;
   const double bwd_compute = 2 * f + 2 * elem + g.kernel_overhead_s;
@@ -192,6 +200,18 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   // whose collectives would hide behind them: no overlap there either.
   const bool overlap = l.tp_overlap && j.cluster.compute_units == 0 && l.schedule != "zb1";
   pc.tp_bwd = overlap ? std::max(0.0, tp_one - qkv) + std::max(0.0, tp_one - mlp_in) : 2 * tp_one;
+  if (ub) {
+    // Userbuffers: each of SP's four collectives per pass (half of tp_one) is chunked with
+    // the GEMM beside it. An all-gather (before qkv and MLP in) shows only beyond its GEMM:
+    // chunk i computes while chunk i + 1 arrives. A reduce-scatter (after the projection
+    // and MLP out) sends each chunk's partial sums as it is done, so the last chunk's
+    // transfer follows the GEMM whatever its size. Backward: the same pairs with the
+    // input-gradient GEMMs of those shapes.
+    const double one = tp_one / 2;
+    const double exposed = std::max(0.0, one - qkv) + std::max(0.0, one - mlp_in) +
+                           std::max(one / t, one - proj) + std::max(one / t, one - mlp_out);
+    pc.tp_fwd = pc.tp_bwd = exposed;
+  }
   if (l.cp > 1) {
     // Ring attention: cp − 1 times each rank passes the K and V of its tokens (its TP rank's
     // heads) to the next CP rank while it computes on the block it holds; backward passes
@@ -305,6 +325,10 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
   if (l.virtual_stages == 1 && l.schedule == "interleaved")
     return std::string("--schedule interleaved needs --virtual-stages >= 2");
   if (l.sp && l.tp == 1) return std::string("sp needs tp > 1");
+  if (l.tp_comm_overlap && l.tp > 1 && !l.sp)
+    return std::string(
+        "--tp-comm-overlap needs --sp (it overlaps SP's all-gathers and "
+        "reduce-scatters with the GEMMs)");
   if (l.zero < 0 || l.zero > 3) return fmt::format("zero stage {} (choose 0..3)", l.zero);
   if (l.zero >= 2 && l.pp > 1)
     return fmt::format("zero {} with pp {} (ZeRO-2/3 shard gradients per microbatch; use 0-1)",
@@ -312,10 +336,14 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
   return std::nullopt;
 }
 
-void set_software(Layout& l, bool megatron_2021) {
-  l.dp_overlap = !megatron_2021 || l.pp == 1;
-  l.tp_overlap = !megatron_2021;
-  l.even_layers = megatron_2021;
+void set_software(Layout& l, Software s) {
+  const bool today = s == Software::kToday;
+  // 2021/2022: torch DDP's overlapped reduction only without pipelining (DDP=local else).
+  l.dp_overlap = today || l.pp == 1;
+  l.tp_overlap = s != Software::kMegatron2021;
+  l.pp_overlap = today;
+  l.fused_attention = today;
+  l.even_layers = !today;
 }
 
 std::vector<int> chunk_layers(const Job& j, const Layout& l) {
@@ -521,6 +549,12 @@ Prepared prepare(const Job& j, const Layout& l) {
   return p;
 }
 
+// Megatron-Core's overlapped p2p (interleaved only): the rank computes on while its
+// transfers run; the replay still delays the receiver by the transfer.
+bool p2p_overlapped(const Layout& l, const Prepared& p) {
+  return l.pp_overlap && l.schedule == "interleaved" && !p.comm_uses_compute;
+}
+
 double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a) {
   const int vs = a.chunk, V = l.pp * l.virtual_stages;  // the IR's global chunk index
   const bool fwd = a.kind == PipeKind::kForward;
@@ -535,7 +569,7 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   if (a.kind == PipeKind::kBackwardWeight) c = (c - recompute) / 2;
   // Blocking p2p exchange with the neighbour (Megatron-LM's send_forward_recv_backward and
   // send_backward_recv_forward): one transfer of rank time per action with a neighbour.
-  if (V > 1 && a.kind != PipeKind::kBackwardWeight) c += p.p2p;
+  if (V > 1 && a.kind != PipeKind::kBackwardWeight && !p2p_overlapped(l, p)) c += p.p2p;
   if (p.z3_per_mb > 0) {
     const double comm = p.z3_per_mb * (fwd ? 1.0 / 3 : 2.0 / 3);
     c = p.comm_uses_compute ? c + comm : std::max(c, comm);
@@ -602,7 +636,7 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.backward_s = layers * p.pc.bwd;
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
-  e.pp_comm_s = l.pp > 1 ? 2 * mb * p.p2p : 0;
+  e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
 }
 
 }  // namespace
@@ -717,6 +751,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 set_software(l, pins.megatron_2021);
                 l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
                 l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
+                l.tp_comm_overlap = pins.tp_comm_overlap && sp;
                 l.pp_layers = pins.pp_layers;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;

@@ -32,6 +32,20 @@ struct Layout {
   // linear's weight gradient computes (Megatron-LM since 2022, Korthikanti et al.); false:
   // after it (Megatron-LM 2021).
   bool tp_overlap = true;
+  // Every TP collective (SP's all-gathers and reduce-scatters, forward and backward) runs
+  // while the GEMM beside it computes, in chunks (Transformer Engine's userbuffers,
+  // Megatron-Core's `--tp-comm-overlap`; NVLink only): opt-in, as it is there.
+  bool tp_comm_overlap = false;
+  // Interleaved pipelines: the p2p transfers run on their own stream while the next chunk
+  // computes (Megatron-Core's overlap_p2p_comm, on by default for interleaving); false: a
+  // blocking exchange that costs the rank its time (Megatron-LM 2021/2022).
+  bool pp_overlap = true;
+  // Mixed precision: attention as one fused kernel (FlashAttention / cuDNN through
+  // Transformer Engine, as today's Megatron-Core runs it, dropout included): no T×T scores
+  // through HBM nor kept for backward. false: the unfused scale-mask-softmax (+ dropout)
+  // kernels and stored probabilities of Megatron-LM 2021/2022 (Korthikanti et al.'s 5as²b,
+  // the reason for their selective recomputation). Our f32 CPU runtime is unfused.
+  bool fused_attention = true;
   // Layers per pipeline chunk (pp·v entries in model order), as `train --pp-layers` gives
   // them. Empty: the split the run makes — our runtime's cost-balanced one
   // (parallel/pipeline/partition.h: the LM head's chunk takes fewer layers), or with
@@ -84,11 +98,18 @@ MemoryBytes memory_per_gpu(const Job& job, const Layout& l, int* worst_stage = n
 // The same, with the per-rank microbatch-chunks in flight of the layout's schedule given.
 MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vector<int>& flight,
                                int* worst_stage = nullptr, int* in_flight = nullptr);
-// The software behaviour of a layout as Megatron-LM 2021 ran it (megatron_2021) or as today's
-// software (ours included) does: the DP reduction after the flush when pipelining, backward's
-// TP all-reduces after the weight gradients, the layers split evenly — or all overlapped and
-// the layers balanced by cost. Set after l.pp.
-void set_software(Layout& l, bool megatron_2021);
+// Which software runs the layout, for what it overlaps and fuses (docs/planner.md,
+// "Software"): Megatron-LM as Narayanan et al. ran it in 2021; as Korthikanti et al. ran it
+// in 2022 (backward's TP all-reduces beside the weight gradients, otherwise 2021's); today's
+// (Megatron-Core with Transformer Engine, and ours): the DP reduction overlapped, fused
+// attention, p2p on its own stream, the layers balanced by cost.
+enum class Software { kMegatron2021, kMegatron2022, kToday };
+// Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention and even_layers as that
+// software has them (tp_comm_overlap, opt-in everywhere, is left as it is). Set after l.pp.
+void set_software(Layout& l, Software s);
+inline void set_software(Layout& l, bool megatron_2021) {
+  set_software(l, megatron_2021 ? Software::kMegatron2021 : Software::kToday);
+}
 // Layers of each pipeline chunk (pp·v, model order) as the layout's run splits them.
 std::vector<int> chunk_layers(const Job& job, const Layout& l);
 // Full estimate (memory and time); keep_spans keeps the per-rank timeline.
@@ -108,6 +129,7 @@ struct SearchPins {
   // "local" DDP); unset: overlapped (megatron_2021: only without pipelining).
   std::optional<bool> dp_overlap;
   std::optional<bool> tp_overlap;  // unset: overlapped (megatron_2021: not)
+  bool tp_comm_overlap = false;    // Layout::tp_comm_overlap on every layout with SP
   std::vector<int> pp_layers;      // Layout::pp_layers (only layouts with that many chunks)
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism

@@ -58,8 +58,10 @@ Layout layout_of(const Config& c, bool present, int dp = 1) {
   l.microbatch = c.microbatch;
   l.recompute = present ? Recompute::kSelective : Recompute::kFull;
   l.sp = present;
+  // 2022: backward's TP collectives beside the weight gradients; unfused attention (the
+  // reason for selective recomputation), blocking p2p, n_layer / (pp·v) layers per chunk.
+  set_software(l, Software::kMegatron2022);
   l.dp_overlap = false;  // "we do not use any overlapping of gradient all-reduces"
-  l.even_layers = true;  // Megatron-LM: n_layer / (pp·v) per chunk
   return l;
 }
 

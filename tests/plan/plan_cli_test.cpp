@@ -214,7 +214,7 @@ TEST(PlanCli, PlanAndSimulateSplitTheLayersAsTrainDoes) {
   for (const auto& l : j["layouts"]) EXPECT_EQ(l["pp_layers"], nlohmann::json({5, 3})) << l;
   j = run_json(
       "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
-      "2 --dtype f32 --pp 2 --top 1 --json");
+      "2 --dtype f32 --pp 2 --virtual-stages 1 --top 1 --json");
   EXPECT_EQ(j["layouts"][0]["pp_layers"], nlohmann::json({7, 1}));
   r = test::run_meshtrain(head + " --pp-layers 5,2");
   EXPECT_EQ(r.exit_code, 2) << r.output;

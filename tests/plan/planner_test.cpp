@@ -58,9 +58,10 @@ Layout table1_layout(const Row& r) {
   l.virtual_stages = r.v;
   l.schedule = r.v > 1 ? "interleaved" : "1f1b";
   l.recompute = Recompute::kFull;
+  // 2021: backward's TP all-reduces after the weight gradients, unfused attention, blocking
+  // p2p, n_layer / (pp·v) layers per chunk; the reduction as run_table_1.sh's DDP says.
+  set_software(l, Software::kMegatron2021);
   l.dp_overlap = !r.local_ddp;
-  l.tp_overlap = false;  // 2021: backward's TP all-reduces after the weight gradients
-  l.even_layers = true;  // Megatron-LM: n_layer / (pp·v) per chunk
   return l;
 }
 
@@ -166,8 +167,7 @@ TEST(PlanTime, NarayananFigures13To15Directions) {
     l.dp = 64 / (tp * pp);
     l.microbatch = 1;
     l.recompute = Recompute::kFull;
-    l.dp_overlap = pp == 1;
-    l.tp_overlap = false;
+    set_software(l, Software::kMegatron2021);
     return estimate(j, l).hw_tflops_per_gpu;
   };
   // Fig. 13: T x P = 64 on a 162B-like model: T = 8 (a node) beats T = 4 and T = 2.
