@@ -32,6 +32,10 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_flag("--tp-comm-overlap", tp_comm_overlap,
                "overlap every TP collective with its GEMM (Transformer Engine userbuffers, "
                "Megatron-Core --tp-comm-overlap; needs --sp; plan: on the SP layouts)");
+  app.add_flag("--unfused-attention", unfused_attention,
+               "attention as separate softmax (+ dropout) kernels that keep the T x T "
+               "probabilities (Megatron-LM 2021/2022, our CUDA backend by default) instead of "
+               "one fused kernel");
   app.add_option("--microbatch", microbatch, "sequences per microbatch");
   app.add_option("--microbatches", microbatches,
                  "microbatches per step and pipeline (instead of --microbatch)");
@@ -113,6 +117,7 @@ plan::SearchPins PlanFlags::pins() const {
   if (no_sp) p.sp = false;
   if (tp_comm_overlap && no_sp) fail("--tp-comm-overlap needs sequence parallelism: drop --no-sp");
   p.tp_comm_overlap = tp_comm_overlap;
+  if (unfused_attention) p.fused_attention = false;
   return p;
 }
 

@@ -24,6 +24,7 @@ struct PlanFlags {
   std::optional<std::string> pp_layers;  // "5,7,7,5", as train takes it
   bool sp = false, no_sp = false;
   bool tp_comm_overlap = false;
+  bool unfused_attention = false;
   bool json = false;
 
   void add_to(CLI::App& app);

@@ -752,6 +752,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
                 l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
                 l.tp_comm_overlap = pins.tp_comm_overlap && sp;
+                l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
                 l.pp_layers = pins.pp_layers;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;

@@ -128,9 +128,10 @@ struct SearchPins {
   // Gradient reduction overlapped with backward (PyTorch DDP) or after it (Megatron's
   // "local" DDP); unset: overlapped (megatron_2021: only without pipelining).
   std::optional<bool> dp_overlap;
-  std::optional<bool> tp_overlap;  // unset: overlapped (megatron_2021: not)
-  bool tp_comm_overlap = false;    // Layout::tp_comm_overlap on every layout with SP
-  std::vector<int> pp_layers;      // Layout::pp_layers (only layouts with that many chunks)
+  std::optional<bool> tp_overlap;       // unset: overlapped (megatron_2021: not)
+  bool tp_comm_overlap = false;         // Layout::tp_comm_overlap on every layout with SP
+  std::optional<bool> fused_attention;  // unset: as the software has it
+  std::vector<int> pp_layers;           // Layout::pp_layers (only layouts with that many chunks)
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
   // (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved schedule only with

@@ -222,6 +222,43 @@ TEST(PlanCli, PlanAndSimulateSplitTheLayersAsTrainDoes) {
       << r.output;
 }
 
+TEST(PlanCli, SoftwareSwitchesReachTheLayout) {
+  // Today's software by default (fused attention, overlapped p2p); --unfused-attention keeps
+  // the T x T probabilities (GPT-2 shape with dropout: 5 bytes per score), --tp-comm-overlap
+  // turns on userbuffers where there is SP, and --megatron-2021 is 2021's software.
+  const std::string sim =
+      "simulate --model gpt2-350m --cluster dgx-a100 --gpus 8 --batch 16 --tp 4 --pp 2 "
+      "--virtual-stages 2 --microbatch 1 --sp --json";
+  auto today = run_json(sim)["layouts"][0];
+  EXPECT_TRUE(today["software"]["fused_attention"]);
+  EXPECT_TRUE(today["software"]["pp_overlap"]);
+  EXPECT_FALSE(today["software"]["tp_comm_overlap"]);
+  EXPECT_FALSE(today["software"]["even_layers"]);
+  auto unfused = run_json(sim + " --unfused-attention")["layouts"][0];
+  EXPECT_FALSE(unfused["software"]["fused_attention"]);
+  EXPECT_GT(unfused["memory_bytes_per_gpu"]["activations"].get<double>(),
+            today["memory_bytes_per_gpu"]["activations"].get<double>());
+  auto ub = run_json(sim + " --tp-comm-overlap")["layouts"][0];
+  EXPECT_TRUE(ub["software"]["tp_comm_overlap"]);
+  EXPECT_LT(ub["time_s"]["tp_comm"].get<double>(), today["time_s"]["tp_comm"].get<double>());
+  auto old = run_json(sim + " --megatron-2021")["layouts"][0];
+  for (const char* k : {"fused_attention", "pp_overlap", "tp_overlap", "dp_overlap"})
+    EXPECT_FALSE(old["software"][k]) << k;
+  EXPECT_TRUE(old["software"]["even_layers"]);
+  auto r = test::run_meshtrain(
+      "simulate --model gpt2-350m --cluster dgx-a100 --gpus 8 --tp 4 --batch 16 "
+      "--tp-comm-overlap");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--tp-comm-overlap needs --sp"), std::string::npos) << r.output;
+  auto plan = run_json(
+      "plan --model gpt2-350m --cluster dgx-a100 --gpus 8 --batch 16 --unfused-attention "
+      "--tp-comm-overlap --top 20 --json");
+  for (const auto& l : plan["layouts"]) {
+    EXPECT_FALSE(l["software"]["fused_attention"]) << l;
+    EXPECT_EQ(l["software"]["tp_comm_overlap"], l["sp"]) << l;
+  }
+}
+
 TEST(PlanCli, RefusesBadLayouts) {
   auto r = test::run_meshtrain("simulate --model gpt2-124m --cluster dgx-a100 --gpus 8 --tp 5");
   EXPECT_EQ(r.exit_code, 2) << r.output;
