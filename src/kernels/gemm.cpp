@@ -146,6 +146,7 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
 void run_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                 int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, float beta,
                 float* C, int64_t ldc, int64_t sc, int64_t batch, bool bf) {
+  respect_thread_limit();
   MatmulKey k{};
   k.b1 = batch;
   k.b2 = 1;
@@ -180,6 +181,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_c(M, N, beta, C, ldc);
   if (use_sgemm()) {
+    respect_thread_limit();
     if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta,
                    C, ldc) != dnnl_success)
       fail_run("dnnl_sgemm failed (M={} N={} K={})", M, N, K);
@@ -202,7 +204,8 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
                   int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
                   int64_t batch) {
-  MT_CUDA_DISPATCH(gemm_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch));
+  MT_CUDA_DISPATCH(gemm_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb,
+                                stride_b, beta, C, ldc, stride_c, batch));
   check_dims("gemm_batched", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (batch < 0) fail("gemm_batched: negative batch {}", batch);
   if (M == 0 || N == 0 || batch == 0) return;
@@ -222,6 +225,7 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
                  bool c_bf16, int64_t ldc) {
   check_dims("matmul_bf16", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0 || K == 0) fail("matmul_bf16: empty problem M={} N={} K={}", M, N, K);
+  respect_thread_limit();
   MatmulKey k{};
   k.b1 = 1, k.b2 = 1, k.M = M, k.N = N, k.K = K;
   k.a[2] = trans_a ? 1 : lda, k.a[3] = trans_a ? lda : 1;
@@ -237,6 +241,7 @@ void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, flo
                     const StridedView& A, const StridedView& B, float beta, float* C,
                     const int64_t c_strides[4]) {
   if (M == 0 || N == 0 || K == 0 || b1 == 0 || b2 == 0) fail("strided_matmul: empty problem");
+  respect_thread_limit();
   MatmulKey k{};
   k.b1 = b1, k.b2 = b2, k.M = M, k.N = N, k.K = K;
   for (int i = 0; i < 4; ++i) k.a[i] = A.strides[i], k.b[i] = B.strides[i], k.c[i] = c_strides[i];

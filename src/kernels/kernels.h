@@ -17,8 +17,12 @@
 
 namespace mt::kernels {
 
-// Intra-op threads of the calling thread (each rank thread sets its own).
+// Intra-op threads of the calling thread (each rank thread sets its own), within
+// OMP_THREAD_LIMIT.
 void set_threads(int n);
+// Brings the calling task's team size within OMP_THREAD_LIMIT (oneDNN computes wrong GEMMs
+// beyond it); every oneDNN call goes through it.
+void respect_thread_limit();
 int threads();
 // Cores on this host, as the OS reports them.
 int host_cores();

@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "core/error.h"
@@ -10,9 +11,19 @@
 
 namespace mt::kernels {
 
+// oneDNN (2.6, OpenMP runtime) splits a GEMM for omp_get_max_threads() threads and leaves
+// part of the output unwritten when OMP_THREAD_LIMIT grants fewer (half of it at
+// OMP_THREAD_LIMIT=1 on 2 cores): every request stays within the limit.
 void set_threads(int n) {
   if (n < 1) fail("kernel threads must be >= 1, got {}", n);
-  omp_set_num_threads(n);
+  omp_set_num_threads(std::min(n, omp_get_thread_limit()));
+}
+
+// On every call: the team size is an ICV of the current task, so a parallel region's
+// implicit tasks start again from the value they inherit.
+void respect_thread_limit() {
+  const int limit = omp_get_thread_limit();
+  if (omp_get_max_threads() > limit) omp_set_num_threads(limit);
 }
 
 int threads() { return omp_get_max_threads(); }
