@@ -45,8 +45,10 @@ sanitize: setup
 	cmake --build build/tsan -j $(JOBS)
 	# libgomp is not built with TSan: its barriers are invisible and every OpenMP region
 	# would report races. One OpenMP thread per task leaves TSan our own threads (ranks,
-	# communication, overlap) to check.
-	cd build/tsan && OMP_THREAD_LIMIT=1 ctest --output-on-failure -j $(JOBS) -L unit
+	# communication, overlap) to check; tests/tsan.supp names the other uninstrumented
+	# libraries (Open MPI, oneDNN).
+	cd build/tsan && OMP_THREAD_LIMIT=1 TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp history_size=7" \
+	  ctest --output-on-failure -j $(JOBS) -L unit
 
 format:
 	find src tests bench -name '*.h' -o -name '*.cpp' | xargs clang-format -i
