@@ -104,6 +104,13 @@ MatmulEntry& matmul_entry(const MatmulKey& k) {
   return *cache.emplace(k, std::move(e)).first->second;
 }
 
+// The team a oneDNN call will get: within OMP_THREAD_LIMIT first (respect_thread_limit),
+// so that the primitive is built for the threads that run it.
+int dnnl_team() {
+  respect_thread_limit();
+  return omp_get_max_threads();
+}
+
 void execute(const MatmulKey& k, const void* A, const void* B, void* C,
              const float* bias = nullptr) {
   MatmulEntry& e = matmul_entry(k);
@@ -146,7 +153,6 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
 void run_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                 int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, float beta,
                 float* C, int64_t ldc, int64_t sc, int64_t batch, bool bf) {
-  respect_thread_limit();
   MatmulKey k{};
   k.b1 = batch;
   k.b2 = 1;
@@ -158,7 +164,7 @@ void run_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   k.b[2] = tb ? 1 : ldb, k.b[3] = tb ? ldb : 1;
   k.c[0] = batch > 1 ? sc : 0, k.c[1] = 0, k.c[2] = ldc, k.c[3] = 1;
   k.alpha = alpha, k.beta = beta;
-  k.threads = omp_get_max_threads();
+  k.threads = dnnl_team();
   k.bf = bf;
   execute(k, A, B, C);
 }
@@ -225,14 +231,13 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
                  bool c_bf16, int64_t ldc) {
   check_dims("matmul_bf16", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0 || K == 0) fail("matmul_bf16: empty problem M={} N={} K={}", M, N, K);
-  respect_thread_limit();
   MatmulKey k{};
   k.b1 = 1, k.b2 = 1, k.M = M, k.N = N, k.K = K;
   k.a[2] = trans_a ? 1 : lda, k.a[3] = trans_a ? lda : 1;
   k.b[2] = trans_b ? 1 : ldb, k.b[3] = trans_b ? ldb : 1;
   k.c[2] = ldc, k.c[3] = 1;
   k.alpha = 1.0f, k.beta = beta;
-  k.threads = omp_get_max_threads();
+  k.threads = dnnl_team();
   k.bf = 1, k.c_bf = c_bf16, k.bias = bias != nullptr;
   execute(k, A, B, C, bias);
 }
@@ -241,12 +246,11 @@ void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, flo
                     const StridedView& A, const StridedView& B, float beta, float* C,
                     const int64_t c_strides[4]) {
   if (M == 0 || N == 0 || K == 0 || b1 == 0 || b2 == 0) fail("strided_matmul: empty problem");
-  respect_thread_limit();
   MatmulKey k{};
   k.b1 = b1, k.b2 = b2, k.M = M, k.N = N, k.K = K;
   for (int i = 0; i < 4; ++i) k.a[i] = A.strides[i], k.b[i] = B.strides[i], k.c[i] = c_strides[i];
   k.alpha = alpha, k.beta = beta;
-  k.threads = omp_get_max_threads();
+  k.threads = dnnl_team();
   k.bf = 0;
   execute(k, A.ptr, B.ptr, C);
 }
