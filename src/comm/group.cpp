@@ -162,6 +162,7 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
   if (ctx_->job && ctx_->job->aborted())
     throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
   call->seq = next_seq_++;
+  if (async && call->device == mem::Device::kCuda) call->cuda_ready = device::record_event();
   auto p = std::make_shared<Pending>();
   p->call = std::move(call);
   p->job = ctx_->job;
@@ -205,9 +206,8 @@ WorkPtr Group::submit_p2p(std::shared_ptr<OpCall> call) {
   if (ctx_->job && ctx_->job->aborted())
     throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
   if (call->device == mem::Device::kCuda && backend_->kind() != "nccl")
-    return staged_p2p(std::move(call), [this](std::shared_ptr<OpCall> c) {
-      return submit_p2p(std::move(c));
-    });
+    return staged_p2p(std::move(call),
+                      [this](std::shared_ptr<OpCall> c) { return submit_p2p(std::move(c)); });
   {
     std::lock_guard lock(p2p_mu_);
     int64_t& s = p2p_seq_[{call->peer, call->op == OpType::kSend ? 0 : 1}];
@@ -247,12 +247,23 @@ int64_t sum(const std::vector<int64_t>& v) {
 
 // --- async forms: check the arguments (bad input, before any work), then submit.
 
+// The backends reduce f32 and bf16 (accumulating in f32); an i32 buffer (token ids) is
+// moved, never reduced: read as bf16 it would come back as garbage.
+void Group::refuse_integer_reduction(const char* what, Buf in) const {
+  if (in.ptr && in.dtype == DType::kI32)
+    fail(
+        "{} on {}: the buffer is {}; reductions take f32 or bf16 (convert, or move it with "
+        "all_gather / broadcast)",
+        what, name_, dtype_name(in.dtype));
+}
+
 WorkPtr Group::all_reduce_async(Buf data, ReduceOp op) { return all_reduce_async(data, data, op); }
 
 WorkPtr Group::all_reduce_async(Buf in, Buf out, ReduceOp op) {
   if (in.elems != out.elems)
     fail("all_reduce on {}: input has {} elems but output {}; they must be equal", name_, in.elems,
          out.elems);
+  refuse_integer_reduction("all_reduce", in);
   auto c = make_call(OpType::kAllReduce, in, out);
   c->reduce = op;
   return submit(std::move(c), !blocking_);
@@ -275,6 +286,7 @@ WorkPtr Group::reduce_scatter_async(Buf in, Buf out, const std::vector<int64_t>&
         "reduce_scatter on {}: counts sum to {} (input has {}), this rank's count is {} "
         "(output has {})",
         name_, sum(counts), in.elems, counts[rank_], out.elems);
+  refuse_integer_reduction("reduce_scatter", in);
   auto c = make_call(OpType::kReduceScatter, in, out);
   c->reduce = op;
   c->counts = counts;

@@ -141,6 +141,7 @@ class Group {
   struct Pending;
   struct Worker;
   std::shared_ptr<OpCall> make_call(OpType op, Buf in, Buf out);
+  void refuse_integer_reduction(const char* what, Buf in) const;
   WorkPtr submit(std::shared_ptr<OpCall> call, bool async);
   WorkPtr submit_p2p(std::shared_ptr<OpCall> call);
   int64_t record(const OpCall& c);

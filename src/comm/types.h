@@ -82,6 +82,12 @@ struct OpCall {
   // backend, its result before the rank's later kernels). -1 / nullptr on the CPU.
   int cuda_device = -1;
   void* cuda_stream = nullptr;
+  // An async op's cudaEvent_t, recorded on cuda_stream when the call was made (nullptr for
+  // a blocking one, which runs while its caller waits): the op waits for it, not for a
+  // point of the stream the rank reached by the time the progress thread ran it. A later
+  // point would order the op after the rank's next collectives on other groups on one
+  // rank and before them on another: a cycle of waits across ranks (nccl).
+  std::shared_ptr<void> cuda_ready;
   // Filled in by the backend: bytes this rank moved, counted as the ring algorithm moves
   // them (docs/comm.md).
   int64_t sent_bytes = 0;

@@ -1,6 +1,7 @@
 #include "core/device.h"
 
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
 
@@ -15,9 +16,12 @@ thread_local mem::Device t_device = mem::Device::kCpu;
 thread_local int t_index = 0;
 
 #if MESHTRAIN_CUDA
-// The calling thread's stream, created by use_cuda (one per rank thread, never destroyed:
-// it lives as long as the thread's rank).
+// The calling thread's stream on its current GPU, made by use_cuda: one per (thread, GPU),
+// like the kernels' Context, kept in t_streams and never destroyed (it lives as long as the
+// thread's rank). A thread that comes back to a GPU gets that GPU's stream again, so the
+// work queued on it (and the Context's workspace it uses) stays in one order.
 thread_local cudaStream_t t_stream = nullptr;
+thread_local std::map<int, cudaStream_t> t_streams;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
@@ -64,16 +68,20 @@ int cuda_device_count() {
 void use_cuda(int index) {
   const int n = cuda_device_count();
   if (n == 0)
-    fail("--device cuda: no CUDA GPU is visible (cudaGetDeviceCount found none; check "
-         "nvidia-smi and CUDA_VISIBLE_DEVICES, or train with --device cpu)");
+    fail(
+        "--device cuda: no CUDA GPU is visible (cudaGetDeviceCount found none; check "
+        "nvidia-smi and CUDA_VISIBLE_DEVICES, or train with --device cpu)");
   if (index < 0 || index >= n)
-    fail("--device cuda: GPU {} does not exist ({} visible: 0..{}); give each rank its own "
-         "GPU or fewer ranks per host",
-         index, n, n - 1);
+    fail(
+        "--device cuda: GPU {} does not exist ({} visible: 0..{}); give each rank its own "
+        "GPU or fewer ranks per host",
+        index, n, n - 1);
   check(cudaSetDevice(index), "cudaSetDevice");
-  if (!t_stream || t_index != index) {
-    check(cudaStreamCreateWithFlags(&t_stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
+  // A stream belongs to the GPU it was made on (not t_index: use_cpu resets that to 0, and
+  // use_cuda(1), use_cpu(), use_cuda(0) must not launch on GPU 1's stream).
+  cudaStream_t& s = t_streams[index];
+  if (!s) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  t_stream = s;
   t_device = mem::Device::kCuda;
   t_index = index;
 }
@@ -105,7 +113,18 @@ void zero(void* p, mem::Device d, int64_t bytes) {
 }
 
 void synchronize() {
-  if (t_device == mem::Device::kCuda) check(cudaStreamSynchronize(t_stream), "cudaStreamSynchronize");
+  if (t_device == mem::Device::kCuda)
+    check(cudaStreamSynchronize(t_stream), "cudaStreamSynchronize");
+}
+
+std::shared_ptr<void> record_event() {
+  if (t_device != mem::Device::kCuda) return nullptr;
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  std::shared_ptr<void> owned(e,
+                              [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  check(cudaEventRecord(e, t_stream), "cudaEventRecord");
+  return owned;
 }
 
 std::string describe(mem::Device d, int index) {
@@ -121,12 +140,17 @@ void* cuda_malloc(int64_t bytes) {
   const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
+    // Not every failure is a lack of memory: cudaMalloc also returns the sticky error of an
+    // earlier faulting kernel (an illegal address, say), which no smaller microbatch fixes.
+    if (e != cudaErrorMemoryAllocation)
+      fail_run("CUDA: cudaMalloc of {} bytes failed: {} ({})", bytes, cudaGetErrorString(e),
+               cudaGetErrorName(e));
     size_t free_b = 0, total_b = 0;
     (void)cudaMemGetInfo(&free_b, &total_b);
-    fail_run("out of memory on the GPU allocating {} bytes ({:.2f} GiB free of {:.2f} GiB): use a "
-             "smaller --microbatch, --recompute selective/full, --zero 1-3 or more ranks",
-             bytes, static_cast<double>(free_b) / (1 << 30),
-             static_cast<double>(total_b) / (1 << 30));
+    fail_run(
+        "out of memory on the GPU allocating {} bytes ({:.2f} GiB free of {:.2f} GiB): use a "
+        "smaller --microbatch, --recompute selective/full, --zero 1-3 or more ranks",
+        bytes, static_cast<double>(free_b) / (1 << 30), static_cast<double>(total_b) / (1 << 30));
   }
   return p;
 }
@@ -139,8 +163,9 @@ void cuda_free(void* p) {
 
 namespace {
 [[noreturn]] void not_built() {
-  fail("this meshtrain was built without CUDA: configure with -DMESHTRAIN_CUDA=ON on a "
-       "machine with nvcc (the CUDA toolkit), build again, or use --device cpu");
+  fail(
+      "this meshtrain was built without CUDA: configure with -DMESHTRAIN_CUDA=ON on a "
+      "machine with nvcc (the CUDA toolkit), build again, or use --device cpu");
 }
 }  // namespace
 
@@ -161,6 +186,7 @@ void zero(void* p, mem::Device d, int64_t bytes) {
 }
 
 void synchronize() {}
+std::shared_ptr<void> record_event() { return nullptr; }
 std::string describe(mem::Device d, int) { return d == mem::Device::kCpu ? "cpu" : "cuda"; }
 void* cuda_malloc(int64_t) { not_built(); }
 void cuda_free(void*) {}

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/memory.h"
@@ -50,6 +51,11 @@ void copy(void* dst, mem::Device dst_device, const void* src, mem::Device src_de
 void zero(void* p, mem::Device d, int64_t bytes);
 // Waits for every kernel the calling thread has queued.
 void synchronize();
+// A cudaEvent_t recorded now on the calling thread's stream (destroyed with the last
+// owner; nullptr on the CPU): marks "everything this thread queued before this point", for
+// work that another thread queues later (an async collective run by a group's progress
+// thread must wait for exactly that, not for what the rank queued after the call).
+std::shared_ptr<void> record_event();
 // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.2 GiB" (GPU `index`), or "cpu".
 std::string describe(mem::Device d, int index = 0);
 

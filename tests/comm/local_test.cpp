@@ -15,8 +15,8 @@
 namespace mt::comm {
 namespace {
 
-using testing::Host;
 using testing::check_ring_byte_counters;
+using testing::Host;
 using testing::run_local;
 
 class LocalSizes : public ::testing::TestWithParam<int> {};
@@ -239,6 +239,18 @@ TEST(Local, BadArgumentsAreRefusedBeforeAnyWork) {
     Host c(DType::kBF16, 10);
     EXPECT_THROW(g.all_reduce(a.buf(), c.buf()), Error);
     EXPECT_THROW(g.all_to_all(a.buf(), a.buf()), Error);
+    // i32 (token ids) is moved, never reduced: the backends would read it as bf16.
+    Host i(DType::kI32, 10), j(DType::kI32, 5), k(DType::kI32, 20);
+    try {
+      g.all_reduce(i.buf());
+      ADD_FAILURE() << "an i32 all_reduce was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("reductions take f32 or bf16"), std::string::npos)
+          << e.what();
+      EXPECT_EQ(e.exit_code(), 2);
+    }
+    EXPECT_THROW(g.reduce_scatter(i.buf(), j.buf()), Error);
+    g.all_gather(i.buf(), k.buf());  // moving i32 is fine
     g.barrier();
   });
 }

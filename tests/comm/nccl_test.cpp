@@ -1,15 +1,18 @@
-// GPU buffers in communication: the nccl backend (one GPU per rank: here a world of one
-// rank, all a single-GPU machine allows) and the local backend staging GPU buffers through
-// host memory (several rank threads sharing GPU 0). Every collective, both dtypes, even and
-// uneven pieces, in place and not, against the same reference as the host tests, plus byte
+// GPU buffers in communication: the nccl backend (one GPU per rank: a world of one rank on a
+// single-GPU machine; two ranks where two GPUs are) and the local backend staging GPU buffers
+// through host memory (several rank threads sharing GPU 0). Every collective, both dtypes, even
+// and uneven pieces, in place and not, against the same reference as the host tests, plus byte
 // counters, async ops, splits and send/recv.
 //
 // Compiled in every build; run only where a GPU is: without CUDA a single test checks that
-// --backend nccl is refused, and each GPU test skips itself when no GPU is visible.
+// --backend nccl is refused, each GPU test skips itself when no GPU is visible, and the
+// two-rank NCCL tests skip themselves (saying so) with fewer than two GPUs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "collective_checks.h"
 #include "comm/launch.h"
@@ -44,10 +47,19 @@ TEST(Nccl, GpuTestsNeedACudaBuild) {
 
 #else
 
-#define MT_REQUIRE_GPU()                                                                \
-  do {                                                                                  \
-    if (device::cuda_device_count() == 0)                                               \
-      GTEST_SKIP() << "no CUDA GPU: the NCCL backend is compiled but not run";          \
+#define MT_REQUIRE_GPU()                                                       \
+  do {                                                                         \
+    if (device::cuda_device_count() == 0)                                      \
+      GTEST_SKIP() << "no CUDA GPU: the NCCL backend is compiled but not run"; \
+  } while (0)
+
+// NCCL refuses two ranks of one communicator on one GPU: multi-rank NCCL needs k GPUs.
+#define MT_REQUIRE_GPUS(k)                                                           \
+  do {                                                                               \
+    const int gpus_ = device::cuda_device_count();                                   \
+    if (gpus_ < (k))                                                                 \
+      GTEST_SKIP() << "needs " << (k) << " GPUs (NCCL: one GPU per rank), " << gpus_ \
+                   << " visible: multi-rank NCCL is not run here";                   \
   } while (0)
 
 constexpr mem::Device kGpu = mem::Device::kCuda;
@@ -105,8 +117,7 @@ void dev_all_reduce(Group& g, DType dt, ReduceOp op, bool in_place, int64_t elem
                                  << " on " << g.name() << " (" << g.backend_kind() << ")";
 }
 
-void dev_reduce_scatter(Group& g, DType dt, ReduceOp op, bool in_place, int64_t base,
-                        bool uneven) {
+void dev_reduce_scatter(Group& g, DType dt, ReduceOp op, bool in_place, int64_t base, bool uneven) {
   const int n = g.size(), me = g.rank();
   auto counts = piece_counts(n, base, uneven);
   auto off = offsets(counts);
@@ -127,9 +138,9 @@ void dev_reduce_scatter(Group& g, DType dt, ReduceOp op, bool in_place, int64_t 
            : g.reduce_scatter(in.buf(), out.buf(), op);
     got = out.host();
   }
-  EXPECT_EQ(got.raw, expect.raw) << "reduce_scatter " << dtype_name(dt) << " "
-                                 << reduce_name(op) << " n=" << n << " uneven=" << uneven
-                                 << " in_place=" << in_place << " (" << g.backend_kind() << ")";
+  EXPECT_EQ(got.raw, expect.raw) << "reduce_scatter " << dtype_name(dt) << " " << reduce_name(op)
+                                 << " n=" << n << " uneven=" << uneven << " in_place=" << in_place
+                                 << " (" << g.backend_kind() << ")";
 }
 
 void dev_all_gather(Group& g, DType dt, bool in_place, int64_t base, bool uneven) {
@@ -225,7 +236,7 @@ void check_device_async(Group& g) {
   const int64_t E = 10000;
   std::vector<Host> ins;
   for (int k = 0; k < n; ++k) ins.push_back(Host::random(DType::kF32, E, 11, k));
-  std::vector<std::unique_ptr<Dev>> bufs;
+  std::vector<std::unique_ptr<Dev> > bufs;
   for (int i = 0; i < 6; ++i) bufs.push_back(std::make_unique<Dev>(ins[me]));
   std::vector<WorkPtr> works;
   for (auto& b : bufs) works.push_back(g.all_reduce_async(b->buf()));
@@ -328,6 +339,125 @@ TEST(Nccl, SendToSelfAndResultOrderedOnTheStream) {
     Host a = Host::random(DType::kF32, 64, 9, 0), b(DType::kF32, 64);
     world.send_recv(a.buf(), 0, b.buf(), 0, 3);
     EXPECT_EQ(a.raw, b.raw);
+  });
+}
+
+// i32 buffers (token ids) move 4 bytes an element, like the host backends' byte copies
+// (the data-moving ops; reductions are f32 / bf16 only on the host backends).
+TEST(Nccl, WorldOfOneInt32BuffersMoveEveryByte) {
+  MT_REQUIRE_GPU();
+  run_nccl(1, [](Group& world) {
+    const int64_t n = 1001;
+    Host h(DType::kI32, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t v = static_cast<int32_t>(0x01020304 + 0x00010001 * i);
+      std::memcpy(h.ptr(i), &v, 4);
+    }
+    Dev in(h), gathered(DType::kI32, n), received(DType::kI32, n);
+    world.all_gather(in.buf(), gathered.buf());
+    EXPECT_EQ(gathered.host().raw, h.raw) << "all_gather i32";
+    world.send_recv(in.buf(), 0, received.buf(), 0);
+    EXPECT_EQ(received.host().raw, h.raw) << "send/recv i32";
+  });
+}
+
+// The backend's scratch lives as long as its group: it must not be counted against (and freed
+// into) a tracker that fn scoped to itself and that is gone when the world is destroyed.
+TEST(Nccl, ScratchIsNotChargedToATrackerScopedInsideFn) {
+  MT_REQUIRE_GPU();
+  run_nccl(1, [](Group& world) {
+    mem::Tracker tracker;
+    mem::ScopedTracker scope(tracker);
+    world.barrier();  // grows the world backend's device scratch
+    EXPECT_EQ(tracker.snapshot().of(mem::Category::kCommunication), 0);
+  });
+}
+
+// --- Two NCCL ranks (two GPUs). With two ranks every reduction is one addition (or max) of
+// two values, rounded once, so NCCL's results are bitwise those of the host reference too.
+
+TEST(Nccl, TwoRanksEveryCollectiveOnGpuBuffers) {
+  MT_REQUIRE_GPUS(2);
+  run_nccl(2, [](Group& world) {
+    EXPECT_EQ(world.backend_kind(), "nccl");
+    EXPECT_EQ(world.size(), 2);
+    check_device_collectives(world);
+    check_device_async(world);
+    check_ring_byte_counters<Dev>(world);
+  });
+}
+
+TEST(Nccl, TwoRanksHostBuffersRunOnTheHostTwin) {
+  MT_REQUIRE_GPUS(2);
+  run_nccl(2, [](Group& world) {
+    testing::check_all_collectives(world);
+    testing::check_send_recv(world);
+  });
+}
+
+// Splits are collective over the parent: a rank outside every new group (color < 0) takes
+// part too (NCCL_SPLIT_NOCOLOR), and keys order the new group's ranks.
+TEST(Nccl, TwoRanksSplitWithNoColorAndReversedKeys) {
+  MT_REQUIRE_GPUS(2);
+  run_nccl(2, [](Group& world) {
+    const int me = world.rank();
+    auto first = world.split(me == 0 ? 0 : -1, 0, "first");
+    EXPECT_EQ(first == nullptr, me != 0);
+    if (first) {
+      EXPECT_EQ(first->size(), 1);
+      dev_all_reduce(*first, DType::kF32, ReduceOp::kSum, false, 100);
+    }
+    auto rev = world.split(0, 1 - me, "reversed");
+    if (rev == nullptr) {
+      ADD_FAILURE() << "no group for color 0";
+      return;
+    }
+    EXPECT_EQ(rev->rank(), 1 - me);
+    EXPECT_EQ(rev->world_ranks(), (std::vector<int>{1, 0}));
+    dev_all_gather(*rev, DType::kF32, false, 37, true);
+    dev_reduce_scatter(*rev, DType::kBF16, ReduceOp::kSum, false, 11, true);
+    dev_broadcast(*rev, DType::kF32, 0, 33);
+    check_device_async(*rev);
+    // The parent still works, in its own rank order.
+    dev_all_gather(world, DType::kBF16, true, 5, true);
+  });
+}
+
+// Both directions at once (a pipeline's send-forward / recv-backward), and several messages
+// one way matched in call order.
+TEST(Nccl, TwoRanksSendRecvBothWaysAndInOrder) {
+  MT_REQUIRE_GPUS(2);
+  run_nccl(2, [](Group& world) {
+    const int me = world.rank(), other = 1 - me;
+    for (int64_t elems : {int64_t{1}, int64_t{1000}, int64_t{1} << 20}) {
+      Dev src(Host::random(DType::kF32, elems, 21, static_cast<uint64_t>(me)));
+      Dev dst(DType::kF32, elems);
+      auto s = world.send_async(src.buf(), other);
+      world.recv(dst.buf(), other);
+      s->wait();
+      EXPECT_EQ(dst.host().raw, Host::random(DType::kF32, elems, 21, other).raw) << elems;
+    }
+    Host x1 = Host::random(DType::kBF16, 300, 22, 0), x2 = Host::random(DType::kBF16, 300, 23, 0);
+    Host y = Host::random(DType::kBF16, 70, 24, 1);
+    if (me == 0) {
+      Dev a(x1), b(x2), got(DType::kBF16, 70);
+      auto wa = world.send_async(a.buf(), 1);
+      auto wb = world.send_async(b.buf(), 1);
+      world.recv(got.buf(), 1);
+      wa->wait();
+      wb->wait();
+      EXPECT_EQ(got.host().raw, y.raw);
+    } else {
+      Dev ga(DType::kBF16, 300), gb(DType::kBF16, 300), c(y);
+      auto ra = world.recv_async(ga.buf(), 0);
+      auto rb = world.recv_async(gb.buf(), 0);
+      world.send(c.buf(), 0);
+      ra->wait();
+      rb->wait();
+      EXPECT_EQ(ga.host().raw, x1.raw);
+      EXPECT_EQ(gb.host().raw, x2.raw);
+    }
+    world.barrier();
   });
 }
 

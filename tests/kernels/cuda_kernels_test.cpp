@@ -26,11 +26,11 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda_test_util.h"
 #include "kernels/kernels.h"
 #include "kernels/mixed.h"
 #include "kernels/test_util.h"
 #include "kernels/vocab_parallel.h"
-#include "kernels/cuda_test_util.h"
 
 namespace mt::kernels {
 namespace {
@@ -212,7 +212,9 @@ TEST(CudaKernels, LayerNormMatchesCpuAndIsDeterministic) {
   struct S {
     int64_t n, c;
   };
-  for (const S s : {S{7, 24}, S{13, 768}, S{5, 1000}, S{300, 3}})
+  // c below, at and far above the block of 256 and not a multiple of 4 (1000, 4099); n=1001,
+  // c=7 splits the dw/db rows into 251 chunks of 4 rows whose last chunk has 1 row.
+  for (const S s : {S{7, 24}, S{13, 768}, S{5, 1000}, S{300, 3}, S{1001, 7}, S{3, 4099}})
     for (bool bias : {true, false}) {
       const int64_t nc = s.n * s.c;
       auto x = randn(nc, 30, 2.0f);
@@ -246,8 +248,8 @@ TEST(CudaKernels, LayerNormMatchesCpuAndIsDeterministic) {
           for (int k = 0; k < 3; ++k) first[k] = out[k];
         } else {
           for (int k = 0; k < 3; ++k)
-            EXPECT_TRUE(bitwise_equal(out[k], first[k])) << "layernorm_backward output " << k
-                                                         << " differs between two runs";
+            EXPECT_TRUE(bitwise_equal(out[k], first[k]))
+                << "layernorm_backward output " << k << " differs between two runs";
         }
       }
     }
@@ -258,7 +260,14 @@ TEST(CudaKernels, LayerNormMatchesCpuAndIsDeterministic) {
 TEST(CudaKernels, GeluMatchesCpu) {
   MT_REQUIRE_GPU();
   for (int64_t n : {1, 7, 1000, 65537}) {
-    const auto x = randn(n, 40, 3.0f), dy = randn(n, 41);
+    auto x = randn(n, 40, 3.0f);
+    const auto dy = randn(n, 41);
+    // Tails where exp(-2u) overflows to inf (x << 0) or underflows to 0 (x >> 0): finite,
+    // y -> 0 and y -> x, no NaN. Not for n = 1: alone, y(-20) is -0 on the GPU and ~1e-37
+    // on the CPU (fast_exp clamps its argument at 88), a relative error of 1.
+    const float tails[] = {-20.0f, -12.0f, -9.0f, 9.0f, 12.0f, 20.0f};
+    if (n >= 7)
+      for (size_t k = 0; k < std::size(tails); ++k) x[k] = tails[k];
     std::vector<float> y(n), dx(n);
     gelu_forward(y.data(), x.data(), n);
     gelu_backward(dx.data(), x.data(), dy.data(), n);
@@ -279,7 +288,8 @@ TEST(CudaKernels, AttentionMatchesCpu) {
   struct S {
     int64_t B, T, C, NH;
   };
-  for (const S s : {S{2, 13, 24, 3}, S{1, 64, 64, 1}, S{3, 8, 32, 2}, S{2, 33, 48, 4}, S{1, 1, 8, 1}}) {
+  for (const S s :
+       {S{2, 13, 24, 3}, S{1, 64, 64, 1}, S{3, 8, 32, 2}, S{2, 33, 48, 4}, S{1, 1, 8, 1}}) {
     const int64_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
     const auto qkv = randn(n_qkv, 50), dout = randn(n_out, 51);
     const int64_t stash = attention_stash_elems(s.B, s.NH, s.T);
@@ -329,8 +339,14 @@ TEST(CudaKernels, CrossEntropyMatchesCpuWithPaddedVocab) {
   struct S {
     int64_t n, V, Vp;
   };
-  for (const S s : {S{7, 50, 64}, S{13, 1000, 1024}, S{4, 5, 5}, S{3, 300, 301}}) {
-    const auto logits = randn(s.n * s.Vp, 60, 3.0f);
+  // V far above the block of 256 and not a multiple of it: GPT-2's 50257 padded to 50304.
+  for (const S s :
+       {S{7, 50, 64}, S{13, 1000, 1024}, S{4, 5, 5}, S{3, 300, 301}, S{3, 50257, 50304}}) {
+    auto logits = randn(s.n * s.Vp, 60, 3.0f);
+    // Padding columns hold NaN: neither side may read them (a read makes the loss NaN).
+    for (int64_t i = 0; i < s.n; ++i)
+      for (int64_t j = s.V; j < s.Vp; ++j)
+        logits[i * s.Vp + j] = std::numeric_limits<float>::quiet_NaN();
     const auto targets = random_tokens(s.n, 0, static_cast<int32_t>(s.V), 61);
     std::vector<float> losses(s.n), lse(s.n), dl(s.n * s.Vp);
     cross_entropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), s.n, s.V, s.Vp);
@@ -360,7 +376,10 @@ TEST(CudaKernels, EmbeddingMatchesCpuAndIsDeterministic) {
     int64_t B, T, C, V;
   };
   // V small against B*T: many repeated tokens, the case the sorted backward is about.
-  for (const S s : {S{2, 13, 24, 10}, S{4, 64, 96, 50}, S{1, 7, 300, 3}, S{8, 128, 33, 1000}}) {
+  // V = 1: every position has the same token, one run over all positions that is also the
+  // last run of the sorted keys. T = 1: dwpe is one row.
+  for (const S s : {S{2, 13, 24, 10}, S{4, 64, 96, 50}, S{1, 7, 300, 3}, S{8, 128, 33, 1000},
+                    S{2, 50, 40, 1}, S{5, 1, 7, 4}}) {
     const int64_t n = s.B * s.T;
     const auto tokens = random_tokens(n, 0, static_cast<int32_t>(s.V), 70);
     const auto wte = randn(s.V * s.C, 71), wpe = randn(s.T * s.C, 72), dy = randn(n * s.C, 73);
@@ -480,26 +499,45 @@ TEST(CudaKernels, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
   MT_REQUIRE_GPU();
   const int64_t n = 5000;
   // Gaps between segments, an empty segment, a one-element one, and one spanning many blocks.
-  const std::vector<AdamwSegment> segs = {
-      {0, 1000, 0.1f}, {1000, 0, 0.1f}, {1010, 1, 0.0f}, {1100, 3000, 0.05f}, {4200, 700, 0.1f}};
+  // The second table: a leading and a trailing empty segment (the block search must skip
+  // them), and segments one element short of, exactly, and one past a block's 1024 elements.
+  const std::vector<std::vector<AdamwSegment>> tables = {
+      {{0, 1000, 0.1f}, {1000, 0, 0.1f}, {1010, 1, 0.0f}, {1100, 3000, 0.05f}, {4200, 700, 0.1f}},
+      {{0, 0, 0.1f},
+       {3, 1023, 0.1f},
+       {1026, 1024, 0.0f},
+       {2050, 1025, 0.02f},
+       {3077, 0, 0.1f},
+       {3077, 1, 0.3f},
+       {3081, 1917, 0.1f},
+       {4999, 0, 0.1f}}};
   const auto p0 = randn(n, 94), g0 = randn(n, 95, 0.1f), m0 = randn(n, 96, 0.01f);
   auto v0 = randn(n, 97, 0.001f);
   for (auto& x : v0) x = std::fabs(x);
-  auto p = p0, m = m0, v = v0;
-  adamw_update_multi(p.data(), g0.data(), m.data(), v.data(), segs.data(),
-                     static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3);
-  OnGpu g;
-  Gpu<float> gg(g0);
-  for (int rep = 0; rep < 2; ++rep) {  // twice: the second reuses the table buffers
-    Gpu<float> gp(p0), gm(m0), gv(v0);
-    adamw_update_multi(gp.get(), gg.get(), gm.get(), gv.get(), segs.data(),
+  for (size_t tab = 0; tab < tables.size(); ++tab) {
+    const auto& segs = tables[tab];
+    std::vector<bool> covered(n, false);
+    for (const auto& sg : segs)
+      for (int64_t i = sg.offset; i < sg.offset + sg.n; ++i) covered[i] = true;
+    auto p = p0, m = m0, v = v0;
+    adamw_update_multi(p.data(), g0.data(), m.data(), v.data(), segs.data(),
                        static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3);
-    const auto hp = gp.host(), hm = gm.host(), hv = gv.host();
-    MT_EXPECT_REL(hp, p, kOrdered, "adamw_update_multi param");
-    MT_EXPECT_REL(hm, m, kOrdered, "adamw_update_multi m");
-    MT_EXPECT_REL(hv, v, kOrdered, "adamw_update_multi v");
-    for (int64_t i : {1005, 1050, 4100, 4199, 4900, 4999})
-      ASSERT_EQ(hp[i], p0[i]) << "element " << i << " outside every segment was changed";
+    OnGpu g;
+    Gpu<float> gg(g0);
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the second reuses the table buffers
+      Gpu<float> gp(p0), gm(m0), gv(v0);
+      adamw_update_multi(gp.get(), gg.get(), gm.get(), gv.get(), segs.data(),
+                         static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3);
+      const auto hp = gp.host(), hm = gm.host(), hv = gv.host();
+      const std::string what = "adamw_update_multi table " + std::to_string(tab);
+      MT_EXPECT_REL(hp, p, kOrdered, what + " param");
+      MT_EXPECT_REL(hm, m, kOrdered, what + " m");
+      MT_EXPECT_REL(hv, v, kOrdered, what + " v");
+      for (int64_t i = 0; i < n; ++i)
+        if (!covered[i]) {
+          ASSERT_EQ(hp[i], p0[i]) << what << ": element " << i << " outside every segment changed";
+        }
+    }
   }
 }
 
@@ -507,81 +545,95 @@ TEST(CudaKernels, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
 
 TEST(CudaKernels, VocabParallelMatchesCpu) {
   MT_REQUIRE_GPU();
-  const int64_t n = 13, cols = 40, real = 33, v0 = 50, C = 24, T = 8;
-  const auto logits = randn(n * cols, 100, 3.0f);
-  // Targets inside and outside this slice [50, 83).
-  const auto targets = random_tokens(n, 30, 100, 101);
-  std::vector<float> mx(n), se(n), tl(n), sums(2 * n), lse(n), losses(n), dl(n * cols);
-  vocab_parallel_max(mx.data(), logits.data(), n, cols, real);
-  vocab_parallel_sum_exp(se.data(), tl.data(), logits.data(), mx.data(), targets.data(), n, cols,
-                         real, v0);
-  for (int64_t i = 0; i < n; ++i) sums[i] = se[i] + 1.5f, sums[n + i] = tl[i] - 0.25f;
-  vocab_parallel_lse(lse.data(), losses.data(), mx.data(), sums.data(), n);
-  vocab_parallel_ce_backward(dl.data(), logits.data(), lse.data(), targets.data(), 0.5f, n, cols,
-                             real, v0);
-  std::vector<float> mx0(n);
-  vocab_parallel_max(mx0.data(), logits.data(), n, cols, 0);
-  // Embeddings of a slice of rows [v0, v0 + rows).
-  const int64_t rows = 20;
-  const auto wte = randn(rows * C, 102), dy = randn(n * C, 103), dwte0 = randn(rows * C, 104);
-  const auto tok = random_tokens(n, 40, 80, 105);
-  std::vector<float> ye(n * C), dwte = dwte0;
-  vocab_parallel_embedding_forward(ye.data(), tok.data(), wte.data(), n, C, v0, rows);
-  vocab_parallel_embedding_backward(dwte.data(), dy.data(), tok.data(), n, C, v0, rows);
-  // Position embeddings over rows [first, first + m) of a microbatch, wrapping around T.
-  const int64_t first = 5, m = 2 * T + 3;
-  const auto wpe = randn(T * C, 106), yp0 = randn(m * C, 107), dyp = randn(m * C, 108),
-             dwpe0 = randn(T * C, 109), bias = randn(C, 110);
-  std::vector<float> yp = yp0, dwpe = dwpe0, yb = yp0;
-  add_position_embedding(yp.data(), wpe.data(), first, m, T, C);
-  position_embedding_backward(dwpe.data(), dyp.data(), first, m, T, C);
-  add_bias(yb.data(), bias.data(), m, C);
+  struct S {
+    int64_t n, cols, real, v0, rows, C, T, first;
+  };
+  // The second shape: a slice wider than the block of 256 with a real part that is not a
+  // multiple of it, C above the block, and a first row past T (the position wraps).
+  for (const S sh : {S{13, 40, 33, 50, 20, 24, 8, 5}, S{40, 600, 517, 1200, 517, 300, 5, 12}}) {
+    const int64_t n = sh.n, cols = sh.cols, real = sh.real, v0 = sh.v0, C = sh.C, T = sh.T;
+    const auto logits = randn(n * cols, 100, 3.0f);
+    // Targets inside and outside this slice [v0, v0 + real).
+    const auto targets =
+        random_tokens(n, static_cast<int32_t>(v0 - 20), static_cast<int32_t>(v0 + real + 20), 101);
+    std::vector<float> mx(n), se(n), tl(n), sums(2 * n), lse(n), losses(n), dl(n * cols);
+    vocab_parallel_max(mx.data(), logits.data(), n, cols, real);
+    vocab_parallel_sum_exp(se.data(), tl.data(), logits.data(), mx.data(), targets.data(), n, cols,
+                           real, v0);
+    for (int64_t i = 0; i < n; ++i) sums[i] = se[i] + 1.5f, sums[n + i] = tl[i] - 0.25f;
+    vocab_parallel_lse(lse.data(), losses.data(), mx.data(), sums.data(), n);
+    vocab_parallel_ce_backward(dl.data(), logits.data(), lse.data(), targets.data(), 0.5f, n, cols,
+                               real, v0);
+    std::vector<float> mx0(n);
+    vocab_parallel_max(mx0.data(), logits.data(), n, cols, 0);
+    // Embeddings of a slice of rows [v0, v0 + rows).
+    const int64_t rows = sh.rows;
+    const auto wte = randn(rows * C, 102), dy = randn(n * C, 103), dwte0 = randn(rows * C, 104);
+    // Tokens inside and outside [v0, v0 + rows), some repeated.
+    const auto tok =
+        random_tokens(n, static_cast<int32_t>(v0 - 10), static_cast<int32_t>(v0 + 10), 105);
+    std::vector<float> ye(n * C), dwte = dwte0;
+    vocab_parallel_embedding_forward(ye.data(), tok.data(), wte.data(), n, C, v0, rows);
+    vocab_parallel_embedding_backward(dwte.data(), dy.data(), tok.data(), n, C, v0, rows);
+    // Position embeddings over rows [first, first + m) of a microbatch, wrapping around T.
+    const int64_t first = sh.first, m = 2 * T + 3;
+    const auto wpe = randn(T * C, 106), yp0 = randn(m * C, 107), dyp = randn(m * C, 108),
+               dwpe0 = randn(T * C, 109), bias = randn(C, 110);
+    std::vector<float> yp = yp0, dwpe = dwpe0, yb = yp0;
+    add_position_embedding(yp.data(), wpe.data(), first, m, T, C);
+    position_embedding_backward(dwpe.data(), dyp.data(), first, m, T, C);
+    add_bias(yb.data(), bias.data(), m, C);
 
-  OnGpu g;
-  Gpu<float> gl(logits), gsums(sums), gwte(wte), gdy(dy), gwpe(wpe), gdyp(dyp), gbias(bias);
-  Gpu<int32_t> gt(targets), gtok(tok);
-  auto gmx = Gpu<float>::poisoned(n), gse = Gpu<float>::poisoned(n), gtl = Gpu<float>::poisoned(n),
-       glse = Gpu<float>::poisoned(n), glosses = Gpu<float>::poisoned(n),
-       gdl = Gpu<float>::poisoned(n * cols), gmx0 = Gpu<float>::poisoned(n);
-  vocab_parallel_max(gmx.get(), gl.get(), n, cols, real);
-  vocab_parallel_max(gmx0.get(), gl.get(), n, cols, 0);
-  // The rest from the CPU's mx, so each kernel is checked on its own.
-  Gpu<float> gmx_cpu(mx), glse_cpu(lse);
-  vocab_parallel_sum_exp(gse.get(), gtl.get(), gl.get(), gmx_cpu.get(), gt.get(), n, cols, real, v0);
-  vocab_parallel_lse(glse.get(), glosses.get(), gmx_cpu.get(), gsums.get(), n);
-  vocab_parallel_ce_backward(gdl.get(), gl.get(), glse_cpu.get(), gt.get(), 0.5f, n, cols, real, v0);
-  EXPECT_TRUE(bitwise_equal(gmx.host(), mx)) << "vocab_parallel_max";
-  for (float x : gmx0.host()) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
-  MT_EXPECT_REL(gse.host(), se, kF32, "vocab_parallel_sum_exp sums");
-  EXPECT_TRUE(bitwise_equal(gtl.host(), tl)) << "vocab_parallel_sum_exp target logits";
-  MT_EXPECT_REL(glse.host(), lse, kF32, "vocab_parallel_lse lse");
-  MT_EXPECT_REL(glosses.host(), losses, kF32, "vocab_parallel_lse losses");
-  MT_EXPECT_REL(gdl.host(), dl, kF32, "vocab_parallel_ce_backward");
-  vocab_parallel_ce_backward(gl.get(), gl.get(), glse_cpu.get(), gt.get(), 0.5f, n, cols, real, v0);
-  MT_EXPECT_REL(gl.host(), dl, kF32, "vocab_parallel_ce_backward in place");
+    OnGpu g;
+    Gpu<float> gl(logits), gsums(sums), gwte(wte), gdy(dy), gwpe(wpe), gdyp(dyp), gbias(bias);
+    Gpu<int32_t> gt(targets), gtok(tok);
+    auto gmx = Gpu<float>::poisoned(n), gse = Gpu<float>::poisoned(n),
+         gtl = Gpu<float>::poisoned(n), glse = Gpu<float>::poisoned(n),
+         glosses = Gpu<float>::poisoned(n), gdl = Gpu<float>::poisoned(n * cols),
+         gmx0 = Gpu<float>::poisoned(n);
+    vocab_parallel_max(gmx.get(), gl.get(), n, cols, real);
+    vocab_parallel_max(gmx0.get(), gl.get(), n, cols, 0);
+    // The rest from the CPU's mx, so each kernel is checked on its own.
+    Gpu<float> gmx_cpu(mx), glse_cpu(lse);
+    vocab_parallel_sum_exp(gse.get(), gtl.get(), gl.get(), gmx_cpu.get(), gt.get(), n, cols, real,
+                           v0);
+    vocab_parallel_lse(glse.get(), glosses.get(), gmx_cpu.get(), gsums.get(), n);
+    vocab_parallel_ce_backward(gdl.get(), gl.get(), glse_cpu.get(), gt.get(), 0.5f, n, cols, real,
+                               v0);
+    EXPECT_TRUE(bitwise_equal(gmx.host(), mx)) << "vocab_parallel_max";
+    for (float x : gmx0.host()) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
+    MT_EXPECT_REL(gse.host(), se, kF32, "vocab_parallel_sum_exp sums");
+    EXPECT_TRUE(bitwise_equal(gtl.host(), tl)) << "vocab_parallel_sum_exp target logits";
+    MT_EXPECT_REL(glse.host(), lse, kF32, "vocab_parallel_lse lse");
+    MT_EXPECT_REL(glosses.host(), losses, kF32, "vocab_parallel_lse losses");
+    MT_EXPECT_REL(gdl.host(), dl, kF32, "vocab_parallel_ce_backward");
+    vocab_parallel_ce_backward(gl.get(), gl.get(), glse_cpu.get(), gt.get(), 0.5f, n, cols, real,
+                               v0);
+    MT_EXPECT_REL(gl.host(), dl, kF32, "vocab_parallel_ce_backward in place");
 
-  auto gye = Gpu<float>::poisoned(n * C);
-  vocab_parallel_embedding_forward(gye.get(), gtok.get(), gwte.get(), n, C, v0, rows);
-  EXPECT_TRUE(bitwise_equal(gye.host(), ye)) << "vocab_parallel_embedding_forward";
-  std::vector<float> first_run;
-  for (int run = 0; run < 2; ++run) {
-    Gpu<float> gdwte(dwte0);
-    vocab_parallel_embedding_backward(gdwte.get(), gdy.get(), gtok.get(), n, C, v0, rows);
-    const auto h = gdwte.host();
-    MT_EXPECT_REL(h, dwte, kOrdered, "vocab_parallel_embedding_backward");
-    if (run == 0)
-      first_run = h;
-    else
-      EXPECT_TRUE(bitwise_equal(h, first_run))
-          << "vocab_parallel_embedding_backward not deterministic";
+    auto gye = Gpu<float>::poisoned(n * C);
+    vocab_parallel_embedding_forward(gye.get(), gtok.get(), gwte.get(), n, C, v0, rows);
+    EXPECT_TRUE(bitwise_equal(gye.host(), ye)) << "vocab_parallel_embedding_forward";
+    std::vector<float> first_run;
+    for (int run = 0; run < 2; ++run) {
+      Gpu<float> gdwte(dwte0);
+      vocab_parallel_embedding_backward(gdwte.get(), gdy.get(), gtok.get(), n, C, v0, rows);
+      const auto h = gdwte.host();
+      MT_EXPECT_REL(h, dwte, kOrdered, "vocab_parallel_embedding_backward");
+      if (run == 0)
+        first_run = h;
+      else
+        EXPECT_TRUE(bitwise_equal(h, first_run))
+            << "vocab_parallel_embedding_backward not deterministic";
+    }
+    Gpu<float> gyp(yp0), gdwpe(dwpe0), gyb(yp0);
+    add_position_embedding(gyp.get(), gwpe.get(), first, m, T, C);
+    position_embedding_backward(gdwpe.get(), gdyp.get(), first, m, T, C);
+    add_bias(gyb.get(), gbias.get(), m, C);
+    EXPECT_TRUE(bitwise_equal(gyp.host(), yp)) << "add_position_embedding";
+    MT_EXPECT_REL(gdwpe.host(), dwpe, kOrdered, "position_embedding_backward");
+    EXPECT_TRUE(bitwise_equal(gyb.host(), yb)) << "add_bias";
   }
-  Gpu<float> gyp(yp0), gdwpe(dwpe0), gyb(yp0);
-  add_position_embedding(gyp.get(), gwpe.get(), first, m, T, C);
-  position_embedding_backward(gdwpe.get(), gdyp.get(), first, m, T, C);
-  add_bias(gyb.get(), gbias.get(), m, C);
-  EXPECT_TRUE(bitwise_equal(gyp.host(), yp)) << "add_position_embedding";
-  MT_EXPECT_REL(gdwpe.host(), dwpe, kOrdered, "position_embedding_backward");
-  EXPECT_TRUE(bitwise_equal(gyb.host(), yb)) << "add_bias";
 }
 
 // ---- mixed precision --------------------------------------------------------------------------
@@ -646,7 +698,8 @@ TEST(CudaKernels, MixedLinearMatchesCpu) {
       Gpu<float> gb(b), gdy(dy);
       auto gy = Gpu<float>::poisoned(s.n * s.out);
       auto gy16 = Gpu<bf16>::poisoned(s.n * s.out);
-      linear_forward_mixed(gy.get(), gx.get(), gw.get(), bias ? gb.get() : nullptr, s.n, s.in, s.out);
+      linear_forward_mixed(gy.get(), gx.get(), gw.get(), bias ? gb.get() : nullptr, s.n, s.in,
+                           s.out);
       linear_forward_mixed(gy16.get(), gx.get(), gw.get(), bias ? gb.get() : nullptr, s.n, s.in,
                            s.out);
       MT_EXPECT_REL(gy.host(), y, kBf16, "linear_forward_mixed f32 y");
@@ -667,6 +720,27 @@ TEST(CudaKernels, MixedLinearMatchesCpu) {
     }
 }
 
+// in == 0 (an empty reduction): the CPU gives y = b; the GPU's GEMM once refused the zero
+// leading dims this passes down.
+TEST(CudaKernels, MixedLinearWithEmptyReductionIsTheBias) {
+  MT_REQUIRE_GPU();
+  const int64_t n = 3, out = 5;
+  const auto b = randn(out, 140);
+  std::vector<float> y(n * out);
+  std::vector<bf16> y16(n * out);
+  linear_forward_mixed(y.data(), nullptr, nullptr, b.data(), n, 0, out);
+  linear_forward_mixed(y16.data(), nullptr, nullptr, b.data(), n, 0, out);
+  OnGpu g;
+  Gpu<float> gb(b);
+  auto gy = Gpu<float>::poisoned(n * out);
+  auto gy16 = Gpu<bf16>::poisoned(n * out);
+  linear_forward_mixed(gy.get(), nullptr, nullptr, gb.get(), n, 0, out);
+  linear_forward_mixed(gy16.get(), nullptr, nullptr, gb.get(), n, 0, out);
+  EXPECT_TRUE(bitwise_equal(gy.host(), y)) << "f32 y";
+  EXPECT_TRUE(bitwise_equal(test::bf16_to_f32_host(gy16.host()), test::bf16_to_f32_host(y16)))
+      << "bf16 y";
+}
+
 // ---- GEMM peak --------------------------------------------------------------------------------
 
 TEST(CudaKernels, TimeGemmFlopsIsPositive) {
@@ -674,8 +748,8 @@ TEST(CudaKernels, TimeGemmFlopsIsPositive) {
   OnGpu g;
   for (bool b16 : {false, true}) {
     const double f = cuda::time_gemm_flops(512, b16, 3);
-    EXPECT_TRUE(std::isfinite(f) && f > 1e9) << (b16 ? "bf16" : "f32") << " GEMM at " << f
-                                             << " FLOP/s";
+    EXPECT_TRUE(std::isfinite(f) && f > 1e9)
+        << (b16 ? "bf16" : "f32") << " GEMM at " << f << " FLOP/s";
   }
 }
 
@@ -684,6 +758,8 @@ TEST(CudaKernels, TimeGemmFlopsIsPositive) {
 
 #else  // a build without CUDA
 
-TEST(CudaKernels, Skipped) { GTEST_SKIP() << "built without CUDA: the CUDA kernels are not compiled"; }
+TEST(CudaKernels, Skipped) {
+  GTEST_SKIP() << "built without CUDA: the CUDA kernels are not compiled";
+}
 
 #endif

@@ -38,7 +38,19 @@ void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm) {
            last && *last ? ": " : "", last ? last : "");
 }
 
-ncclDataType_t nccl_type(DType t) { return t == DType::kF32 ? ncclFloat32 : ncclBfloat16; }
+// Every DType: an i32 buffer (token ids) mapped to a 2-byte type would move half its bytes.
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+  }
+  MT_ASSERT(false);
+  return ncclFloat32;
+}
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
@@ -164,6 +176,10 @@ class NcclBackend final : public Backend {
   int hook_ = 0;
   std::atomic<bool> aborted_{false};
   mem::Block scratch_;  // device memory for uneven reduce_scatter and barrier; grown only
+  // The tracker current when the group was made (it outlives the group); scratch_ is counted
+  // against it, not against the caller's, which may be scoped to fn and gone when ~NcclBackend
+  // frees the block.
+  mem::Tracker* tracker_ = nullptr;
   std::mutex p2p_mu_;
   std::vector<std::shared_ptr<NcclP2pWork>> pending_;  // started, not yet handed to NCCL
 };
@@ -177,7 +193,8 @@ NcclBackend::NcclBackend(ncclComm_t comm, std::unique_ptr<Group> host_group,
       name_(std::move(name)),
       dev_(device),
       world_rank_(world_rank),
-      job_(job) {
+      job_(job),
+      tracker_(&mem::current_tracker()) {
   host_ = host_group_ ? &host_group_->backend() : host_owned_.get();
   MT_ASSERT(host_ != nullptr && comm_ != nullptr);
   rank_ = host_->rank();
@@ -197,8 +214,7 @@ NcclBackend::NcclBackend(ncclComm_t comm, std::unique_ptr<Group> host_group,
     check_nccl(ncclCommSplit(comm_, 0, rank_, &p2p_comm_, nullptr), "ncclCommSplit (send/recv)",
                comm_);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking),
-               "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
   } catch (...) {
@@ -241,8 +257,8 @@ void NcclBackend::release(bool abort) {
         ncclResult_t r = abort ? ncclCommAbort(*c) : ncclCommDestroy(*c);
         if (r != ncclSuccess)
           std::fprintf(stderr, "[rank %d] nccl backend: group %s: %s failed: %s\n", world_rank_,
-                       name_.c_str(),
-                       abort ? "ncclCommAbort" : "ncclCommDestroy", ncclGetErrorString(r));
+                       name_.c_str(), abort ? "ncclCommAbort" : "ncclCommDestroy",
+                       ncclGetErrorString(r));
         *c = nullptr;
       }
   }
@@ -300,6 +316,7 @@ char* NcclBackend::scratch(int64_t bytes) {
   if (scratch_.bytes < bytes) {
     // cudaFree waits for the device: earlier ops on stream_ are done with the old block.
     mem::release(scratch_);
+    mem::ScopedTracker scope(*tracker_);
     scratch_ = mem::allocate(bytes, mem::Category::kCommunication, mem::Device::kCuda);
   }
   return static_cast<char*>(scratch_.ptr);
@@ -323,8 +340,12 @@ void NcclBackend::run(OpCall& c) {
   // thread): the op waits for what the rank queued before the call, and the rank's later
   // work waits for the op. No host wait.
   auto user = static_cast<cudaStream_t>(c.cuda_stream);
-  check_cuda(cudaEventRecord(ready_, user), "cudaEventRecord (the calling rank's stream)");
-  check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent (comm stream)");
+  cudaEvent_t ready = static_cast<cudaEvent_t>(c.cuda_ready.get());  // an async op's, from the call
+  if (!ready) {
+    ready = ready_;
+    check_cuda(cudaEventRecord(ready, user), "cudaEventRecord (the calling rank's stream)");
+  }
+  check_cuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent (comm stream)");
   enqueue(c);
   check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord (comm stream)");
   check_cuda(cudaStreamWaitEvent(user, done_, 0),
@@ -370,9 +391,9 @@ void NcclBackend::enqueue(OpCall& c) {
         if (m > 0) {
           char* s = scratch((n + 1) * m * es);
           for (int r = 0; r < n; ++r) d2d(s + r * m * es, in + off[sz(r)] * es, c.counts[sz(r)]);
-          check_nccl(ncclReduceScatter(s, s + n * m * es, sz(m), dt, nccl_op(c.reduce), comm_,
-                                       stream_),
-                     "ncclReduceScatter (padded uneven pieces)", comm_);
+          check_nccl(
+              ncclReduceScatter(s, s + n * m * es, sz(m), dt, nccl_op(c.reduce), comm_, stream_),
+              "ncclReduceScatter (padded uneven pieces)", comm_);
           d2d(out, s + n * m * es, mine);
         }
       }
@@ -385,8 +406,7 @@ void NcclBackend::enqueue(OpCall& c) {
       const int64_t mine = c.counts[sz(me)];
       if (c.equal_pieces) {
         if (mine > 0)
-          check_nccl(ncclAllGather(in, out, sz(mine), dt, comm_, stream_), "ncclAllGather",
-                     comm_);
+          check_nccl(ncclAllGather(in, out, sz(mine), dt, comm_, stream_), "ncclAllGather", comm_);
       } else {
         d2d(out + off[sz(me)] * es, in, mine);
         NcclGroupScope g(comm_);
@@ -475,13 +495,13 @@ void NcclBackend::flush_p2p_locked() {
       for (auto& w : ops) {
         const OpCall& c = *w->call;
         if (c.op == OpType::kSend && c.in_elems > 0)
-          check_nccl(ncclSend(c.in, sz(c.in_elems), nccl_type(c.dtype), c.peer, p2p_comm_,
-                              p2p_stream_),
-                     "ncclSend", p2p_comm_);
+          check_nccl(
+              ncclSend(c.in, sz(c.in_elems), nccl_type(c.dtype), c.peer, p2p_comm_, p2p_stream_),
+              "ncclSend", p2p_comm_);
         else if (c.op == OpType::kRecv && c.out_elems > 0)
-          check_nccl(ncclRecv(c.out, sz(c.out_elems), nccl_type(c.dtype), c.peer, p2p_comm_,
-                              p2p_stream_),
-                     "ncclRecv", p2p_comm_);
+          check_nccl(
+              ncclRecv(c.out, sz(c.out_elems), nccl_type(c.dtype), c.peer, p2p_comm_, p2p_stream_),
+              "ncclRecv", p2p_comm_);
       }
       g.end();
     }
@@ -503,8 +523,9 @@ bool NcclP2pWork::test() {
   if (finished_) return rethrow();
   try {
     auto b = backend_->issued_batch(*this);
-    if (!backend_->query_event(b->done, true, fmt::format("{} #{} on {}", op_name(call->op),
-                                                          call->seq, backend_->name())))
+    if (!backend_->query_event(
+            b->done, true,
+            fmt::format("{} #{} on {}", op_name(call->op), call->seq, backend_->name())))
       return false;
   } catch (...) {
     finish(std::current_exception());
@@ -521,8 +542,8 @@ void NcclP2pWork::wait() {
   }
   try {
     auto b = backend_->issued_batch(*this);
-    backend_->wait_event(b->done, true,
-                         fmt::format("{} #{} on {}", op_name(call->op), call->seq, backend_->name()));
+    backend_->wait_event(
+        b->done, true, fmt::format("{} #{} on {}", op_name(call->op), call->seq, backend_->name()));
   } catch (...) {
     finish(std::current_exception());
     rethrow();
@@ -559,7 +580,8 @@ std::unique_ptr<Backend> NcclBackend::split(OpCall& call, int color, int key,
     if (sub) (void)ncclCommDestroy(sub);
     return nullptr;
   }
-  if (!sub) fail_run("nccl backend: ncclCommSplit of {} gave no communicator for color {}", name_, color);
+  if (!sub)
+    fail_run("nccl backend: ncclCommSplit of {} gave no communicator for color {}", name_, color);
   return std::make_unique<NcclBackend>(sub, nullptr, std::move(host_sub), name, dev_, job_,
                                        world_rank_);
 }
@@ -587,8 +609,8 @@ std::unique_ptr<Backend> make_nccl_backend(Group& host_world) {
     fail_run(
         "nccl backend: ncclCommInitRank (rank {} of {} on GPU {}) failed: {}{}{} (NCCL needs "
         "one GPU per rank: to share a GPU among rank threads use --backend local)",
-        host_world.rank(), host_world.size(), dev, ncclGetErrorString(r),
-        last && *last ? ": " : "", last ? last : "");
+        host_world.rank(), host_world.size(), dev, ncclGetErrorString(r), last && *last ? ": " : "",
+        last ? last : "");
   }
   return std::make_unique<NcclBackend>(comm, std::move(host), nullptr, "world", dev,
                                        host_world.context()->job, host_world.world_rank());

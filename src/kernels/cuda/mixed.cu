@@ -52,8 +52,10 @@ void linear_forward_mixed(float* y, const bf16* x, const bf16* w, const float* b
                           int64_t in, int64_t out) {
   check_linear("linear_forward_mixed", n, in, out);
   if (n == 0 || out == 0) return;
-  // in == 0: gemm_bf16 writes zeros (beta = 0), then y = b.
-  gemm_bf16(false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  // in == 0: gemm_bf16 writes zeros (beta = 0), then y = b. Its leading dims must be >= 1
+  // even then (as the CPU's check_dims says), so ld is 1 for an empty x and w.
+  const int64_t ld = in > 0 ? in : 1;
+  gemm_bf16(false, true, n, out, in, 1.0f, x, ld, w, ld, 0.0f, y, out);
   if (b) launch_add_bias(y, b, n, out);
 }
 
@@ -62,8 +64,10 @@ void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b,
   check_linear("linear_forward_mixed", n, in, out);
   if (n == 0 || out == 0) return;
   // The f32 product goes to a scratch buffer, then bias and one rounding in one pass.
-  auto* acc = static_cast<float*>(scratch(Scratch::kTemp, static_cast<size_t>(n * out) * sizeof(float)));
-  gemm_bf16(false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, acc, out);
+  auto* acc =
+      static_cast<float*>(scratch(Scratch::kTemp, static_cast<size_t>(n * out) * sizeof(float)));
+  const int64_t ld = in > 0 ? in : 1;  // in == 0: acc = 0, y = bf16(b) (see above)
+  gemm_bf16(false, true, n, out, in, 1.0f, x, ld, w, ld, 0.0f, acc, out);
   bias_round_kernel<<<grid_for(n * out), kThreads, 0, stream()>>>(reinterpret_cast<uint16_t*>(y),
                                                                   acc, b, n, out);
   check_launch("bias_round_kernel");
