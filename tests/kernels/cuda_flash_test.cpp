@@ -59,32 +59,6 @@ double norm(const std::vector<float>& x) {
   return std::sqrt(s);  // NaN when x has one
 }
 
-// lse[(b*NH + h)*T + t] = log sum_{j <= t} exp(q_t . k_j / sqrt(hd)), in double.
-std::vector<float> reference_lse(const std::vector<float>& qkv, int64_t B, int64_t T, int64_t C,
-                                 int64_t NH) {
-  const int64_t hd = C / NH;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  std::vector<float> lse(static_cast<size_t>(B * NH * T));
-  std::vector<double> s(static_cast<size_t>(T));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const float* q = qkv.data() + (b * T + t) * 3 * C + h * hd;
-        double mx = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) {
-          const float* k = qkv.data() + (b * T + j) * 3 * C + C + h * hd;
-          double d = 0;
-          for (int64_t c = 0; c < hd; ++c) d += static_cast<double>(q[c]) * k[c];
-          s[j] = d * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(s[j] - mx);
-        lse[(b * NH + h) * T + t] = static_cast<float>(mx + std::log(sum));
-      }
-  return lse;
-}
-
 TEST(CudaFlashAttention, MatchesCpuAndIsDeterministic) {
   MT_REQUIRE_GPU();
   const int64_t B = 2, NH = 3;
@@ -100,9 +74,9 @@ TEST(CudaFlashAttention, MatchesCpuAndIsDeterministic) {
       std::vector<float> out(n_out), att(attention_stash_elems(B, NH, T)), dqkv(n_qkv),
           scratch(attention_scratch_elems(B, NH, T));
       attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-      attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
-                         C, NH);
-      const auto lse = reference_lse(qkv, B, T, C, NH);
+      attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                         NH);
+      const auto lse = test::reference_lse(qkv, B, T, C, NH);
 
       OnGpu g;
       FlashMode flash(true);
@@ -112,8 +86,7 @@ TEST(CudaFlashAttention, MatchesCpuAndIsDeterministic) {
       auto gout = Gpu<float>::poisoned(n_out), glse = Gpu<float>::poisoned(n_rows),
            gdqkv = Gpu<float>::poisoned(n_qkv), gscr = Gpu<float>::poisoned(n_rows);
       attention_forward(gout.get(), glse.get(), gqkv.get(), B, T, C, NH);
-      attention_backward(gdqkv.get(), gscr.get(), gdout.get(), gqkv.get(), glse.get(), B, T, C,
-                         NH);
+      attention_backward(gdqkv.get(), gscr.get(), gdout.get(), gqkv.get(), glse.get(), B, T, C, NH);
       const auto got_out = gout.host(), got_lse = glse.host(), got_dqkv = gdqkv.host();
       // Every element written: a NaN left from the poison fails rel_norm.
       MT_EXPECT_REL(got_out, out, kBf16Attention, what + " out");

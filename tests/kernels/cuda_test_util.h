@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,9 +20,9 @@ namespace mt::kernels::test {
 
 inline bool have_gpu() { return device::cuda_device_count() > 0; }
 
-#define MT_REQUIRE_GPU()                                                                      \
-  do {                                                                                        \
-    if (!::mt::kernels::test::have_gpu())                                                     \
+#define MT_REQUIRE_GPU()                                                                        \
+  do {                                                                                          \
+    if (!::mt::kernels::test::have_gpu())                                                       \
       GTEST_SKIP() << "no CUDA GPU on this machine: the CUDA kernels are compiled but not run"; \
   } while (0)
 
@@ -81,11 +82,11 @@ inline double rel_norm(const std::vector<float>& got, const std::vector<float>& 
   return std::sqrt(d) / std::max(std::sqrt(w), 1e-30);
 }
 
-#define MT_EXPECT_REL(got, want, tol, what)                                                  \
-  do {                                                                                       \
-    const double mt_rel_ = ::mt::kernels::test::rel_norm((got), (want));                     \
+#define MT_EXPECT_REL(got, want, tol, what)                                                 \
+  do {                                                                                      \
+    const double mt_rel_ = ::mt::kernels::test::rel_norm((got), (want));                    \
     EXPECT_TRUE(mt_rel_ <= (tol)) << (what) << ": relative norm error " << mt_rel_ << " > " \
-                                  << (tol);                                                  \
+                                  << (tol);                                                 \
   } while (0)
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
@@ -119,6 +120,34 @@ inline std::vector<float> bf16_to_f32_host(const std::vector<bf16>& x) {
   std::vector<float> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
   return y;
+}
+
+// The fused attention's log-sum-exp of causal scores, for its tests (the CPU kernel keeps the
+// probabilities, not lse): lse[(b*NH + h)*T + t] = log sum_{j <= t} exp(q_t . k_j / sqrt(hd)),
+// in double, from qkv [B, T, 3C].
+inline std::vector<float> reference_lse(const std::vector<float>& qkv, int64_t B, int64_t T,
+                                        int64_t C, int64_t NH) {
+  const int64_t hd = C / NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<float> lse(static_cast<size_t>(B * NH * T));
+  std::vector<double> s(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* q = qkv.data() + (b * T + t) * 3 * C + h * hd;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          const float* k = qkv.data() + (b * T + j) * 3 * C + C + h * hd;
+          double d = 0;
+          for (int64_t c = 0; c < hd; ++c) d += static_cast<double>(q[c]) * k[c];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(s[j] - mx);
+        lse[(b * NH + h) * T + t] = static_cast<float>(mx + std::log(sum));
+      }
+  return lse;
 }
 
 }  // namespace mt::kernels::test

@@ -6,6 +6,7 @@
 // search over the segments' first blocks.
 #include <cmath>
 
+#include "kernels/cuda/adamw_kernels.cuh"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels_cuda.h"
@@ -14,8 +15,6 @@ namespace mt::kernels::cuda {
 namespace {
 
 using namespace detail;
-
-constexpr int64_t kElemsPerBlock = 4 * kThreads;  // of a segment, in adamw_update_multi
 
 struct Corrections {
   float c1, c2;
@@ -26,61 +25,6 @@ Corrections corrections(float beta1, float beta2, int64_t t, const char* what) {
   const float c1 = 1.0f / static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
   const float c2 = 1.0f / static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
   return {c1, c2};
-}
-
-// One element: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g; p -= lr (mhat / (sqrt(vhat) + eps)
-// + wd p). Returns the new parameter.
-__device__ inline float adamw_element(float* param, const float* grad, float* m, float* v,
-                                      int64_t i, float lr, float beta1, float beta2, float eps,
-                                      float wd, float c1, float c2) {
-  const float g = grad[i];
-  const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(1.0f - beta1, g));
-  const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(1.0f - beta2, g), g));
-  m[i] = mi;
-  v[i] = vi;
-  const float mhat = __fmul_rn(mi, c1), vhat = __fmul_rn(vi, c2);
-  const float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(sqrtf(vhat), eps)), __fmul_rn(wd, param[i]));
-  const float p = __fsub_rn(param[i], __fmul_rn(lr, step));
-  param[i] = p;
-  return p;
-}
-
-__global__ void adamw_kernel(float* param, uint16_t* param_bf16, const float* grad, float* m,
-                             float* v, int64_t n, float lr, float beta1, float beta2, float eps,
-                             float wd, float c1, float c2) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float p = adamw_element(param, grad, m, v, i, lr, beta1, beta2, eps, wd, c1, c2);
-    if (param_bf16) param_bf16[i] = bf16_bits(p);
-  }
-}
-
-// A segment on the device: its elements and the first block that works on it.
-struct DeviceSegment {
-  int64_t offset, n, first_block;
-  float weight_decay;
-  float pad;
-};
-
-__global__ void adamw_multi_kernel(float* param, const float* grad, float* m, float* v,
-                                   const DeviceSegment* segs, int64_t n_segs, float lr,
-                                   float beta1, float beta2, float eps, float c1, float c2) {
-  // The segment of this block: the last k with segs[k].first_block <= blockIdx.x (segments
-  // with no elements have no blocks, so the last such k has this block).
-  const int64_t b = blockIdx.x;
-  int64_t lo = 0, hi = n_segs - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (segs[mid].first_block <= b)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const DeviceSegment s = segs[lo];
-  const int64_t start = (b - s.first_block) * kElemsPerBlock;
-  const int64_t end = start + kElemsPerBlock < s.n ? start + kElemsPerBlock : s.n;
-  for (int64_t k = start + threadIdx.x; k < end; k += kThreads)
-    adamw_element(param, grad, m, v, s.offset + k, lr, beta1, beta2, eps, s.weight_decay, c1, c2);
 }
 
 void launch_adamw(const char* what, float* param, uint16_t* param_bf16, const float* grad,
@@ -125,7 +69,7 @@ void adamw_update_multi(float* param, const float* grad, float* m, float* v,
       fail_input("adamw_update_multi: segment " + str(k) + " has offset=" + str(g.offset) +
                  " n=" + str(g.n) + " (both must be >= 0)");
     host[k] = DeviceSegment{g.offset, g.n, blocks, g.weight_decay, 0.0f};
-    blocks += (g.n + kElemsPerBlock - 1) / kElemsPerBlock;
+    blocks += segment_blocks(g.n);
   }
   if (blocks == 0) return;
   if (blocks > INT32_MAX)

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.h"
@@ -41,39 +42,6 @@ bool flash_attention_enabled() {
 namespace {
 
 using namespace detail;
-
-// Row blockIdx.x of the [B*NH*T, T] scores (query t = row % T), already scaled by
-// 1/sqrt(hd) in the GEMM: softmax over keys 0..t in place, 0 after.
-__global__ void causal_softmax_kernel(float* att, int64_t T) {
-  __shared__ float shm[kThreads];
-  const int64_t row = blockIdx.x;
-  const int64_t t = row % T;
-  float* p = att + row * T;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= t; j += kThreads) mx = fmaxf(mx, p[j]);
-  mx = block_reduce(mx, shm, MaxOp{});
-  float s = 0.0f;
-  for (int64_t j = threadIdx.x; j <= t; j += kThreads) {
-    const float e = expf(p[j] - mx);
-    p[j] = e;
-    s += e;
-  }
-  const float inv = 1.0f / block_reduce(s, shm, AddOp{});
-  for (int64_t j = threadIdx.x; j < T; j += kThreads) p[j] = j <= t ? p[j] * inv : 0.0f;
-}
-
-// Row blockIdx.x of dP (in ds) and P: dS = P * (dP - <P, dP>) * scale over keys 0..t, 0 after.
-__global__ void causal_softmax_backward_kernel(float* ds, const float* att, int64_t T, float scale) {
-  __shared__ float shm[kThreads];
-  const int64_t row = blockIdx.x;
-  const int64_t t = row % T;
-  float* d = ds + row * T;
-  const float* p = att + row * T;
-  float dot = 0.0f;
-  for (int64_t j = threadIdx.x; j <= t; j += kThreads) dot += p[j] * d[j];
-  dot = block_reduce(dot, shm, AddOp{});
-  for (int64_t j = threadIdx.x; j < T; j += kThreads) d[j] = j <= t ? p[j] * (d[j] - dot) * scale : 0.0f;
-}
 
 void check_shape(const char* what, int64_t B, int64_t T, int64_t C, int64_t NH) {
   check_nonneg(what, "B", B);

@@ -18,6 +18,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "kernels/cuda/launch.h"
+
 namespace mt::kernels::cuda::detail {
 
 // ---- errors ------------------------------------------------------------------------------
@@ -101,26 +103,13 @@ void* host_staging(size_t bytes);
 // Records, on the stream, that the copy out of host_staging has been queued.
 void staging_copied();
 
-// ---- launch shapes -----------------------------------------------------------------------
-constexpr int kThreads = 256;  // threads per block of every kernel here (a power of two)
-// Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
-inline unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  const int64_t cap = int64_t{1} << 16;
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
-}
+// ---- shape checks (the launch shapes, kThreads and grid_for: launch.h) --------------------
 // Checks n >= 0 with a message naming the kernel and the size.
 inline void check_nonneg(const char* what, const char* name, int64_t v) {
   if (v < 0) fail_input(std::string(what) + ": " + name + " must be >= 0, got " + str(v));
 }
 
-// ---- column sums (reduce.cu): deterministic two-phase reductions over rows ---------------
-// A plan that splits n rows into `chunks` chunks of `rows_per_chunk` rows (the last may be
-// shorter); it depends only on (n, c), so the summation order, and the bits, are fixed.
-struct ColumnChunks {
-  int64_t rows_per_chunk = 1, chunks = 0;
-};
-ColumnChunks column_chunks(int64_t n, int64_t c);
+// ---- column sums (reduce.cu; the split is launch.h's column_chunks) ---------------------
 // out[j] += sum over chunks k in order of partials[k * c + j].
 void add_partials(float* out, const float* partials, int64_t chunks, int64_t c);
 // out[j] += sum_i x[i * c + j] (the bias gradient of a linear layer), deterministic.

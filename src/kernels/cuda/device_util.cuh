@@ -1,12 +1,22 @@
 // Device-side helpers shared by the kernels: a grid-stride loop, a deterministic block
 // reduction and the f32 to bf16 rounding of core/dtype.h.
+//
+// Two compilers read this header: nvcc (through the .cu files and their *_kernels.cuh) and
+// the host C++ compiler under the CPU emulation of tests/kernels/cuda_emu/cuda_emu.h, which
+// defines MT_CUDA_EMULATION and the CUDA names used here (threadIdx, __syncthreads,
+// __float_as_uint, ...) before including it. The one hook is marked "Emulation hook".
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstdint>
 
+// Emulation hook: the CUDA runtime and the host-side context (cuBLASLt, streams) only under
+// nvcc; the device code here needs only the launch shapes (kThreads).
+#ifndef MT_CUDA_EMULATION
+#include <cuda_runtime.h>
+
 #include "kernels/cuda/context.h"
+#endif
+#include "kernels/cuda/launch.h"
 
 // for (int64_t i = this thread's first element; i < n; i += every thread of the grid)
 #define MT_GRID_STRIDE(i, n)                                                  \

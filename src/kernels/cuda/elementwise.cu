@@ -1,7 +1,11 @@
 // Elementwise kernels: add, accumulate, scale, copy and the bias add of [n, c] rows.
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/kernels_cuda.h"
+
+// The kernels (in the *_kernels.cuh) are done with it.
+#undef MT_GRID_STRIDE
 
 namespace mt::kernels::cuda {
 namespace {
@@ -10,19 +14,6 @@ using detail::check_launch;
 using detail::grid_for;
 using detail::kThreads;
 using detail::stream;
-
-__global__ void add_kernel(float* y, const float* a, const float* b, int64_t n) {
-  MT_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
-}
-__global__ void accumulate_kernel(float* y, const float* x, int64_t n) {
-  MT_GRID_STRIDE(i, n) y[i] += x[i];
-}
-__global__ void scale_kernel(float* y, float s, int64_t n) { MT_GRID_STRIDE(i, n) y[i] *= s; }
-__global__ void add_bias_kernel(float* y, const float* b, int64_t n, int64_t c) {
-  MT_GRID_STRIDE(i, n * c) y[i] += b[i % c];
-}
-
-#undef MT_GRID_STRIDE
 
 }  // namespace
 

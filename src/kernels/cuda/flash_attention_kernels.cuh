@@ -22,7 +22,7 @@
 // under the CPU emulation of tests/kernels/cuda_emu/cuda_emu.h, which defines
 // MT_CUDA_EMULATION and provides the CUDA names used here (threadIdx, __syncthreads,
 // __shfl_xor_sync, __nv_bfloat16, nvcuda::wmma, ...) before including it; the kernels are the
-// same text for both. The two hooks for the emulation are marked "Emulation hook".
+// same text for both. The three hooks for the emulation are marked "Emulation hook".
 #pragma once
 
 // Emulation hook: the CUDA headers only under nvcc; the emulator provides their names.
@@ -42,8 +42,14 @@ namespace {
 // Emulation hook: the host has no per-block shared memory space, so the emulator defines the
 // array that the kernels' block-scope `extern __shared__ ... smem[]` declarations name (a
 // block-scope extern declaration refers to the enclosing namespace's variable).
+// The kernels here declare only that `extern __shared__` array, and "extern static" is not
+// C++: `__shared__` (the emulator's `static`, for block-scope arrays) is nothing down to the
+// end of this header, where the last hook puts it back.
 #ifdef MT_CUDA_EMULATION
 MT_CUDA_EMU_DYNAMIC_SHARED(smem);
+#pragma push_macro("__shared__")
+#undef __shared__
+#define __shared__
 #endif
 
 namespace wmma = nvcuda::wmma;
@@ -436,3 +442,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 
 }  // namespace
 }  // namespace mt::kernels::cuda::detail
+
+// Emulation hook: the emulator's `__shared__` again, for the headers after this one.
+#ifdef MT_CUDA_EMULATION
+#pragma pop_macro("__shared__")
+#endif

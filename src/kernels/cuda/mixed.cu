@@ -4,27 +4,15 @@
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/mixed_kernels.cuh"
+
+// The kernels (in the *_kernels.cuh) are done with it.
+#undef MT_GRID_STRIDE
 
 namespace mt::kernels::cuda {
 namespace {
 
 using namespace detail;
-
-__global__ void to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
-  MT_GRID_STRIDE(i, n) y[i] = bf16_bits(x[i]);
-}
-
-__global__ void to_f32_kernel(float* y, const uint16_t* x, int64_t n) {
-  MT_GRID_STRIDE(i, n) y[i] = bf16_to_float(x[i]);
-}
-
-// y[i, j] = bf16(acc[i, j] + b[j]) (b may be null): the f32 result rounded once.
-__global__ void bias_round_kernel(uint16_t* y, const float* acc, const float* b, int64_t n,
-                                  int64_t c) {
-  MT_GRID_STRIDE(e, n * c) y[e] = bf16_bits(b ? acc[e] + b[e % c] : acc[e]);
-}
-
-#undef MT_GRID_STRIDE
 
 void check_linear(const char* what, int64_t n, int64_t in, int64_t out) {
   check_nonneg(what, "n", n);
