@@ -52,7 +52,8 @@ TEST(AdamW, MultiSegmentEqualsOneCallPerSegment) {
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(v1, v2);
   const auto p0 = test::randn(n, 3);
-  for (int64_t i = 107; i < 120; ++i) EXPECT_EQ(p1[i], p0[i]) << "element " << i << " is in no segment";
+  for (int64_t i = 107; i < 120; ++i)
+    EXPECT_EQ(p1[i], p0[i]) << "element " << i << " is in no segment";
 }
 
 TEST(AdamW, RejectsStepZero) {

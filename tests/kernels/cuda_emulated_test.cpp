@@ -665,24 +665,7 @@ TEST(CudaEmulated, ElementwiseIsBitwiseTheCpus) {
 }
 
 TEST(CudaEmulated, Bf16ConversionsAreBitwiseTheCpus) {
-  auto x = randn(1000, 120, 10.0f);
-  const float inf = std::numeric_limits<float>::infinity();
-  const float specials[] = {0.0f,
-                            -0.0f,
-                            inf,
-                            -inf,
-                            std::numeric_limits<float>::quiet_NaN(),
-                            -std::numeric_limits<float>::quiet_NaN(),
-                            std::numeric_limits<float>::signaling_NaN(),
-                            std::numeric_limits<float>::max(),
-                            -std::numeric_limits<float>::max(),
-                            std::numeric_limits<float>::denorm_min(),
-                            1e-40f,
-                            -3e-39f,
-                            1.00390625f,  // a tie: 1 + 2^-8, rounds to even (1)
-                            1.01171875f,  // a tie: 1 + 3*2^-8, rounds to even (up)
-                            3.3895314e38f};
-  x.insert(x.end(), std::begin(specials), std::end(specials));
+  const auto x = test::bf16_conversion_inputs();
   const int64_t n = static_cast<int64_t>(x.size());
   std::vector<bf16> want(n);
   to_bf16(want.data(), x.data(), n);

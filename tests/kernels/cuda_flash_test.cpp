@@ -32,7 +32,9 @@ namespace {
 
 using test::bitwise_equal;
 using test::Gpu;
+using test::norm;
 using test::OnGpu;
+using test::part_of;
 using test::randn;
 
 constexpr double kBf16Attention = 2e-2;  // see the top of the file
@@ -44,20 +46,6 @@ struct FlashMode {
   FlashMode(const FlashMode&) = delete;
   FlashMode& operator=(const FlashMode&) = delete;
 };
-
-// Columns [part*C, (part+1)*C) of every row of a [rows, 3C] array (q, k or v).
-std::vector<float> part_of(const std::vector<float>& x, int64_t rows, int64_t C, int part) {
-  std::vector<float> y(static_cast<size_t>(rows * C));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < C; ++c) y[r * C + c] = x[r * 3 * C + part * C + c];
-  return y;
-}
-
-double norm(const std::vector<float>& x) {
-  double s = 0;
-  for (const float v : x) s += static_cast<double>(v) * v;
-  return std::sqrt(s);  // NaN when x has one
-}
 
 TEST(CudaFlashAttention, MatchesCpuAndIsDeterministic) {
   MT_REQUIRE_GPU();

@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "kernels/test_util.h"
 
 namespace mt::kernels::test {
 
@@ -148,6 +150,45 @@ inline std::vector<float> reference_lse(const std::vector<float>& qkv, int64_t B
         lse[(b * NH + h) * T + t] = static_cast<float>(mx + std::log(sum));
       }
   return lse;
+}
+
+// Columns [part*C, (part+1)*C) of every row of a [rows, 3C] array (q, k or v).
+inline std::vector<float> part_of(const std::vector<float>& x, int64_t rows, int64_t C, int part) {
+  std::vector<float> y(static_cast<size_t>(rows * C));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < C; ++c) y[r * C + c] = x[r * 3 * C + part * C + c];
+  return y;
+}
+
+// The Euclidean norm, in double.
+inline double norm(const std::vector<float>& x) {
+  double s = 0;
+  for (const float v : x) s += static_cast<double>(v) * v;
+  return std::sqrt(s);  // NaN when x has one
+}
+
+// Inputs for the bf16 conversion tests: random values and every special case of the
+// rounding (signed zeros, infinities, NaNs, the largest finite, subnormals, ties).
+inline std::vector<float> bf16_conversion_inputs() {
+  auto x = randn(1000, 120, 10.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            inf,
+                            -inf,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::signaling_NaN(),
+                            std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::denorm_min(),
+                            1e-40f,
+                            -3e-39f,
+                            1.00390625f,  // a tie: 1 + 2^-8, rounds to even (1)
+                            1.01171875f,  // a tie: 1 + 3*2^-8, rounds to even (up)
+                            3.3895314e38f};
+  x.insert(x.end(), std::begin(specials), std::end(specials));
+  return x;
 }
 
 }  // namespace mt::kernels::test

@@ -44,6 +44,8 @@ namespace {
 namespace fa = cuda::detail;
 namespace emu = cuda_emu;
 using test::bitwise_equal;
+using test::norm;
+using test::part_of;
 using test::randn;
 using test::rel_norm;
 
@@ -111,20 +113,6 @@ FlashResult run_flash(const std::vector<float>& qkv, const std::vector<float>& d
   EXPECT_TRUE(dqkv.guards_intact()) << "a write outside dqkv";
   EXPECT_TRUE(d_rows.guards_intact()) << "a write outside d_rows";
   return {out.values(), lse.values(), dqkv.values(), d_rows.values()};
-}
-
-// Columns [part*C, (part+1)*C) of every row of a [rows, 3C] array (q, k or v).
-std::vector<float> part_of(const std::vector<float>& x, int64_t rows, int64_t C, int part) {
-  std::vector<float> y(static_cast<size_t>(rows * C));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < C; ++c) y[r * C + c] = x[r * 3 * C + part * C + c];
-  return y;
-}
-
-double norm(const std::vector<float>& x) {
-  double s = 0;
-  for (const float v : x) s += static_cast<double>(v) * v;
-  return std::sqrt(s);
 }
 
 int64_t count_nan(const std::vector<float>& x) {
