@@ -501,16 +501,7 @@ TEST(CudaKernels, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
   // Gaps between segments, an empty segment, a one-element one, and one spanning many blocks.
   // The second table: a leading and a trailing empty segment (the block search must skip
   // them), and segments one element short of, exactly, and one past a block's 1024 elements.
-  const std::vector<std::vector<AdamwSegment>> tables = {
-      {{0, 1000, 0.1f}, {1000, 0, 0.1f}, {1010, 1, 0.0f}, {1100, 3000, 0.05f}, {4200, 700, 0.1f}},
-      {{0, 0, 0.1f},
-       {3, 1023, 0.1f},
-       {1026, 1024, 0.0f},
-       {2050, 1025, 0.02f},
-       {3077, 0, 0.1f},
-       {3077, 1, 0.3f},
-       {3081, 1917, 0.1f},
-       {4999, 0, 0.1f}}};
+  const auto tables = test::adamw_segment_tables();
   const auto p0 = randn(n, 94), g0 = randn(n, 95, 0.1f), m0 = randn(n, 96, 0.01f);
   auto v0 = randn(n, 97, 0.001f);
   for (auto& x : v0) x = std::fabs(x);

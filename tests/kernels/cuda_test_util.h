@@ -16,6 +16,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "kernels/kernels.h"
 #include "kernels/test_util.h"
 
 namespace mt::kernels::test {
@@ -189,6 +190,22 @@ inline std::vector<float> bf16_conversion_inputs() {
                             3.3895314e38f};
   x.insert(x.end(), std::begin(specials), std::end(specials));
   return x;
+}
+
+// Segment tables over 5000 elements for the multi-tensor AdamW tests: gaps between segments,
+// empty segments (leading, inner, trailing), a one-element one, one spanning many blocks, and
+// segments one element short of, exactly, and one past a block's 1024 elements.
+inline std::vector<std::vector<AdamwSegment>> adamw_segment_tables() {
+  return {
+      {{0, 1000, 0.1f}, {1000, 0, 0.1f}, {1010, 1, 0.0f}, {1100, 3000, 0.05f}, {4200, 700, 0.1f}},
+      {{0, 0, 0.1f},
+       {3, 1023, 0.1f},
+       {1026, 1024, 0.0f},
+       {2050, 1025, 0.02f},
+       {3077, 0, 0.1f},
+       {3077, 1, 0.3f},
+       {3081, 1917, 0.1f},
+       {4999, 0, 0.1f}}};
 }
 
 }  // namespace mt::kernels::test
