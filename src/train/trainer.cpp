@@ -98,8 +98,7 @@ void TrainOptions::validate() const {
     if (!device::cuda_built())
       fail("--device cuda: this meshtrain was built without CUDA (configure with "
            "-DMESHTRAIN_CUDA=ON where nvcc is installed, or use --device cpu)");
-    // Not yet on a GPU: the shard gathers of export read tensors through the host.
-    if (!export_path.empty() && (tp > 1 || pipeline.pp > 1))
+    if (!export_path.empty() && !export_supported())
       fail("--device cuda: --export of a tp > 1 or pp > 1 layout is not supported on a GPU yet "
            "(export works with dp and ZeRO; or train with --device cpu)");
   }

@@ -69,6 +69,9 @@ struct TrainOptions {
   int64_t microbatch_size() const;
   int64_t microbatches_per_step() const { return batch / dp / microbatch_size(); }
   void validate() const;
+  // Whether --export is possible for this layout: not yet for tp > 1 or pp > 1 on a GPU (the
+  // shard gathers of export read tensors through the host).
+  bool export_supported() const { return device != "cuda" || (tp == 1 && pipeline.pp == 1); }
 };
 
 struct StepRecord {
@@ -111,8 +114,8 @@ struct TrainResult {
   int64_t gradient_pool_elems = 0;          // ZeRO-2/3 gradient pool (unit buffers)
   int64_t bf16_param_elems = 0;             // --dtype bf16: rank 0's bf16 weight copy (or slots)
   std::vector<PipelineRankStats> pipeline;  // per world rank, with --pp > 1
-  int64_t start_step = 0;  // steps restored from a checkpoint (the last attempt's)
-  int restarts = 0;        // --max-restarts: attempts that failed before this one
+  int64_t start_step = 0;                   // steps restored from a checkpoint (the last attempt's)
+  int restarts = 0;                         // --max-restarts: attempts that failed before this one
 };
 
 TrainResult run_training(const TrainOptions& opts);

@@ -169,12 +169,10 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   const std::string oracle_path = (dir.path / "oracle.safetensors").string();
   VerifyReport report;
   report.tol = tol;
-  // The layout first: its refusals come before any work. On a GPU, TrainOptions::validate
-  // refuses --export of a tp > 1 or pp > 1 layout (the shard gathers read tensors through
-  // the host): such a layout runs without it and only its losses and gradient norms are
-  // compared (params.compared stays false), rather than the whole verify being refused.
-  const bool layout_exports =
-      !(layout.device == "cuda" && (layout.tp > 1 || layout.pipeline.pp > 1));
+  // The layout first: its refusals come before any work. A layout that cannot export (tp or
+  // pp on a GPU) runs without it and only its losses and gradient norms are compared
+  // (params.compared stays false), rather than the whole verify being refused.
+  const bool layout_exports = layout.export_supported();
   TrainOptions layout_exporting = layout;
   if (layout_exports) layout_exporting.export_path = layout_path;
   const TrainResult b = run_training(layout_exporting);
