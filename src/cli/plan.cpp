@@ -36,6 +36,10 @@ void PlanFlags::add_to(CLI::App& app) {
                "attention as separate softmax (+ dropout) kernels that keep the T x T "
                "probabilities (Megatron-LM 2021/2022, our CUDA backend by default) instead of "
                "one fused kernel");
+  app.add_flag("--unfused-grad-accum", unfused_grad_accum,
+               "weight gradients written to a temporary and added into the accumulation buffer "
+               "by a separate kernel every microbatch (Megatron-LM 2021, PyTorch autograd "
+               "accumulation) instead of accumulated by the GEMM");
   app.add_option("--microbatch", microbatch, "sequences per microbatch");
   app.add_option("--microbatches", microbatches,
                  "microbatches per step and pipeline (instead of --microbatch)");
@@ -118,6 +122,7 @@ plan::SearchPins PlanFlags::pins() const {
   if (tp_comm_overlap && no_sp) fail("--tp-comm-overlap needs sequence parallelism: drop --no-sp");
   p.tp_comm_overlap = tp_comm_overlap;
   if (unfused_attention) p.fused_attention = false;
+  if (unfused_grad_accum) p.grad_accum_fusion = false;
   return p;
 }
 
@@ -161,6 +166,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"tp_comm_overlap", l.tp_comm_overlap},
             {"pp_overlap", l.pp_overlap},
             {"fused_attention", l.fused_attention},
+            {"grad_accum_fusion", l.grad_accum_fusion},
             {"even_layers", l.even_layers}}},
           {"step_time_s", e.step_time_s},
           {"tokens_per_s", e.tokens_per_s},
@@ -187,6 +193,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"pp_comm", e.pp_comm_s},
             {"dp_comm", e.dp_comm_s},
             {"dp_exposed", e.dp_exposed_s},
+            {"grad_accum", e.grad_accum_s},
             {"optimizer", e.optimizer_s}}}};
 }
 

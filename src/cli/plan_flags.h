@@ -25,6 +25,7 @@ struct PlanFlags {
   bool sp = false, no_sp = false;
   bool tp_comm_overlap = false;
   bool unfused_attention = false;
+  bool unfused_grad_accum = false;
   bool json = false;
 
   void add_to(CLI::App& app);

@@ -41,6 +41,7 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
   plan::set_software(l, megatron_2021);  // Megatron-LM 2021 (Narayanan et al.) or today's
   l.tp_comm_overlap = f.tp_comm_overlap;
   if (f.unfused_attention) l.fused_attention = false;
+  if (f.unfused_grad_accum) l.grad_accum_fusion = false;
   if (f.pp_layers) l.pp_layers = parallel::pp::parse_layer_counts(*f.pp_layers);
   return l;
 }
@@ -102,10 +103,11 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
   auto yes = [](bool b) { return b ? "yes" : "no"; };
   text += fmt::format(
       "software: {} (DP reduction overlapped {}, backward TP beside weight gradients {}, "
-      "userbuffers TP overlap {}, p2p overlapped {}, fused attention {})\n",
+      "userbuffers TP overlap {}, p2p overlapped {}, fused attention {}, gradient "
+      "accumulation in the GEMMs {})\n",
       megatron_2021 ? "Megatron-LM 2021" : "today's Megatron-Core", yes(l.dp_overlap),
       yes(l.tp_overlap), yes(l.tp_comm_overlap), yes(l.pp_overlap && l.schedule == "interleaved"),
-      yes(l.fused_attention && j.dtype != "f32"));
+      yes(l.fused_attention && j.dtype != "f32"), yes(l.grad_accum_fusion));
   if (l.pp > 1)
     text += fmt::format(
         "layers per pipeline chunk: {}{}\n", fmt::join(plan::chunk_layers(j, l), ","),
@@ -124,10 +126,11 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
       "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + exposed dp {:.4g} s + "
       "optimizer {:.4g} s\n"
       "  busiest rank: forward {:.4g} s, backward (+recompute) {:.4g} s, of which tp comm "
-      "{:.4g} s, cp comm {:.4g} s; p2p {:.4g} s; dp comm {:.4g} s ({} hidden)\n"
+      "{:.4g} s, cp comm {:.4g} s; gradient accumulation adds {:.4g} s; p2p {:.4g} s; dp comm "
+      "{:.4g} s ({} hidden)\n"
       "  {:.4g} tokens/s, {:.1f} model TFLOP/s per GPU, {:.1f} with recomputation, MFU {:.1f}%\n",
       e.step_time_s, e.pipeline_s, 100 * e.bubble_fraction, e.dp_exposed_s, e.optimizer_s,
-      e.forward_s, e.backward_s, e.tp_comm_s, e.cp_comm_s, e.pp_comm_s, e.dp_comm_s,
+      e.forward_s, e.backward_s, e.tp_comm_s, e.cp_comm_s, e.grad_accum_s, e.pp_comm_s, e.dp_comm_s,
       e.dp_exposed_s <= 0 ? "all" : (e.dp_exposed_s < e.dp_comm_s ? "partly" : "not"),
       e.tokens_per_s, e.tflops_per_gpu, e.hw_tflops_per_gpu, 100 * e.mfu);
   std::fprintf(human, "%s", text.c_str());

@@ -35,7 +35,7 @@ GpuSpec a100_80gb() {
   g.hbm_bytes = 80 * kGiB;
   g.hbm_bytes_per_s = 2.039e12;
   // Fitted once to Narayanan et al. 2021 Table 1 (docs/planner.md, "Calibration").
-  g.gemm = GemmCurve{0.76, 96};
+  g.gemm = GemmCurve{0.78, 96};
   g.hbm_efficiency = 0.7;
   g.kernel_overhead_s = 0;
   return g;

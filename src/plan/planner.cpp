@@ -49,17 +49,24 @@ Split split_of(const Job& j, const Layout& l) {
   return s;
 }
 
-// Parameters held by pipeline rank r (before ZeRO), per TP rank.
-double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
+// Parameters of pipeline chunk c (model order; before ZeRO), per TP rank.
+double chunk_params(const Job& j, const Layout& l, const Split& split, int c) {
   const ModelSpec& m = j.model;
-  const double t = l.tp;
-  double p = split.rank[size_t(r)] * m.block_params_per_tp(l.tp);
-  if (r == 0) p += m.embedding_params_per_tp(l.tp);
-  if (r == l.pp - 1) {
+  double p = split.chunk[size_t(c)] * m.block_params_per_tp(l.tp);
+  if (c == 0) p += m.embedding_params_per_tp(l.tp);
+  if (c == int(split.chunk.size()) - 1) {
     p += m.head_params_per_tp(l.tp);
     // The tied embedding's copy that Megatron (and our runtime) keeps on the last stage.
-    if (m.tied && l.pp > 1) p += double(m.vocab) * m.d_model / t;
+    if (m.tied && l.pp > 1) p += double(m.vocab) * m.d_model / l.tp;
   }
+  return p;
+}
+
+// Parameters held by pipeline rank r (before ZeRO), per TP rank: its chunks r, r + pp, ...
+double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
+  double p = 0;
+  for (size_t c = size_t(r); c < split.chunk.size(); c += size_t(l.pp))
+    p += chunk_params(j, l, split, int(c));
   return p;
 }
 
@@ -343,6 +350,7 @@ void set_software(Layout& l, Software s) {
   l.tp_overlap = s != Software::kMegatron2021;
   l.pp_overlap = today;
   l.fused_attention = today;
+  l.grad_accum_fusion = s != Software::kMegatron2021;
   l.even_layers = !today;
 }
 
@@ -491,6 +499,12 @@ struct Prepared {
   double p2p = 0;
   double dp_comm = 0, dp_window = 0, optimizer = 0;
   double z3_per_mb = 0;  // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
+  // Unfused gradient accumulation: seconds per parameter of a chunk, per backward (0 when
+  // the weight-gradient GEMMs accumulate themselves); whether the first microbatch's
+  // backward is free (torch DDP: autograd keeps the first gradient as .grad, no add).
+  double accum_per_param_s = 0;
+  bool accum_first_free = false;
+  std::vector<double> chunk_psi;  // parameters per chunk, per TP rank
   // A shared host's collectives are copies by the same cores that compute: nothing overlaps.
   bool comm_uses_compute = false;
   int64_t microbatches = 0;
@@ -543,6 +557,20 @@ Prepared prepare(const Job& j, const Layout& l) {
   const double opt_params = psi / (l.zero >= 1 ? dpn : 1);
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
+  if (!l.grad_accum_fusion) {
+    for (size_t k = 0; k < p.split.chunk.size(); ++k)
+      p.chunk_psi.push_back(chunk_params(j, l, p.split, int(k)));
+    // Read the temporary weight gradient (the parameters' dtype), read and write the
+    // accumulation buffer (the gradients' dtype): fp16 6 bytes, bf16 10. With ZeRO-2/3 the
+    // buffer is the rank's shard, and only the reduce-scattered shard is added.
+    const double bytes = (wb + 2 * gradient_bytes(j)) / (l.zero >= 2 ? dpn : 1);
+    p.accum_per_param_s =
+        bytes / (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
+    // Without pipelining the overlapped reduction is torch DDP's (Megatron-LM's DDP=torch):
+    // the gradients accumulate in autograd's .grad, which takes the first one as it is.
+    // Otherwise Megatron's main_grad buffer, zeroed each step, adds every microbatch's.
+    p.accum_first_free = l.pp == 1 && l.dp_overlap;
+  }
   // The last microbatch's backward on that stage hides the reduction when overlapped.
   p.comm_uses_compute = c.compute_units > 0;
   p.dp_window = l.dp_overlap && !p.comm_uses_compute ? p.split.rank[size_t(worst)] * p.pc.bwd : 0.0;
@@ -567,6 +595,10 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   const double recompute = layers * (p.pc.bwd - p.pc.bwd_plain);
   if (a.kind == PipeKind::kBackwardInput) c = recompute + (c - recompute) / 2;
   if (a.kind == PipeKind::kBackwardWeight) c = (c - recompute) / 2;
+  // Unfused gradient accumulation: after the weight gradients (zb1: the W action).
+  const bool weight_grads = a.kind == PipeKind::kBackward || a.kind == PipeKind::kBackwardWeight;
+  if (weight_grads && p.accum_per_param_s > 0 && !(p.accum_first_free && a.microbatch == 0))
+    c += p.accum_per_param_s * p.chunk_psi[size_t(vs)];
   // Blocking p2p exchange with the neighbour (Megatron-LM's send_forward_recv_backward and
   // send_backward_recv_forward): one transfer of rank time per action with a neighbour.
   if (V > 1 && a.kind != PipeKind::kBackwardWeight && !p2p_overlapped(l, p)) c += p.p2p;
@@ -637,6 +669,13 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
+  // The busiest pipeline rank's adds: its chunks' parameters, once per backward.
+  for (int r = 0; r < l.pp && p.accum_per_param_s > 0; ++r) {
+    double psi = 0;
+    for (size_t c = size_t(r); c < p.chunk_psi.size(); c += size_t(l.pp)) psi += p.chunk_psi[c];
+    const double adds = double(p.microbatches - (p.accum_first_free ? 1 : 0));
+    e.grad_accum_s = std::max(e.grad_accum_s, adds * psi * p.accum_per_param_s);
+  }
 }
 
 }  // namespace
@@ -753,6 +792,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
                 l.tp_comm_overlap = pins.tp_comm_overlap && sp;
                 l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
+                l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
                 l.pp_layers = pins.pp_layers;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;

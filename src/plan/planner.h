@@ -46,6 +46,13 @@ struct Layout {
   // kernels and stored probabilities of Megatron-LM 2021/2022 (Korthikanti et al.'s 5as²b,
   // the reason for their selective recomputation). Our f32 CPU runtime is unfused.
   bool fused_attention = true;
+  // The weight-gradient GEMMs accumulate into the gradient buffer (Megatron-LM's gradient
+  // accumulation fusion, Transformer Engine's fuse_wgrad_accumulation; our runtime's GEMMs
+  // with beta = 1). false (Megatron-LM 2021): each backward writes a temporary weight
+  // gradient that a separate elementwise add folds into the buffer (`main_grad.add_(grad)`,
+  // or autograd's accumulation into .grad under torch DDP): per parameter and microbatch,
+  // one read of the temporary and a read and a write of the buffer.
+  bool grad_accum_fusion = true;
   // Layers per pipeline chunk (pp·v entries in model order), as `train --pp-layers` gives
   // them. Empty: the split the run makes — our runtime's cost-balanced one
   // (parallel/pipeline/partition.h: the LM head's chunk takes fewer layers), or with
@@ -86,8 +93,9 @@ struct Estimate {
          bubble_fraction = 0;
   // Where the time goes (seconds per step, busiest rank).
   // cp_comm_s: ring attention's transfers not hidden behind the attention compute.
+  // grad_accum_s: the unfused gradient accumulation's adds (Layout::grad_accum_fusion off).
   double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,
-         dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0;
+         dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0, grad_accum_s = 0;
   ReplayResult replay;  // spans kept when asked
 };
 
@@ -104,8 +112,9 @@ MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vecto
 // (Megatron-Core with Transformer Engine, and ours): the DP reduction overlapped, fused
 // attention, p2p on its own stream, the layers balanced by cost.
 enum class Software { kMegatron2021, kMegatron2022, kToday };
-// Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention and even_layers as that
-// software has them (tp_comm_overlap, opt-in everywhere, is left as it is). Set after l.pp.
+// Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, grad_accum_fusion and
+// even_layers as that software has them (tp_comm_overlap, opt-in everywhere, is left as it
+// is). Set after l.pp.
 void set_software(Layout& l, Software s);
 inline void set_software(Layout& l, bool megatron_2021) {
   set_software(l, megatron_2021 ? Software::kMegatron2021 : Software::kToday);
@@ -128,10 +137,11 @@ struct SearchPins {
   // Gradient reduction overlapped with backward (PyTorch DDP) or after it (Megatron's
   // "local" DDP); unset: overlapped (megatron_2021: only without pipelining).
   std::optional<bool> dp_overlap;
-  std::optional<bool> tp_overlap;       // unset: overlapped (megatron_2021: not)
-  bool tp_comm_overlap = false;         // Layout::tp_comm_overlap on every layout with SP
-  std::optional<bool> fused_attention;  // unset: as the software has it
-  std::vector<int> pp_layers;           // Layout::pp_layers (only layouts with that many chunks)
+  std::optional<bool> tp_overlap;         // unset: overlapped (megatron_2021: not)
+  bool tp_comm_overlap = false;           // Layout::tp_comm_overlap on every layout with SP
+  std::optional<bool> fused_attention;    // unset: as the software has it
+  std::optional<bool> grad_accum_fusion;  // unset: as the software has it
+  std::vector<int> pp_layers;             // Layout::pp_layers (only layouts with that many chunks)
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
   // (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved schedule only with

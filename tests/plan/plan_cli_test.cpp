@@ -234,16 +234,26 @@ TEST(PlanCli, SoftwareSwitchesReachTheLayout) {
   EXPECT_TRUE(today["software"]["pp_overlap"]);
   EXPECT_FALSE(today["software"]["tp_comm_overlap"]);
   EXPECT_FALSE(today["software"]["even_layers"]);
+  EXPECT_TRUE(today["software"]["grad_accum_fusion"]);
+  EXPECT_EQ(today["time_s"]["grad_accum"].get<double>(), 0.0);
   auto unfused = run_json(sim + " --unfused-attention")["layouts"][0];
   EXPECT_FALSE(unfused["software"]["fused_attention"]);
   EXPECT_GT(unfused["memory_bytes_per_gpu"]["activations"].get<double>(),
             today["memory_bytes_per_gpu"]["activations"].get<double>());
+  // --unfused-grad-accum: a separate add (2 + 4 + 4 bytes per parameter in bf16) after each
+  // of the 16 microbatches' backwards makes the step longer.
+  auto adds = run_json(sim + " --unfused-grad-accum")["layouts"][0];
+  EXPECT_FALSE(adds["software"]["grad_accum_fusion"]);
+  EXPECT_GT(adds["time_s"]["grad_accum"].get<double>(), 0.0);
+  EXPECT_GT(adds["step_time_s"].get<double>(), today["step_time_s"].get<double>());
   auto ub = run_json(sim + " --tp-comm-overlap")["layouts"][0];
   EXPECT_TRUE(ub["software"]["tp_comm_overlap"]);
   EXPECT_LT(ub["time_s"]["tp_comm"].get<double>(), today["time_s"]["tp_comm"].get<double>());
   auto old = run_json(sim + " --megatron-2021")["layouts"][0];
-  for (const char* k : {"fused_attention", "pp_overlap", "tp_overlap", "dp_overlap"})
+  for (const char* k :
+       {"fused_attention", "pp_overlap", "tp_overlap", "dp_overlap", "grad_accum_fusion"})
     EXPECT_FALSE(old["software"][k]) << k;
+  EXPECT_GT(old["time_s"]["grad_accum"].get<double>(), 0.0);
   EXPECT_TRUE(old["software"]["even_layers"]);
   auto r = test::run_meshtrain(
       "simulate --model gpt2-350m --cluster dgx-a100 --gpus 8 --tp 4 --batch 16 "
@@ -252,9 +262,10 @@ TEST(PlanCli, SoftwareSwitchesReachTheLayout) {
   EXPECT_NE(r.output.find("--tp-comm-overlap needs --sp"), std::string::npos) << r.output;
   auto plan = run_json(
       "plan --model gpt2-350m --cluster dgx-a100 --gpus 8 --batch 16 --unfused-attention "
-      "--tp-comm-overlap --top 20 --json");
+      "--unfused-grad-accum --tp-comm-overlap --top 20 --json");
   for (const auto& l : plan["layouts"]) {
     EXPECT_FALSE(l["software"]["fused_attention"]) << l;
+    EXPECT_FALSE(l["software"]["grad_accum_fusion"]) << l;
     EXPECT_EQ(l["software"]["tp_comm_overlap"], l["sp"]) << l;
   }
 }
