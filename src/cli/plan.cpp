@@ -194,6 +194,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"dp_comm", e.dp_comm_s},
             {"dp_exposed", e.dp_exposed_s},
             {"grad_accum", e.grad_accum_s},
+            {"embedding_sync", e.embedding_sync_s},
             {"optimizer", e.optimizer_s}}}};
 }
 

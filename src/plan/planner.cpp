@@ -498,7 +498,8 @@ struct Prepared {
   Split split;
   double p2p = 0;
   double dp_comm = 0, dp_window = 0, optimizer = 0;
-  double z3_per_mb = 0;  // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
+  double embedding_sync = 0;  // the tied embedding's all-reduce of the end stages
+  double z3_per_mb = 0;       // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
   // Unfused gradient accumulation: seconds per parameter of a chunk, per backward (0 when
   // the weight-gradient GEMMs accumulate themselves); whether the first microbatch's
   // backward is free (torch DDP: autograd keeps the first gradient as .grad, no add).
@@ -529,6 +530,16 @@ Prepared prepare(const Job& j, const Layout& l) {
                   : c.inter_latency_s + bytes / c.inter_bytes_per_s;
     if (l.tp > 1)
       p.p2p += ring_time(s * b * h * wb, l.tp, 1, c.intra_bytes_per_s, c.intra_latency_s);
+  }
+  // Tied embeddings with pipelining: the first and the last stage each hold the word
+  // embedding and sum its gradients after backward, before the DP reduction (Megatron-LM's
+  // allreduce_embedding_grads, Megatron-Core's finalize_model_grads, our trainer's `tied`
+  // group): an all-reduce of V·h/t gradients between two ranks, nothing to hide it behind.
+  if (l.pp > 1 && m.tied) {
+    const bool intra = int64_t(l.tp) * l.dp * l.cp * l.pp <= c.gpus_per_node;
+    p.embedding_sync = ring_time(double(m.vocab) * h / l.tp * gradient_bytes(j), 2, 2,
+                                 intra ? c.intra_bytes_per_s : c.inter_bytes_per_s,
+                                 intra ? c.intra_latency_s : c.inter_latency_s);
   }
   // DP: gradients of the worst stage (stage 0 holds the embedding).
   double psi = 0;
@@ -630,16 +641,16 @@ ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, boo
 
 // A floor under the step time (the search replays layouts in its order and stops past the
 // k-th best): the blocks of every microbatch on the busiest rank (embedding and head apart),
-// the optimizer and the DP reduction's exposed part. On a shared host a rank computing alone
-// runs up to shared_speed(1) times its all-busy rate, and P ranks never compute more than P
-// ranks' worth at once (shared_speed(k) · k <= P): the floor is the larger of the busiest
-// rank's work at that speed and the average rank's work.
+// the optimizer, the tied embedding's sync and the DP reduction's exposed part. On a shared host a
+// rank computing alone runs up to shared_speed(1) times its all-busy rate, and P ranks never
+// compute more than P ranks' worth at once (shared_speed(k) · k <= P): the floor is the larger of
+// the busiest rank's work at that speed and the average rank's work.
 double lower_bound(const Job& j, const Prepared& p, const Layout& l) {
   double layers = p.split.busiest;
   if (j.cluster.compute_units > 0 && l.pp > 1)
     layers = std::max(double(j.model.n_layer) / l.pp, layers / shared_speed(j, l, 1));
   const double per_mb = layers * (p.pc.fwd + p.pc.bwd);
-  return double(p.microbatches) * per_mb + p.optimizer +
+  return double(p.microbatches) * per_mb + p.optimizer + p.embedding_sync +
          std::max(0.0, l.zero >= 3 ? 0.0 : p.dp_comm - p.dp_window);
 }
 
@@ -648,8 +659,9 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.dp_comm_s = p.dp_comm;
   e.dp_exposed_s = l.zero >= 3 ? 0.0 : std::max(0.0, p.dp_comm - p.dp_window);
   e.optimizer_s = p.optimizer;
+  e.embedding_sync_s = p.embedding_sync;
   e.pipeline_s = e.replay.makespan_s;
-  e.step_time_s = e.pipeline_s + e.dp_exposed_s + e.optimizer_s;
+  e.step_time_s = e.pipeline_s + e.embedding_sync_s + e.dp_exposed_s + e.optimizer_s;
   const double tokens = double(j.batch) * j.seq;
   e.tokens_per_s = tokens / e.step_time_s;
   const double model_flops = model_flops_per_token(j.model, j.seq) * tokens;

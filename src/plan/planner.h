@@ -94,8 +94,10 @@ struct Estimate {
   // Where the time goes (seconds per step, busiest rank).
   // cp_comm_s: ring attention's transfers not hidden behind the attention compute.
   // grad_accum_s: the unfused gradient accumulation's adds (Layout::grad_accum_fusion off).
+  // embedding_sync_s: the tied embedding's gradient summed by the first and the last stage
+  // after the flush (pipelines only; part of the step, not hidden).
   double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,
-         dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0, grad_accum_s = 0;
+         dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0, grad_accum_s = 0, embedding_sync_s = 0;
   ReplayResult replay;  // spans kept when asked
 };
 

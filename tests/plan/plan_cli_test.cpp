@@ -138,12 +138,22 @@ TEST(PlanCli, SimulateWritesAChromeTrace) {
   expect_layout_keys(j["layouts"][0]);
   EXPECT_GT(j["layouts"][0]["bubble_fraction"].get<double>(), 0.0);
   nlohmann::json t = nlohmann::json::parse(std::ifstream(trace));
-  int spans = 0;
-  for (const auto& e : t["traceEvents"]) spans += e["ph"] == "X";
-  // F and B of each microbatch (1536 / (dp 32 x 4) = 12) on each of the 2 ranks, plus one
-  // optimizer span per rank.
+  int spans = 0, syncs = 0;
+  for (const auto& e : t["traceEvents"]) {
+    spans += e["ph"] == "X";
+    syncs += e["name"] == "tied embedding gradient all-reduce (first and last stage)";
+  }
+  // F and B of each microbatch (1536 / (dp 32 x 4) = 12) on each of the 2 ranks, plus the
+  // tied embedding's gradient all-reduce and the optimizer, one span each per rank.
   EXPECT_EQ(j["layouts"][0]["microbatches"], 12);
-  EXPECT_EQ(spans, 2 * 2 * 12 + 2);
+  EXPECT_EQ(spans, 2 * 2 * 12 + 2 * 2);
+  EXPECT_EQ(syncs, 2);
+  // 51,200 x 8,192 / tp 8 fp16 gradients summed by two ranks in different nodes: a ring
+  // all-reduce of 2 ranks sends half of the bytes and receives half, twice (the dgx-a100
+  // preset: 22.5 GB/s per GPU over InfiniBand, 8 us per message).
+  const double bytes = 51200.0 * 8192 / 8 * 2;
+  EXPECT_NEAR(j["layouts"][0]["time_s"]["embedding_sync"].get<double>(),
+              2 * 0.5 * bytes / 22.5e9 + 2 * 8e-6, 1e-12);
 }
 
 // The text after `key` up to the first character that is neither a digit nor a comma.
