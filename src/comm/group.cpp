@@ -66,7 +66,6 @@ struct Group::Worker {
   std::deque<std::shared_ptr<Pending>> queue;
   bool busy = false;
   bool stop = false;
-  mem::Tracker* tracker = nullptr;
 };
 
 Group::Group(std::shared_ptr<RankContext> ctx, std::unique_ptr<Backend> backend, std::string name,
@@ -77,6 +76,7 @@ Group::Group(std::shared_ptr<RankContext> ctx, std::unique_ptr<Backend> backend,
       world_ranks_(std::move(world_ranks)),
       rank_(backend_->rank()),
       size_(backend_->size()),
+      tracker_(&mem::current_tracker()),
       worker_(std::make_unique<Worker>()) {
   if (ctx_->job) ctx_->job->register_group(name_, world_ranks_);
 }
@@ -151,7 +151,7 @@ void Group::execute(Pending& p) {
 
 void Group::run_call(OpCall& c) {
   if (c.device == mem::Device::kCuda && backend_->kind() != "nccl") {
-    if (!staging_) staging_ = std::make_unique<HostStaging>();
+    if (!staging_) staging_ = std::make_unique<HostStaging>(*tracker_);
     staging_->run(*backend_, c);
     return;
   }
@@ -178,10 +178,9 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
     }
     w.queue.push_back(p);
     if (!w.thread.joinable()) {
-      w.tracker = &mem::current_tracker();
       w.thread = std::thread([this] {
         Worker& wk = *worker_;
-        mem::ScopedTracker scope(*wk.tracker);
+        mem::ScopedTracker scope(*tracker_);
         std::unique_lock lk(wk.mu);
         for (;;) {
           wk.cv.wait(lk, [&] { return wk.stop || !wk.queue.empty(); });

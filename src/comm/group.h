@@ -160,6 +160,11 @@ class Group {
   bool blocking_ = false;                           // set while a blocking form runs its async twin
   std::map<std::pair<int, int>, int64_t> p2p_seq_;  // (peer, 0 send / 1 recv) -> next seq
   std::mutex p2p_mu_;
+  // The tracker current when the group was made; it outlives the group (launch makes the
+  // world before fn and destroys it after; fn's groups die before fn's tracker). What the
+  // group keeps (staging) and what its progress thread allocates count against it, never
+  // against a tracker scoped inside fn that is gone when the group frees them.
+  mem::Tracker* tracker_ = nullptr;
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<HostStaging> staging_;  // device buffers on a host backend (comm/staging.h)
 };

@@ -262,7 +262,10 @@ class MpiP2pWork : public Work {
 class MpiBackend : public Backend {
  public:
   MpiBackend(MPI_Comm comm, std::string name, bool check_headers)
-      : comm_(comm), name_(std::move(name)), check_headers_(check_headers) {
+      : comm_(comm),
+        name_(std::move(name)),
+        check_headers_(check_headers),
+        tracker_(&mem::current_tracker()) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -308,6 +311,7 @@ class MpiBackend : public Backend {
   void* scratch(int64_t bytes) {
     if (scratch_.bytes < bytes) {
       if (scratch_.ptr) mem::release(scratch_);
+      mem::ScopedTracker scope(*tracker_);
       scratch_ = mem::allocate(bytes, mem::Category::kCommunication);
     }
     return scratch_.ptr;
@@ -321,6 +325,10 @@ class MpiBackend : public Backend {
   std::string name_;
   bool check_headers_;
   int rank_ = 0, size_ = 1;
+  // The tracker current when the group was made, which outlives it: scratch_ is counted
+  // against it, not against whichever thread's tracker an op runs under (the world group
+  // outlives fn, and with it a tracker fn scopes; ~MpiBackend frees the block).
+  mem::Tracker* tracker_ = nullptr;
   mem::Block scratch_;
 };
 

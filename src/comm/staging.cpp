@@ -23,11 +23,10 @@ void copy_for_call(const OpCall& c, void* dst, mem::Device dst_device, const voi
   // The progress thread of a group is not the rank's thread: select the rank's device.
   if (c.cuda_device >= 0) check(cudaSetDevice(c.cuda_device), "cudaSetDevice");
   auto stream = static_cast<cudaStream_t>(c.cuda_stream);
-  const cudaMemcpyKind kind = dst_device == mem::Device::kCuda
-                                  ? (src_device == mem::Device::kCuda ? cudaMemcpyDeviceToDevice
-                                                                      : cudaMemcpyHostToDevice)
-                                  : (src_device == mem::Device::kCuda ? cudaMemcpyDeviceToHost
-                                                                      : cudaMemcpyHostToHost);
+  const cudaMemcpyKind kind =
+      dst_device == mem::Device::kCuda
+          ? (src_device == mem::Device::kCuda ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+          : (src_device == mem::Device::kCuda ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
   check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 #else
@@ -44,6 +43,7 @@ HostStaging::~HostStaging() {
 char* HostStaging::grow(mem::Block& blk, int64_t bytes) {
   if (blk.bytes < bytes) {
     mem::release(blk);
+    mem::ScopedTracker scope(tracker_);
     blk = mem::allocate(bytes, mem::Category::kCommunication, mem::Device::kCpu);
   }
   return static_cast<char*>(blk.ptr);

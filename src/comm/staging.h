@@ -25,7 +25,8 @@ void copy_for_call(const OpCall& c, void* dst, mem::Device dst_device, const voi
 // them all). Grown only when an op needs more: the steady state allocates nothing.
 class HostStaging {
  public:
-  HostStaging() = default;
+  // The buffers count against `tracker` (the group's: it outlives the group).
+  explicit HostStaging(mem::Tracker& tracker) : tracker_(tracker) {}
   ~HostStaging();
   HostStaging(const HostStaging&) = delete;
   HostStaging& operator=(const HostStaging&) = delete;
@@ -35,6 +36,7 @@ class HostStaging {
 
  private:
   char* grow(mem::Block& blk, int64_t bytes);
+  mem::Tracker& tracker_;
   mem::Block a_, b_;
 };
 

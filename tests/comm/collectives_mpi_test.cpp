@@ -136,5 +136,29 @@ TEST(Mpi, LargeBuffersReduceInRoundsWithBoundedScratch) {
   });
 }
 
+// The world group outlives fn (launch destroys it after fn returns), so a tracker that fn
+// scopes (the trainer's run_rank does) must not be charged with what the world group keeps:
+// ~MpiBackend would free its scratch into a tracker that no longer exists. The backend and
+// the group's progress thread count against the tracker current when the group was made.
+TEST(Mpi, WorldScratchIsNotChargedToATrackerScopedInsideFn) {
+  run_mpi([](Group& world) {
+    mem::Tracker tracker;
+    mem::ScopedTracker scope(tracker);
+    std::vector<float> v(4096, 1.0f);
+    world.all_reduce(Buf(v.data(), int64_t(v.size())));                // runs on this thread
+    world.all_reduce_async(Buf(v.data(), int64_t(v.size())))->wait();  // on the progress thread
+    std::vector<float> piece(v.size() / size_t(world.size()));
+    world.reduce_scatter(Buf(v.data(), int64_t(v.size())),
+                         Buf(piece.data(), int64_t(piece.size())));
+    EXPECT_EQ(tracker.snapshot().of(mem::Category::kCommunication), 0);
+    EXPECT_EQ(tracker.snapshot().allocations, 0);
+    // A group made under the scoped tracker counts its scratch there, as the trainer's mesh
+    // groups do (the planner's memory model counts them per rank).
+    auto sub = world.split(0, world.rank(), "sub");
+    sub->all_reduce(Buf(v.data(), int64_t(v.size())));
+    EXPECT_GT(tracker.snapshot().of(mem::Category::kCommunication), 0);
+  });
+}
+
 }  // namespace
 }  // namespace mt::comm
