@@ -167,6 +167,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"pp_overlap", l.pp_overlap},
             {"fused_attention", l.fused_attention},
             {"grad_accum_fusion", l.grad_accum_fusion},
+            {"torch_ddp", l.torch_ddp},
             {"even_layers", l.even_layers}}},
           {"step_time_s", e.step_time_s},
           {"tokens_per_s", e.tokens_per_s},

@@ -67,7 +67,8 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
            {"args", {{"microbatch", s.action.microbatch}, {"chunk", s.action.chunk}}}});
     }
     double t = e.pipeline_s;
-    if (e.embedding_sync_s > 0) {
+    // Only the end stages take part in the tied embedding's all-reduce.
+    if (e.embedding_sync_s > 0 && (r == 0 || r + 1 == e.replay.spans.size())) {
       events.push_back({{"name", "tied embedding gradient all-reduce (first and last stage)"},
                         {"cat", "comm"},
                         {"ph", "X"},

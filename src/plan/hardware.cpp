@@ -34,7 +34,8 @@ GpuSpec a100_80gb() {
   g.peak_flops_f32 = 19.5e12;
   g.hbm_bytes = 80 * kGiB;
   g.hbm_bytes_per_s = 2.039e12;
-  // Fitted once to Narayanan et al. 2021 Table 1 (docs/planner.md, "Calibration").
+  // Fitted to Narayanan et al. 2021 Table 1 by a grid search (docs/planner.md, "Calibration
+  // of the A100 curve"; refitted when the model gained 2021's unfused gradient accumulation).
   g.gemm = GemmCurve{0.78, 96};
   g.hbm_efficiency = 0.7;
   g.kernel_overhead_s = 0;

@@ -351,6 +351,7 @@ void set_software(Layout& l, Software s) {
   l.pp_overlap = today;
   l.fused_attention = today;
   l.grad_accum_fusion = s != Software::kMegatron2021;
+  l.torch_ddp = !today && l.pp == 1;
   l.even_layers = !today;
 }
 
@@ -532,9 +533,10 @@ Prepared prepare(const Job& j, const Layout& l) {
       p.p2p += ring_time(s * b * h * wb, l.tp, 1, c.intra_bytes_per_s, c.intra_latency_s);
   }
   // Tied embeddings with pipelining: the first and the last stage each hold the word
-  // embedding and sum its gradients after backward, before the DP reduction (Megatron-LM's
-  // allreduce_embedding_grads, Megatron-Core's finalize_model_grads, our trainer's `tied`
-  // group): an all-reduce of V·h/t gradients between two ranks, nothing to hide it behind.
+  // embedding and sum its gradients after backward (Megatron-LM's allreduce_embedding_grads
+  // and Megatron-Core's finalize_model_grads after the DP reduction, our trainer's `tied`
+  // group before it): an all-reduce of V·h/t gradients between two ranks, nothing to hide
+  // it behind.
   if (l.pp > 1 && m.tied) {
     const bool intra = int64_t(l.tp) * l.dp * l.cp * l.pp <= c.gpus_per_node;
     p.embedding_sync = ring_time(double(m.vocab) * h / l.tp * gradient_bytes(j), 2, 2,
@@ -572,15 +574,15 @@ Prepared prepare(const Job& j, const Layout& l) {
     for (size_t k = 0; k < p.split.chunk.size(); ++k)
       p.chunk_psi.push_back(chunk_params(j, l, p.split, int(k)));
     // Read the temporary weight gradient (the parameters' dtype), read and write the
-    // accumulation buffer (the gradients' dtype): fp16 6 bytes, bf16 10. With ZeRO-2/3 the
-    // buffer is the rank's shard, and only the reduce-scattered shard is added.
-    const double bytes = (wb + 2 * gradient_bytes(j)) / (l.zero >= 2 ? dpn : 1);
+    // accumulation buffer (main_grad in the gradients' dtype: fp16 6 bytes, bf16 10; torch
+    // DDP's .grad in the parameters'). With ZeRO-2/3 the buffer is the rank's shard, and only
+    // the reduce-scattered shard is added.
+    const double acc = l.torch_ddp ? wb : gradient_bytes(j);
+    const double bytes = (wb + 2 * acc) / (l.zero >= 2 ? dpn : 1);
     p.accum_per_param_s =
         bytes / (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
-    // Without pipelining the overlapped reduction is torch DDP's (Megatron-LM's DDP=torch):
-    // the gradients accumulate in autograd's .grad, which takes the first one as it is.
-    // Otherwise Megatron's main_grad buffer, zeroed each step, adds every microbatch's.
-    p.accum_first_free = l.pp == 1 && l.dp_overlap;
+    // Autograd's .grad takes the first gradient as it is; a main_grad buffer adds every one.
+    p.accum_first_free = l.torch_ddp;
   }
   // The last microbatch's backward on that stage hides the reduction when overlapped.
   p.comm_uses_compute = c.compute_units > 0;
@@ -681,7 +683,7 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
-  // The busiest pipeline rank's adds: its chunks' parameters, once per backward.
+  // The most adds of any pipeline rank: its chunks' parameters, once per backward.
   for (int r = 0; r < l.pp && p.accum_per_param_s > 0; ++r) {
     double psi = 0;
     for (size_t c = size_t(r); c < p.chunk_psi.size(); c += size_t(l.pp)) psi += p.chunk_psi[c];

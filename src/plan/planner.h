@@ -53,6 +53,12 @@ struct Layout {
   // or autograd's accumulation into .grad under torch DDP): per parameter and microbatch,
   // one read of the temporary and a read and a write of the buffer.
   bool grad_accum_fusion = true;
+  // The gradients accumulate in autograd's .grad, in the parameters' dtype (torch DDP, which
+  // Megatron-LM 2021/2022 used without pipelining): unfused, the first microbatch's gradient
+  // becomes .grad as it is and each later one is added in that dtype. false: a main_grad
+  // buffer (Megatron's own DDP, Megatron-Core), zeroed each step, that every microbatch adds
+  // into in the gradients' dtype.
+  bool torch_ddp = false;
   // Layers per pipeline chunk (pp·v entries in model order), as `train --pp-layers` gives
   // them. Empty: the split the run makes — our runtime's cost-balanced one
   // (parallel/pipeline/partition.h: the LM head's chunk takes fewer layers), or with
@@ -93,7 +99,8 @@ struct Estimate {
          bubble_fraction = 0;
   // Where the time goes (seconds per step, busiest rank).
   // cp_comm_s: ring attention's transfers not hidden behind the attention compute.
-  // grad_accum_s: the unfused gradient accumulation's adds (Layout::grad_accum_fusion off).
+  // grad_accum_s: the unfused gradient accumulation's adds (Layout::grad_accum_fusion off),
+  // the most any pipeline rank does (inside its backward actions).
   // embedding_sync_s: the tied embedding's gradient summed by the first and the last stage
   // after the flush (pipelines only; part of the step, not hidden).
   double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,
@@ -114,9 +121,9 @@ MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vecto
 // (Megatron-Core with Transformer Engine, and ours): the DP reduction overlapped, fused
 // attention, p2p on its own stream, the layers balanced by cost.
 enum class Software { kMegatron2021, kMegatron2022, kToday };
-// Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, grad_accum_fusion and
-// even_layers as that software has them (tp_comm_overlap, opt-in everywhere, is left as it
-// is). Set after l.pp.
+// Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, grad_accum_fusion,
+// torch_ddp and even_layers as that software has them (tp_comm_overlap, opt-in everywhere, is left
+// as it is). Set after l.pp.
 void set_software(Layout& l, Software s);
 inline void set_software(Layout& l, bool megatron_2021) {
   set_software(l, megatron_2021 ? Software::kMegatron2021 : Software::kToday);

@@ -144,9 +144,12 @@ TEST(Mpi, WorldScratchIsNotChargedToATrackerScopedInsideFn) {
   run_mpi([](Group& world) {
     mem::Tracker tracker;
     mem::ScopedTracker scope(tracker);
+    // The first op runs on the group's progress thread and makes the scratch there; the
+    // second, 4x larger and blocking with nothing queued, grows it on this thread.
     std::vector<float> v(4096, 1.0f);
-    world.all_reduce(Buf(v.data(), int64_t(v.size())));                // runs on this thread
-    world.all_reduce_async(Buf(v.data(), int64_t(v.size())))->wait();  // on the progress thread
+    world.all_reduce_async(Buf(v.data(), 1024))->wait();
+    EXPECT_EQ(tracker.snapshot().allocations, 0);
+    world.all_reduce(Buf(v.data(), int64_t(v.size())));
     std::vector<float> piece(v.size() / size_t(world.size()));
     world.reduce_scatter(Buf(v.data(), int64_t(v.size())),
                          Buf(piece.data(), int64_t(piece.size())));

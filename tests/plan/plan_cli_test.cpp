@@ -8,6 +8,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "test_util.h"
 
@@ -154,6 +155,17 @@ TEST(PlanCli, SimulateWritesAChromeTrace) {
   const double bytes = 51200.0 * 8192 / 8 * 2;
   EXPECT_NEAR(j["layouts"][0]["time_s"]["embedding_sync"].get<double>(),
               2 * 0.5 * bytes / 22.5e9 + 2 * 8e-6, 1e-12);
+  // With 4 stages only the first and the last take part in it.
+  run_json(
+      "simulate --model megatron-39b --cluster dgx-a100 --gpus 512 --batch 1536 --dtype fp16 "
+      "--tp 8 --pp 4 --microbatch 4 --recompute full --json --trace " +
+      trace);
+  t = nlohmann::json::parse(std::ifstream(trace));
+  std::set<int> sync_ranks;
+  for (const auto& e : t["traceEvents"])
+    if (e["name"] == "tied embedding gradient all-reduce (first and last stage)")
+      sync_ranks.insert(e["tid"].get<int>());
+  EXPECT_EQ(sync_ranks, (std::set<int>{0, 3}));
 }
 
 // The text after `key` up to the first character that is neither a digit nor a comma.
