@@ -66,10 +66,12 @@ inline RunResult run_meshtrain(const std::string& args) {
 // checking is off in its processes (sanitizer builds, make sanitize): Open MPI leaves its own
 // allocations at exit in plugins it has unloaded ("<unknown module>", which no suppression can
 // name), so LeakSanitizer would fail every process on Open MPI's account. Address and UB
-// checks stay on, and leak checking stays on in every run outside mpirun.
+// checks stay on (with the caller's ASAN_OPTIONS, e.g. make sanitize's
+// detect_stack_use_after_return), and leak checking stays on in every run outside mpirun.
 inline std::string mpirun(int np) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-         "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=detect_leaks=0 mpirun -np " +
+         "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=\"$ASAN_OPTIONS:detect_leaks=0\" "
+         "mpirun -np " +
          std::to_string(np) + " --oversubscribe ";
 }
 
