@@ -66,35 +66,23 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
            {"dur", (s.end_s - s.start_s) * 1e6},
            {"args", {{"microbatch", s.action.microbatch}, {"chunk", s.action.chunk}}}});
     }
+    // After the pipeline, one after another: what the step adds to the makespan.
     double t = e.pipeline_s;
+    auto then = [&](const char* name, const char* cat, double dur_s) {
+      events.push_back({{"name", name},
+                        {"cat", cat},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", r},
+                        {"ts", t * 1e6},
+                        {"dur", dur_s * 1e6}});
+      t += dur_s;
+    };
     // Only the end stages take part in the tied embedding's all-reduce.
-    if (e.embedding_sync_s > 0 && (r == 0 || r + 1 == e.replay.spans.size())) {
-      events.push_back({{"name", "tied embedding gradient all-reduce (first and last stage)"},
-                        {"cat", "comm"},
-                        {"ph", "X"},
-                        {"pid", 0},
-                        {"tid", r},
-                        {"ts", t * 1e6},
-                        {"dur", e.embedding_sync_s * 1e6}});
-      t += e.embedding_sync_s;
-    }
-    if (e.dp_exposed_s > 0) {
-      events.push_back({{"name", "dp gradient reduction (exposed)"},
-                        {"cat", "comm"},
-                        {"ph", "X"},
-                        {"pid", 0},
-                        {"tid", r},
-                        {"ts", t * 1e6},
-                        {"dur", e.dp_exposed_s * 1e6}});
-      t += e.dp_exposed_s;
-    }
-    events.push_back({{"name", "optimizer"},
-                      {"cat", "optimizer"},
-                      {"ph", "X"},
-                      {"pid", 0},
-                      {"tid", r},
-                      {"ts", t * 1e6},
-                      {"dur", e.optimizer_s * 1e6}});
+    if (e.embedding_sync_s > 0 && (r == 0 || r + 1 == e.replay.spans.size()))
+      then("tied embedding gradient all-reduce (first and last stage)", "comm", e.embedding_sync_s);
+    if (e.dp_exposed_s > 0) then("dp gradient reduction (exposed)", "comm", e.dp_exposed_s);
+    then("optimizer", "optimizer", e.optimizer_s);
   }
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }

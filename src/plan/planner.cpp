@@ -523,12 +523,12 @@ Prepared prepare(const Job& j, const Layout& l) {
   const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model;
   // p2p: one activation per microbatch; with tp > 1 each TP rank sends 1/tp (Megatron's
   // scatter/gather optimisation) and the pieces are all-gathered over NVLink.
+  // Pipeline stages talk over NVLink only when the whole job fits in one node.
+  const bool stages_in_node = int64_t(l.tp) * l.dp * l.cp * l.pp <= c.gpus_per_node;
+  const double stage_bw = stages_in_node ? c.intra_bytes_per_s : c.inter_bytes_per_s;
+  const double stage_lat = stages_in_node ? c.intra_latency_s : c.inter_latency_s;
   if (l.pp > 1) {
-    const int gpn = c.gpus_per_node;
-    const bool intra = int64_t(l.tp) * l.dp * l.cp * l.pp <= gpn;
-    const double bytes = s * b * h * wb / l.tp;
-    p.p2p = intra ? c.intra_latency_s + bytes / c.intra_bytes_per_s
-                  : c.inter_latency_s + bytes / c.inter_bytes_per_s;
+    p.p2p = stage_lat + s * b * h * wb / l.tp / stage_bw;
     if (l.tp > 1)
       p.p2p += ring_time(s * b * h * wb, l.tp, 1, c.intra_bytes_per_s, c.intra_latency_s);
   }
@@ -537,12 +537,9 @@ Prepared prepare(const Job& j, const Layout& l) {
   // and Megatron-Core's finalize_model_grads after the DP reduction, our trainer's `tied`
   // group before it): an all-reduce of V·h/t gradients between two ranks, nothing to hide
   // it behind.
-  if (l.pp > 1 && m.tied) {
-    const bool intra = int64_t(l.tp) * l.dp * l.cp * l.pp <= c.gpus_per_node;
-    p.embedding_sync = ring_time(double(m.vocab) * h / l.tp * gradient_bytes(j), 2, 2,
-                                 intra ? c.intra_bytes_per_s : c.inter_bytes_per_s,
-                                 intra ? c.intra_latency_s : c.inter_latency_s);
-  }
+  if (l.pp > 1 && m.tied)
+    p.embedding_sync =
+        ring_time(double(m.vocab) * h / l.tp * gradient_bytes(j), 2, 2, stage_bw, stage_lat);
   // DP: gradients of the worst stage (stage 0 holds the embedding).
   double psi = 0;
   int worst = 0;
@@ -684,12 +681,10 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
   // The most adds of any pipeline rank: its chunks' parameters, once per backward.
-  for (int r = 0; r < l.pp && p.accum_per_param_s > 0; ++r) {
-    double psi = 0;
-    for (size_t c = size_t(r); c < p.chunk_psi.size(); c += size_t(l.pp)) psi += p.chunk_psi[c];
-    const double adds = double(p.microbatches - (p.accum_first_free ? 1 : 0));
-    e.grad_accum_s = std::max(e.grad_accum_s, adds * psi * p.accum_per_param_s);
-  }
+  const double adds = double(p.microbatches - (p.accum_first_free ? 1 : 0));
+  for (int r = 0; r < l.pp && p.accum_per_param_s > 0; ++r)
+    e.grad_accum_s =
+        std::max(e.grad_accum_s, adds * stage_params(j, l, p.split, r) * p.accum_per_param_s);
 }
 
 }  // namespace

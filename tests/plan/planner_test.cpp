@@ -149,15 +149,25 @@ TEST(PlanTime, NarayananTable1) {
 // a temporary fp16 weight gradient that an elementwise add folded into the accumulation
 // buffer (2 bytes read, 2 read and 2 written per parameter). Under torch DDP (pp = 1) the
 // first gradient becomes .grad as it is; DDP=local adds every one into main_grad.
+// A Table 1 row as 2021 ran it (unfused) and the same layout with the fusion on.
+struct FusedAndUnfused {
+  Job job;
+  Estimate unfused, fused;
+};
+FusedAndUnfused fused_and_unfused(const Row& r) {
+  FusedAndUnfused out{table1_job(r), {}, {}};
+  Layout l = table1_layout(r);
+  out.unfused = estimate(out.job, l);
+  l.grad_accum_fusion = true;
+  out.fused = estimate(out.job, l);
+  return out;
+}
+
 TEST(PlanTime, UnfusedGradientAccumulationAddsEveryMicrobatchsGradient) {
   const double hbm = 2.039e12 * 0.7;  // the dgx-a100 preset's HBM rate for memory-bound work
   {
-    const Row& r = kTable1[3];  // 18B, T 8, P 1, mb 8: 1024 / 32 / 8 = 4 microbatches
-    const Job j = table1_job(r);
-    Layout l = table1_layout(r);
-    const Estimate unfused = estimate(j, l);
-    l.grad_accum_fusion = true;
-    const Estimate fused = estimate(j, l);
+    // 18B, T 8, P 1, mb 8: 1024 / 32 / 8 = 4 microbatches
+    const auto [j, unfused, fused] = fused_and_unfused(kTable1[3]);
     const ModelSpec& m = j.model;
     const double psi = double(m.n_layer) * m.block_params_per_tp(8) + m.embedding_params_per_tp(8) +
                        m.head_params_per_tp(8);
@@ -169,12 +179,8 @@ TEST(PlanTime, UnfusedGradientAccumulationAddsEveryMicrobatchsGradient) {
     EXPECT_NEAR(unfused.step_time_s - fused.step_time_s, adds_s, 1e-9 * adds_s);
   }
   {
-    const Row& r = kTable1[4];  // 39B, T 8, P 2, mb 4, DDP=local: 12 microbatches, all added
-    const Job j = table1_job(r);
-    Layout l = table1_layout(r);
-    const Estimate unfused = estimate(j, l);
-    l.grad_accum_fusion = true;
-    const Estimate fused = estimate(j, l);
+    // 39B, T 8, P 2, mb 4, DDP=local: 12 microbatches, all added
+    const auto [j, unfused, fused] = fused_and_unfused(kTable1[4]);
     const ModelSpec& m = j.model;
     const double block = m.block_params_per_tp(8), layers = double(m.n_layer) / 2;
     // Stage 0 holds the embedding; stage 1 the head and the tied embedding's copy.
