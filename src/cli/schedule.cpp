@@ -22,24 +22,30 @@ struct ScheduleFlags {
   std::string schedule = "1f1b";
   bool comm = false;
   bool timeline = false;
+  bool batched = false;
 };
 
 void run_schedule(const ScheduleFlags& f) {
   namespace pp = parallel::pp;
   const pp::ScheduleKind kind = pp::parse_schedule_kind(f.schedule);
-  const pp::Schedule s = pp::build_schedule(kind, f.pp, f.microbatches, f.virtual_stages);
+  const pp::Schedule s =
+      pp::build_schedule(kind, f.pp, f.microbatches, f.virtual_stages,
+                         f.batched ? pp::Lowering::kBatched : pp::Lowering::kPerAction);
   pp::verify_or_throw(s);
   std::printf(
       "schedule %s: pp %d, microbatches %d, virtual stages %d (verified: complete, "
-      "dependencies respected, deadlock-free)\n",
-      pp::schedule_kind_name(kind), s.pp, s.microbatches, s.virtual_stages);
+      "dependencies respected, deadlock-free%s)\n",
+      pp::schedule_kind_name(kind), s.pp, s.microbatches, s.virtual_stages,
+      f.batched ? ", also with blocking exchanges" : "");
   std::printf(
       "F = forward, B = backward, I = backward-input, W = backward-weight; "
       "F3.1 = microbatch 3, chunk 1%s\n\n",
       f.comm ? "; sa/ra send/receive activations, sg/rg gradients, >peer <peer" : "");
   std::fputs(pp::format_grid(s, f.comm).c_str(), stdout);
   // Unit costs per chunk: F = 1, B = 2 (I = W = 1 when split).
-  const pp::Timeline t = pp::replay(s, pp::unit_costs());
+  // Batched exchanges are replayed as NCCL runs them (a send waits for its receive).
+  const pp::Timeline t =
+      f.batched ? pp::replay_rendezvous(s, pp::unit_costs()) : pp::replay(s, pp::unit_costs());
   if (f.timeline) {
     std::printf("\ntimeline with unit costs (F = 1, B = 2, I = W = 1; '.' idle):\n");
     std::fputs(pp::format_timeline(s, t).c_str(), stdout);
@@ -68,6 +74,9 @@ void register_schedule(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--comm", f->comm, "show the send/receive actions too");
   cmd->add_flag("--timeline", f->timeline, "print the unit-cost timeline (bubbles as '.')");
+  cmd->add_flag("--batched", f->batched,
+                "Megatron-LM's batched exchanges for blocking (NCCL) point-to-point, replayed "
+                "with each send waiting for its receive");
   cmd->callback([f] { run_schedule(*f); });
 }
 

@@ -13,8 +13,8 @@ namespace mt::plan {
 
 namespace pp = parallel::pp;
 
-PipeSchedule make_schedule(const std::string& name, int P, int v, int m) {
-  return pp::build_schedule(pp::parse_schedule_kind(name), P, m, v);
+PipeSchedule make_schedule(const std::string& name, int P, int v, int m, pp::Lowering lowering) {
+  return pp::build_schedule(pp::parse_schedule_kind(name), P, m, v, lowering);
 }
 
 // Microbatch activation buffers a pipeline rank holds: the schedule's peak, plus the one
@@ -29,12 +29,14 @@ std::vector<int> max_in_flight(const PipeSchedule& s) {
 
 ReplayResult replay(const PipeSchedule& s,
                     const std::function<double(int, const PipeAction&)>& cost, double p2p_s,
-                    bool keep_spans) {
-  const pp::Timeline t = pp::replay(s, [&](int rank, const pp::Action& a) {
+                    P2p p2p, bool keep_spans) {
+  const pp::CostFn costs = [&](int rank, const pp::Action& a) {
     if (a.is_compute()) return cost(rank, a);
     if (a.kind == PipeKind::kSendAct || a.kind == PipeKind::kSendGrad) return p2p_s;
     return 0.0;
-  });
+  };
+  const pp::Timeline t =
+      p2p == P2p::kRendezvous ? pp::replay_rendezvous(s, costs) : pp::replay(s, costs);
   ReplayResult r;
   r.makespan_s = t.makespan;
   r.busy_s = t.busy;

@@ -18,7 +18,8 @@ using PipeAction = parallel::pp::Action;
 using PipeKind = parallel::pp::ActionKind;
 
 // "gpipe", "1f1b", "interleaved", "zb1".
-PipeSchedule make_schedule(const std::string& name, int stages, int chunks, int microbatches);
+PipeSchedule make_schedule(const std::string& name, int stages, int chunks, int microbatches,
+                           parallel::pp::Lowering lowering = parallel::pp::Lowering::kPerAction);
 
 // The most microbatch-chunks a rank holds at once (forward done, backward not), per rank.
 std::vector<int> max_in_flight(const PipeSchedule& s);
@@ -34,11 +35,16 @@ struct ReplayResult {
   std::vector<std::vector<PipeSpan>> spans;  // per rank, compute actions, when asked for
 };
 
-// cost(rank, compute action) in seconds; each send's message arrives p2p_s after it is
-// issued (the runtime's replay semantics: sends are asynchronous, receives wait).
+// How the pipeline's point-to-point transfers behave. kAsync: the runtime's replay semantics
+// (a send's message arrives p2p_s after it is issued, the sender goes on, receives wait).
+// kRendezvous: NCCL's blocking p2p (pp::replay_rendezvous): the communication between two
+// compute actions is one batch that ends p2p_s after the rank and its peers have all posted it.
+enum class P2p { kAsync, kRendezvous };
+
+// cost(rank, compute action) in seconds; messages take p2p_s under `p2p`'s semantics.
 ReplayResult replay(const PipeSchedule& s,
                     const std::function<double(int rank, const PipeAction&)>& cost, double p2p_s,
-                    bool keep_spans = false);
+                    P2p p2p = P2p::kAsync, bool keep_spans = false);
 
 // The same schedule on ranks that share one pool of processors (this-host: rank threads on a
 // few cores). cost(rank, action) is the action's time when every rank of the job computes at

@@ -593,6 +593,14 @@ bool p2p_overlapped(const Layout& l, const Prepared& p) {
   return l.pp_overlap && l.schedule == "interleaved" && !p.comm_uses_compute;
 }
 
+// Blocking p2p on GPUs (Megatron-LM's batch_isend_irecv, wait, torch.cuda.synchronize();
+// NCCL's send waits for its receive): neighbours exchange in lock-step, each exchange a batch
+// (pp::replay_rendezvous over the batched lowering). A shared host runs our runtime, whose
+// sends are asynchronous copies by the same cores: charged as rank time instead.
+bool rendezvous_p2p(const Layout& l, const Prepared& p) {
+  return !p2p_overlapped(l, p) && !p.comm_uses_compute;
+}
+
 double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a) {
   const int vs = a.chunk, V = l.pp * l.virtual_stages;  // the IR's global chunk index
   const bool fwd = a.kind == PipeKind::kForward;
@@ -609,9 +617,9 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   const bool weight_grads = a.kind == PipeKind::kBackward || a.kind == PipeKind::kBackwardWeight;
   if (weight_grads && p.accum_per_param_s > 0 && !(p.accum_first_free && a.microbatch == 0))
     c += p.accum_per_param_s * p.chunk_psi[size_t(vs)];
-  // Blocking p2p exchange with the neighbour (Megatron-LM's send_forward_recv_backward and
-  // send_backward_recv_forward): one transfer of rank time per action with a neighbour.
-  if (V > 1 && a.kind != PipeKind::kBackwardWeight && !p2p_overlapped(l, p)) c += p.p2p;
+  // Our runtime's sends on a shared host: a copy by the rank's cores per action with a
+  // neighbour (on GPUs the replay's rendezvous charges the blocking exchanges).
+  if (V > 1 && a.kind != PipeKind::kBackwardWeight && p.comm_uses_compute) c += p.p2p;
   if (p.z3_per_mb > 0) {
     const double comm = p.z3_per_mb * (fwd ? 1.0 / 3 : 2.0 / 3);
     c = p.comm_uses_compute ? c + comm : std::max(c, comm);
@@ -630,12 +638,15 @@ double shared_speed(const Job& j, const Layout& l, int active) {
 }
 
 ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, bool keep_spans) {
-  const PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, int(p.microbatches));
+  const bool rendezvous = rendezvous_p2p(l, p);
+  const PipeSchedule sched = make_schedule(
+      l.schedule, l.pp, l.virtual_stages, int(p.microbatches),
+      rendezvous ? parallel::pp::Lowering::kBatched : parallel::pp::Lowering::kPerAction);
   auto cost = [&](int r, const PipeAction& a) { return chunk_cost(p, l, r, a); };
   if (j.cluster.compute_units > 0 && l.pp > 1)
     return replay_shared(
         sched, cost, p.p2p, [&](int active) { return shared_speed(j, l, active); }, keep_spans);
-  return replay(sched, cost, p.p2p, keep_spans);
+  return replay(sched, cost, p.p2p, rendezvous ? P2p::kRendezvous : P2p::kAsync, keep_spans);
 }
 
 // A floor under the step time (the search replays layouts in its order and stops past the

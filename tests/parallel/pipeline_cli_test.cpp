@@ -26,6 +26,13 @@ TEST(PipelineCli, SchedulePrintsAVerifiedGrid) {
   EXPECT_NE(r.output.find("bubble fraction 0.2727"), std::string::npos) << r.output;  // 3/11
   const RunResult zb = run_meshtrain("schedule --pp 4 --microbatches 8 --schedule zb1");
   EXPECT_NE(zb.output.find("bubble fraction 0.1111"), std::string::npos) << zb.output;  // 3/27
+  // Megatron-LM's batched exchanges, replayed as NCCL runs them: the interleaved bubble
+  // (p − 1)/(v·m + p − 1) = 3/19 with free transfers.
+  const RunResult nccl = run_meshtrain(
+      "schedule --pp 4 --microbatches 8 --schedule interleaved --virtual-stages 2 --batched");
+  EXPECT_EQ(nccl.exit_code, 0) << nccl.output;
+  EXPECT_NE(nccl.output.find("also with blocking exchanges"), std::string::npos) << nccl.output;
+  EXPECT_NE(nccl.output.find("bubble fraction 0.1579"), std::string::npos) << nccl.output;
 }
 
 TEST(PipelineCli, TrainWritesATraceWithOneRowPerRank) {

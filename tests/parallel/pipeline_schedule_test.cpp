@@ -209,6 +209,92 @@ TEST(PipelineSchedule, ReplayWithTransferTimeAndGrid) {
   EXPECT_NE(format_grid(s, true).find("sa0.0>1"), std::string::npos);
 }
 
+// The interval of rank r's action `kind`(mb, chunk) in a timeline.
+Interval interval_of(const Schedule& s, const Timeline& t, int r, A kind, int mb, int chunk) {
+  for (const Interval& iv : t.ranks[r]) {
+    const Action& a = s.ranks[r][iv.action];
+    if (a.kind == kind && a.microbatch == mb && a.chunk == chunk) return iv;
+  }
+  ADD_FAILURE() << "no such action";
+  return {};
+}
+
+TEST(PipelineRendezvous, ASendWaitsForItsReceive) {
+  // GPipe over 2 ranks, 3 microbatches, free transfers; rank 1's forward takes 3. Rank 1
+  // posts the receive of microbatch 1 only after its forward of microbatch 0 (1..4), so on
+  // NCCL rank 0's send of it (issued at 2) waits until 4; asynchronously it is gone at 2.
+  const Schedule s = build_schedule(K::kGPipe, 2, 3);
+  const CostFn cost = [](int r, const Action& a) {
+    if (a.kind == A::kForward) return r == 1 ? 3.0 : 1.0;
+    return a.kind == A::kBackward ? 2.0 : 0.0;
+  };
+  const Interval rdv = interval_of(s, replay_rendezvous(s, cost), 0, A::kSendAct, 1, 0);
+  EXPECT_DOUBLE_EQ(rdv.start, 2.0);
+  EXPECT_DOUBLE_EQ(rdv.end, 4.0);
+  EXPECT_DOUBLE_EQ(interval_of(s, replay(s, cost), 0, A::kSendAct, 1, 0).end, 2.0);
+}
+
+TEST(PipelineRendezvous, ABatchsMessagesShareTheRanksLink) {
+  // Rank 0 runs both forwards, then sends both outputs in one batch; rank 1 receives both in
+  // one. Transfers take 0.5 each: the batch moves at 2 (when rank 0 posts it) and takes 1.0
+  // (two messages one after another on each side's link); rank 1 then computes 3..5.
+  // Asynchronously each message is a separate 0.5 from 2: rank 1 computes 2.5..4.5.
+  std::vector<std::vector<std::vector<Action>>> steps = {
+      {{{A::kForward, 0, 0}, {A::kForward, 1, 0}}}, {{{A::kForward, 0, 1}, {A::kForward, 1, 1}}}};
+  const Schedule s = lower_communication(K::kGPipe, 2, 2, 1, Lowering::kBatched, steps);
+  ASSERT_EQ(s.ranks[0][2], (Action{A::kSendAct, 0, 0, 1}));
+  ASSERT_EQ(s.ranks[0][3], (Action{A::kSendAct, 1, 0, 1}));
+  ASSERT_EQ(s.ranks[1][1], (Action{A::kRecvAct, 1, 1, 0}));
+  const CostFn cost = unit_costs(1, 2, 1, 1, 0.5);
+  const Timeline rdv = replay_rendezvous(s, cost);
+  EXPECT_DOUBLE_EQ(interval_of(s, rdv, 1, A::kRecvAct, 1, 1).end, 3.0);
+  EXPECT_DOUBLE_EQ(interval_of(s, rdv, 0, A::kSendAct, 0, 0).end, 3.0);
+  EXPECT_DOUBLE_EQ(rdv.makespan, 5.0);
+  EXPECT_DOUBLE_EQ(replay(s, cost).makespan, 4.5);
+}
+
+TEST(PipelineRendezvous, BatchedExchangesNeverHangPerActionInterleavingDoes) {
+  int per_action_hangs = 0, n = 0;
+  for (int p = 2; p <= 8; ++p)
+    for (int m = p; m <= 4 * p; ++m) {
+      // GPipe, 1F1B and ZB-H1: a step is one action, so both lowerings are the same lists.
+      for (K kind : {K::kGPipe, K::k1F1B, K::kZbH1}) {
+        const Schedule batched = build_schedule(kind, p, m, 1, Lowering::kBatched);
+        EXPECT_EQ(batched.ranks, build_schedule(kind, p, m).ranks);
+        EXPECT_EQ(verify(batched), "") << schedule_kind_name(kind) << " p " << p << " m " << m;
+        ++n;
+      }
+      if (m % p != 0) continue;
+      for (int v = 1; v <= 4; ++v) {
+        SCOPED_TRACE(testing::Message() << "interleaved p " << p << " v " << v << " m " << m);
+        const Schedule per_action = build_schedule(K::kInterleaved1F1B, p, m, v);
+        const Schedule batched = build_schedule(K::kInterleaved1F1B, p, m, v, Lowering::kBatched);
+        // The same compute order; only the exchanges are grouped.
+        for (int r = 0; r < p; ++r) {
+          std::vector<Action> a, b;
+          std::copy_if(per_action.ranks[r].begin(), per_action.ranks[r].end(),
+                       std::back_inserter(a), [](const Action& x) { return x.is_compute(); });
+          std::copy_if(batched.ranks[r].begin(), batched.ranks[r].end(), std::back_inserter(b),
+                       [](const Action& x) { return x.is_compute(); });
+          EXPECT_EQ(a, b);
+        }
+        EXPECT_EQ(verify(batched), "");  // includes the rendezvous replay
+        // With free transfers, lock-step exchanges keep the interleaved bubble's formula.
+        EXPECT_EQ(replay_rendezvous(batched, unit_costs()).makespan, 3.0 * (v * m + p - 1));
+        try {
+          replay_rendezvous(per_action, unit_costs());
+        } catch (const Error&) {
+          ++per_action_hangs;
+        }
+        ++n;
+      }
+    }
+  EXPECT_GT(n, 440);
+  EXPECT_GT(per_action_hangs, 0);
+  EXPECT_THROW(replay_rendezvous(build_schedule(K::kInterleaved1F1B, 2, 4, 2), unit_costs()),
+               Error);
+}
+
 TEST(PipelinePartition, BalancedCountsTheEmbeddingAndTheHead) {
   const std::vector<double> layers(8, 1.0);
   EXPECT_EQ(balanced_partition(layers, 0, 0, 4).layers, (std::vector<int>{2, 2, 2, 2}));

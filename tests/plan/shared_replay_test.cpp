@@ -39,7 +39,7 @@ TEST(SharedReplay, ConstantSpeedIsTheRuntimesReplay) {
                  << c.schedule << " pp " << c.pp << " v " << c.v << " m " << c.m);
     const PipeSchedule s = make_schedule(c.schedule, c.pp, c.v, c.m);
     for (double p2p : {0.0, 0.37}) {
-      const ReplayResult plain = replay(s, uneven_cost, p2p, true);
+      const ReplayResult plain = replay(s, uneven_cost, p2p, P2p::kAsync, true);
       const ReplayResult shared = replay_shared(
           s, uneven_cost, p2p, [](int) { return 1.0; }, true);
       EXPECT_NEAR(shared.makespan_s, plain.makespan_s, 1e-9 * plain.makespan_s);

@@ -117,8 +117,13 @@ std::vector<std::vector<Action>> one_f_one_b_order(int pp, int m) {
 // Megatron-LM's interleaved order (forward_backward_pipelining_with_interleaving): forward
 // unit k of a rank is microbatch (k / (pp·v))·pp + k mod pp on its local chunk
 // (k mod (pp·v)) / pp; backward unit k walks the local chunks the other way.
-std::vector<std::vector<Action>> interleaved_order(int pp, int m, int v) {
-  std::vector<std::vector<Action>> out(static_cast<size_t>(pp));
+// A rank's compute actions grouped in steps (see Lowering).
+using Steps = std::vector<std::vector<Action>>;
+
+// Megatron-LM's interleaved order, in its steps: the warm-up's forwards one per step, then
+// steps of one forward and one backward, then the cool-down's backwards one per step.
+std::vector<Steps> interleaved_steps(int pp, int m, int v) {
+  std::vector<Steps> out(static_cast<size_t>(pp));
   const int total = m * v, group = pp * v;
   for (int r = 0; r < pp; ++r) {
     auto unit = [&](int k, bool forward) {
@@ -129,12 +134,9 @@ std::vector<std::vector<Action>> interleaved_order(int pp, int m, int v) {
     };
     const int warmup = std::min((pp - r - 1) * 2 + (v - 1) * pp, total);
     int f = 0, b = 0;
-    for (; f < warmup; ++f) out[r].push_back(unit(f, true));
-    while (f < total) {
-      out[r].push_back(unit(f++, true));
-      out[r].push_back(unit(b++, false));
-    }
-    while (b < total) out[r].push_back(unit(b++, false));
+    for (; f < warmup; ++f) out[r].push_back({unit(f, true)});
+    while (f < total) out[r].push_back({unit(f++, true), unit(b++, false)});
+    while (b < total) out[r].push_back({unit(b++, false)});
   }
   return out;
 }
@@ -169,33 +171,54 @@ std::vector<std::vector<Action>> zb_h1_order(int pp, int m) {
 }  // namespace
 
 Schedule lower_communication(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
-                             const std::vector<std::vector<Action>>& compute_lists) {
+                             Lowering lowering,
+                             const std::vector<std::vector<std::vector<Action>>>& steps) {
   Schedule s;
   s.kind = kind;
+  s.lowering = lowering;
   s.pp = pp;
   s.microbatches = microbatches;
   s.virtual_stages = virtual_stages;
   s.ranks.resize(static_cast<size_t>(pp));
   const int last = s.num_chunks() - 1;
   for (int r = 0; r < pp; ++r) {
-    for (const Action& a : compute_lists[r]) {
-      const int c = a.chunk, mb = a.microbatch;
-      const bool fwd = a.kind == ActionKind::kForward;
-      const bool bwd = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
-      const int prev = c > 0 ? s.rank_of_chunk(c - 1) : -1;
-      const int next = c < last ? s.rank_of_chunk(c + 1) : -1;
-      if (fwd && prev >= 0 && prev != r) s.ranks[r].push_back({ActionKind::kRecvAct, mb, c, prev});
-      if (bwd && next >= 0 && next != r) s.ranks[r].push_back({ActionKind::kRecvGrad, mb, c, next});
-      s.ranks[r].push_back(a);
-      if (fwd && next >= 0 && next != r) s.ranks[r].push_back({ActionKind::kSendAct, mb, c, next});
-      if (bwd && prev >= 0 && prev != r) s.ranks[r].push_back({ActionKind::kSendGrad, mb, c, prev});
+    auto& list = s.ranks[r];
+    // The neighbouring chunks' ranks, or -1 where the tensor stays on this rank.
+    auto prev = [&](const Action& a) {
+      const int p = a.chunk > 0 ? s.rank_of_chunk(a.chunk - 1) : -1;
+      return p == r ? -1 : p;
+    };
+    auto next = [&](const Action& a) {
+      const int n = a.chunk < last ? s.rank_of_chunk(a.chunk + 1) : -1;
+      return n == r ? -1 : n;
+    };
+    auto is_fwd = [](const Action& a) { return a.kind == ActionKind::kForward; };
+    auto is_bwd = [](const Action& a) {
+      return a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
+    };
+    for (const auto& step : steps[r]) {
+      for (const Action& a : step) {
+        if (is_fwd(a) && prev(a) >= 0)
+          list.push_back({ActionKind::kRecvAct, a.microbatch, a.chunk, prev(a)});
+        if (is_bwd(a) && next(a) >= 0)
+          list.push_back({ActionKind::kRecvGrad, a.microbatch, a.chunk, next(a)});
+      }
+      for (const Action& a : step) list.push_back(a);
+      for (const Action& a : step) {
+        if (is_fwd(a) && next(a) >= 0)
+          list.push_back({ActionKind::kSendAct, a.microbatch, a.chunk, next(a)});
+        if (is_bwd(a) && prev(a) >= 0)
+          list.push_back({ActionKind::kSendGrad, a.microbatch, a.chunk, prev(a)});
+      }
     }
   }
   return s;
 }
 
-Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
+Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
+                        Lowering lowering) {
   check_schedule_args(kind, pp, microbatches, virtual_stages);
+  const bool batched = lowering == Lowering::kBatched;
   std::vector<std::vector<Action>> order;
   switch (kind) {
     case ScheduleKind::kGPipe:
@@ -204,14 +227,28 @@ Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual
     case ScheduleKind::k1F1B:
       order = one_f_one_b_order(pp, microbatches);
       break;
-    case ScheduleKind::kInterleaved1F1B:
-      order = interleaved_order(pp, microbatches, virtual_stages);
+    case ScheduleKind::kInterleaved1F1B: {
+      std::vector<Steps> steps = interleaved_steps(pp, microbatches, virtual_stages);
+      if (batched)
+        return lower_communication(kind, pp, microbatches, virtual_stages, lowering, steps);
+      for (const Steps& rank : steps) {
+        order.emplace_back();
+        for (const auto& step : rank)
+          order.back().insert(order.back().end(), step.begin(), step.end());
+      }
       break;
+    }
     case ScheduleKind::kZbH1:
       order = zb_h1_order(pp, microbatches);
       break;
   }
-  return lower_communication(kind, pp, microbatches, virtual_stages, order);
+  // One step per compute action.
+  std::vector<Steps> steps;
+  for (const auto& compute : order) {
+    steps.emplace_back();
+    for (const Action& a : compute) steps.back().push_back({a});
+  }
+  return lower_communication(kind, pp, microbatches, virtual_stages, lowering, steps);
 }
 
 std::string format_grid(const Schedule& s, bool with_comm) {

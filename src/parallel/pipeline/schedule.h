@@ -17,6 +17,8 @@
 // without actions. Semantics assumed by the verifier and used by the executor: a send is
 // asynchronous (buffered: it never blocks the list), a receive blocks until its message
 // has arrived; messages are matched by (kind, microbatch, chunk boundary), not by order.
+// A schedule lowered for blocking exchanges (Lowering::kBatched) must also run to the end
+// when a send waits for its receive (replay_rendezvous).
 #pragma once
 
 #include <cstdint>
@@ -48,11 +50,27 @@ struct Action {
 
 enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved1F1B, kZbH1 };
 
+// Where the send/recv actions go around the compute actions.
+//  kPerAction: each compute action's receives right before it and its sends right after it.
+//        What the executor runs (asynchronous sends, receives posted early).
+//  kBatched: Megatron-LM's exchanges. A rank's compute goes in steps (each action a step,
+//        except the interleaved schedule's steady state, where a forward and the backward
+//        after it are one step); between two steps one exchange holds the sends of the step
+//        before and the receives of the step after (send_forward_backward_recv_forward_backward).
+//        This is the lowering for NCCL's blocking point-to-point, where a send waits for its
+//        receive (replay_rendezvous): there the per-action lowering of the interleaved
+//        schedule hangs (pp 2, v 2, 4 microbatches: rank 0 sends a gradient that rank 1
+//        receives only after an exchange of its own whose gradient rank 0 receives only in its
+//        next exchange), the batched one never does (tested over a range of pp, v, m). For
+//        GPipe, 1F1B and ZB-H1 both lowerings give the same lists.
+enum class Lowering : uint8_t { kPerAction, kBatched };
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
-  int pp = 1;                              // pipeline ranks
-  int microbatches = 1;                    // per step (per data-parallel replica)
-  int virtual_stages = 1;                  // chunks per rank (v)
+  int pp = 1;              // pipeline ranks
+  int microbatches = 1;    // per step (per data-parallel replica)
+  int virtual_stages = 1;  // chunks per rank (v)
+  Lowering lowering = Lowering::kPerAction;
   std::vector<std::vector<Action>> ranks;  // pp lists
 
   int num_chunks() const { return pp * virtual_stages; }
@@ -83,17 +101,20 @@ void check_schedule_args(ScheduleKind kind, int pp, int microbatches, int virtua
 //  ZB-H1: backward split into B (input) and W (weights); 1F1B's order of F and B with the same
 //        cap on microbatches in flight (pp − rank), W deferred into the slots where the rank
 //        would wait (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1).
-Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages = 1);
+Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages = 1,
+                        Lowering lowering = Lowering::kPerAction);
 
 // The message a communication action sends or receives, the same number on both sides:
 // activations crossing boundary c | c + 1 of microbatch mb, or gradients crossing it. The
 // executor uses it as the send/recv tag; the verifier and replay match on it.
 int message_tag(const Schedule& s, const Action& a);
 
-// Inserts the communication actions around the compute actions of `compute` (one ordered
-// list of compute actions per rank), as described at the top of this file.
+// Inserts the communication actions around the compute actions of `steps` (per rank, its
+// compute actions in order, grouped in steps), as described at the top of this file: the
+// receives of a step before it, its sends after it. One action per step is kPerAction.
 Schedule lower_communication(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
-                             const std::vector<std::vector<Action>>& compute);
+                             Lowering lowering,
+                             const std::vector<std::vector<std::vector<Action>>>& steps);
 
 // A grid like torch.distributed.pipelining's: one column per rank, one row per step of the
 // compute lists (communication shown with `with_comm`).

@@ -138,6 +138,8 @@ std::string verify(const Schedule& s) {
   if (!err.empty()) return err;
   try {
     replay(s, unit_costs());
+    // Batched exchanges are meant for NCCL's blocking point-to-point: they must not hang there.
+    if (s.lowering == Lowering::kBatched) replay_rendezvous(s, unit_costs());
   } catch (const Error& e) {
     return e.what();
   }

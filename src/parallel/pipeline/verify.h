@@ -8,7 +8,8 @@
 //    before the consumer, right peers); backward likewise from c + 1 to c;
 //  - every send has exactly one matching receive and the other way round;
 //  - no deadlock: the lists are replayed under the communication semantics (asynchronous
-//    sends, blocking receives) and must all run to the end.
+//    sends, blocking receives) and must all run to the end; a batched lowering also under
+//    NCCL's rendezvous (a send waits for its receive; replay_rendezvous).
 #pragma once
 
 #include <string>
