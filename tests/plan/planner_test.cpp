@@ -301,7 +301,7 @@ TEST(PlanSearch, Table1TensorPipelineInTopThree) {
   // ZeRO, no SP, pp divides n_layer, interleaving with pp > 2, gradients reduced after the
   // flush when pp > 1), the search over T, P, v and the microbatch ranks the paper's (T, P)
   // among its top 3 distinct (T, P) pairs. 18B and 39B do not: the model finds T = 2 with an
-  // interleaved pipeline 12-15% faster than T = 8, from the 2021 tensor parallelism's
+  // interleaved pipeline 13-16% faster than T = 8, from the 2021 tensor parallelism's
   // replicated layer-norm/dropout traffic and all-reduces (docs/planner.md, "Search vs the
   // paper's (T, P)"); the test pins exactly those two as the known misses.
   const std::set<std::string> known_misses = {"megatron-18b", "megatron-39b"};
