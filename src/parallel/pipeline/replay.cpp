@@ -37,6 +37,26 @@ double Timeline::bubble_fraction() const {
   return idle_sum / (static_cast<double>(ranks.size()) * makespan);
 }
 
+namespace {
+
+bool is_send(const Action& a) {
+  return a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad;
+}
+
+// "; rank r waits at action i (x) for rank p" for every unfinished rank.
+std::string waits(const Schedule& s, const std::vector<size_t>& next) {
+  std::string why;
+  for (int r = 0; r < s.pp; ++r) {
+    if (next[r] >= s.ranks[r].size()) continue;
+    const Action& a = s.ranks[r][next[r]];
+    why += fmt::format("; rank {} waits at action {} ({}) for rank {}", r, next[r],
+                       format_action(a), a.peer);
+  }
+  return why;
+}
+
+}  // namespace
+
 Timeline replay(const Schedule& s, const CostFn& cost) {
   Timeline t;
   const int P = s.pp;
@@ -60,7 +80,7 @@ Timeline replay(const Schedule& s, const CostFn& cost) {
           end = std::max(clock[r], it->second);
           start = end;
           arrived.erase(it);
-        } else if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
+        } else if (is_send(a)) {
           const int tag = message_tag(s, a);
           if (arrived.count(tag))
             fail_run("replay: rank {} sends {} twice (action {})", r, format_action(a), next[r]);
@@ -76,41 +96,12 @@ Timeline replay(const Schedule& s, const CostFn& cost) {
         progress = true;
       }
     }
-    if (!progress) {
-      std::string why;
-      for (int r = 0; r < P; ++r) {
-        if (next[r] >= s.ranks[r].size()) continue;
-        const Action& a = s.ranks[r][next[r]];
-        why += fmt::format("; rank {} waits at action {} ({}) for a message from rank {}", r,
-                           next[r], format_action(a), a.peer);
-      }
-      fail_run("deadlock: no rank can progress{}", why);
-    }
+    if (!progress) fail_run("deadlock: no rank can progress{}", waits(s, next));
   }
   for (int r = 0; r < P; ++r) t.makespan = std::max(t.makespan, clock[r]);
   for (int r = 0; r < P; ++r) t.idle.push_back(t.makespan - t.busy[r]);
   return t;
 }
-
-namespace {
-
-bool is_send(const Action& a) {
-  return a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad;
-}
-
-// "; rank r waits at action i (x) for rank p" for every unfinished rank.
-std::string waits(const Schedule& s, const std::vector<size_t>& next) {
-  std::string why;
-  for (int r = 0; r < s.pp; ++r) {
-    if (next[r] >= s.ranks[r].size()) continue;
-    const Action& a = s.ranks[r][next[r]];
-    why += fmt::format("; rank {} waits at action {} ({}) for rank {}", r, next[r],
-                       format_action(a), a.peer);
-  }
-  return why;
-}
-
-}  // namespace
 
 Timeline replay_rendezvous(const Schedule& s, const CostFn& cost) {
   Timeline t;
