@@ -95,6 +95,8 @@ struct Estimate {
   MemoryBytes memory;        // worst rank
   int worst_stage = 0;
   int in_flight = 0;  // microbatch-chunks held by the worst stage (from the schedule)
+  // bubble_fraction: the pipeline's idle time beyond the busiest rank's compute, over the
+  // step; with blocking p2p (replay_rendezvous) that includes the exchanges' transfers.
   double step_time_s = 0, tokens_per_s = 0, tflops_per_gpu = 0, hw_tflops_per_gpu = 0, mfu = 0,
          bubble_fraction = 0;
   // Where the time goes (seconds per step, busiest rank).

@@ -253,6 +253,33 @@ TEST(PipelineRendezvous, ABatchsMessagesShareTheRanksLink) {
   EXPECT_DOUBLE_EQ(replay(s, cost).makespan, 4.5);
 }
 
+TEST(PipelineRendezvous, BatchedInterleavingExchangesAsMegatronLm) {
+  // pp 2, v 2, 4 microbatches, rank 0 (chunks 0 and 2): in the steady state the step
+  // F3.0 + B1.2 is followed by one exchange with both neighbours (rank 1 either side):
+  // Megatron-LM's send_forward_backward_recv_forward_backward — the forward's output and the
+  // backward's input gradient go out, the next forward's input and the next backward's
+  // output gradient come in.
+  const Schedule s = build_schedule(K::kInterleaved1F1B, 2, 4, 2, Lowering::kBatched);
+  EXPECT_EQ(s.lowering, Lowering::kBatched);
+  const auto& l = s.ranks[0];
+  const size_t b = size_t(find(s, 0, A::kBackward, 1, 2));
+  ASSERT_LT(b + 5, l.size());
+  EXPECT_EQ(l[b - 1], (Action{A::kForward, 3, 0, -1}));
+  EXPECT_EQ(l[b + 1], (Action{A::kSendAct, 3, 0, 1}));
+  EXPECT_EQ(l[b + 2], (Action{A::kSendGrad, 1, 2, 1}));
+  EXPECT_EQ(l[b + 3], (Action{A::kRecvAct, 2, 2, 1}));
+  EXPECT_EQ(l[b + 4], (Action{A::kRecvGrad, 0, 0, 1}));
+  EXPECT_TRUE(l[b + 5].is_compute());
+  // NCCL matches a pair's messages in issue order: the two sends swapped, rank 1 would take
+  // the gradient for the activation. The verifier refuses it (the async lists do not care).
+  Schedule swapped = s;
+  std::swap(swapped.ranks[0][b + 1], swapped.ranks[0][b + 2]);
+  EXPECT_NE(verify(swapped).find("sends to rank 1 in another order"), std::string::npos)
+      << verify(swapped);
+  swapped.lowering = Lowering::kPerAction;
+  EXPECT_EQ(verify(swapped), "");
+}
+
 TEST(PipelineRendezvous, BatchedExchangesNeverHangPerActionInterleavingDoes) {
   int per_action_hangs = 0, n = 0;
   for (int p = 2; p <= 8; ++p)

@@ -343,5 +343,35 @@ TEST(PlanSearch, SixteenThousandGpusUnderFiveSeconds) {
   EXPECT_LT(s.search_s, 5.0);  // the bar (wall time on this 2-core machine)
 }
 
+TEST(PlanTime, BlockingP2pWaitsInLockStepExchanges) {
+  // 18B on 256 A100s as T 2 x P 4 x v 5, mb 2, the 2021 software: its p2p blocks as NCCL's
+  // rendezvous over Megatron-LM's batched exchanges (pp::replay_rendezvous). Against the same
+  // layout with the transfers overlapped on their own stream (Megatron-Core's
+  // overlap_p2p_comm: asynchronous sends):
+  const Row r{"megatron-18b", 2, 4, 256, 1024, 2, 5, 135, true};
+  const Job j = table1_job(r);
+  const Layout blocking = table1_layout(r);
+  Layout overlapped = blocking;
+  overlapped.pp_overlap = true;
+  const Estimate b = estimate(j, blocking, true), o = estimate(j, overlapped, true);
+  // - every compute action takes the same time: the transfers are not charged as compute;
+  ASSERT_EQ(b.replay.spans.size(), o.replay.spans.size());
+  for (size_t k = 0; k < b.replay.spans.size(); ++k) {
+    ASSERT_EQ(b.replay.spans[k].size(), o.replay.spans[k].size());
+    for (size_t i = 0; i < b.replay.spans[k].size(); ++i) {
+      const PipeSpan &x = b.replay.spans[k][i], &y = o.replay.spans[k][i];
+      EXPECT_EQ(x.action, y.action);
+      EXPECT_NEAR(x.end_s - x.start_s, y.end_s - y.start_s, 1e-12);
+    }
+  }
+  // - the ranks wait in the exchanges: a middle rank's steps each carry their messages one
+  //   after another (2·m·v transfers in all, pp_comm_s), on top of its compute;
+  ASSERT_GT(b.pp_comm_s, 0);
+  for (int k = 1; k + 1 < blocking.pp; ++k)
+    EXPECT_GE(b.pipeline_s, b.replay.busy_s[size_t(k)] + b.pp_comm_s - 1e-9) << "rank " << k;
+  // - so the blocking pipeline is slower; the overlapped one only delays each receiver.
+  EXPECT_GT(b.pipeline_s, o.pipeline_s + 0.5 * b.pp_comm_s);
+}
+
 }  // namespace
 }  // namespace mt::plan

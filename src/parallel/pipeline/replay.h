@@ -42,10 +42,11 @@ Timeline replay(const Schedule& s, const CostFn& cost);
 // The same lists under blocking rendezvous point-to-point, as NCCL runs them on the compute
 // stream (Megatron-LM's batch_isend_irecv, wait, torch.cuda.synchronize()): the communication
 // actions between two compute actions of a rank form one batch, posted together when the rank
-// reaches it. A message moves once both its sender and its receiver have posted it and takes
-// cost(sender, send); the rank goes on when every message of its batch has moved. So a sender
-// also waits for its receiver, and neighbours run in lock-step. Throws like replay() when the
-// ranks wait on each other in a cycle (a schedule that would hang on NCCL).
+// reaches it. The batch moves once every message's sender and receiver have posted it; a
+// message takes cost(sender, send), the batch's sends go one after another on the rank's link
+// and so do its receives (full duplex: the batch takes the larger of the two sums). So a
+// sender also waits for its receiver, and neighbours run in lock-step. Throws like replay() when
+// the ranks wait on each other in a cycle (a schedule that would hang on NCCL).
 Timeline replay_rendezvous(const Schedule& s, const CostFn& cost);
 
 // A time-aligned grid of a replay (one column per rank, one row per unit of time, "." idle).

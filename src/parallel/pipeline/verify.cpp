@@ -131,10 +131,31 @@ std::string check(const Schedule& s) {
   return "";
 }
 
+// NCCL matches a pair's messages in the order they are issued, not by tag: with blocking
+// exchanges each rank must send to a peer in the order that peer receives.
+std::string check_pair_order(const Schedule& s) {
+  std::map<std::pair<int, int>, std::vector<int>> sent, received;  // (from, to) -> tags
+  for (int r = 0; r < s.pp; ++r)
+    for (const Action& a : s.ranks[r]) {
+      if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad)
+        sent[{r, a.peer}].push_back(message_tag(s, a));
+      else if (a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad)
+        received[{a.peer, r}].push_back(message_tag(s, a));
+    }
+  for (const auto& [pair, tags] : sent)
+    if (received[pair] != tags)
+      return fmt::format(
+          "rank {} sends to rank {} in another order than rank {} receives (blocking exchanges "
+          "match in order)",
+          pair.first, pair.second, pair.second);
+  return "";
+}
+
 }  // namespace
 
 std::string verify(const Schedule& s) {
   std::string err = check(s);
+  if (err.empty() && s.lowering == Lowering::kBatched) err = check_pair_order(s);
   if (!err.empty()) return err;
   try {
     replay(s, unit_costs());

@@ -9,7 +9,8 @@
 //  - every send has exactly one matching receive and the other way round;
 //  - no deadlock: the lists are replayed under the communication semantics (asynchronous
 //    sends, blocking receives) and must all run to the end; a batched lowering also under
-//    NCCL's rendezvous (a send waits for its receive; replay_rendezvous).
+//    NCCL's rendezvous (a send waits for its receive; replay_rendezvous), and each rank must
+//    send to a peer in the order the peer receives (NCCL matches in order, not by tag).
 #pragma once
 
 #include <string>
