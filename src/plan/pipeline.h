@@ -38,7 +38,8 @@ struct ReplayResult {
 // How the pipeline's point-to-point transfers behave. kAsync: the runtime's replay semantics
 // (a send's message arrives p2p_s after it is issued, the sender goes on, receives wait).
 // kRendezvous: NCCL's blocking p2p (pp::replay_rendezvous): the communication between two
-// compute actions is one batch that ends p2p_s after the rank and its peers have all posted it.
+// compute actions is one batch; it moves once the rank and its peers have all posted it, its
+// messages p2p_s each, one after another in each direction.
 enum class P2p { kAsync, kRendezvous };
 
 // cost(rank, compute action) in seconds; messages take p2p_s under `p2p`'s semantics.

@@ -114,14 +114,14 @@ std::vector<std::vector<Action>> one_f_one_b_order(int pp, int m) {
   return out;
 }
 
-// Megatron-LM's interleaved order (forward_backward_pipelining_with_interleaving): forward
-// unit k of a rank is microbatch (k / (pp·v))·pp + k mod pp on its local chunk
-// (k mod (pp·v)) / pp; backward unit k walks the local chunks the other way.
 // A rank's compute actions grouped in steps (see Lowering).
 using Steps = std::vector<std::vector<Action>>;
 
-// Megatron-LM's interleaved order, in its steps: the warm-up's forwards one per step, then
-// steps of one forward and one backward, then the cool-down's backwards one per step.
+// Megatron-LM's interleaved order (forward_backward_pipelining_with_interleaving): forward
+// unit k of a rank is microbatch (k / (pp·v))·pp + k mod pp on its local chunk
+// (k mod (pp·v)) / pp; backward unit k walks the local chunks the other way. In Megatron's
+// steps: the warm-up's forwards one per step, then steps of one forward and one backward,
+// then the cool-down's backwards one per step.
 std::vector<Steps> interleaved_steps(int pp, int m, int v) {
   std::vector<Steps> out(static_cast<size_t>(pp));
   const int total = m * v, group = pp * v;
