@@ -66,6 +66,20 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
            {"dur", (s.end_s - s.start_s) * 1e6},
            {"args", {{"microbatch", s.action.microbatch}, {"chunk", s.action.chunk}}}});
     }
+    // Blocking exchanges (NCCL's rendezvous): the rank waits here for its neighbours, then
+    // for the transfers.
+    if (r < e.replay.exchanges.size())
+      for (const auto& x : e.replay.exchanges[r]) {
+        std::string name = "p2p";
+        for (const auto& a : x.messages) name += fmt::format(" {}", parallel::pp::format_action(a));
+        events.push_back({{"name", name},
+                          {"cat", "p2p"},
+                          {"ph", "X"},
+                          {"pid", 0},
+                          {"tid", r},
+                          {"ts", x.start_s * 1e6},
+                          {"dur", (x.end_s - x.start_s) * 1e6}});
+      }
     // After the pipeline, one after another: what the step adds to the makespan.
     double t = e.pipeline_s;
     auto then = [&](const char* name, const char* cat, double dur_s) {

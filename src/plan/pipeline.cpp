@@ -42,11 +42,23 @@ ReplayResult replay(const PipeSchedule& s,
   r.busy_s = t.busy;
   if (keep_spans) {
     r.spans.resize(t.ranks.size());
-    for (size_t k = 0; k < t.ranks.size(); ++k)
+    r.exchanges.resize(t.ranks.size());
+    for (size_t k = 0; k < t.ranks.size(); ++k) {
+      int last_comm = -2;  // the list index of the rank's previous communication action
       for (const pp::Interval& iv : t.ranks[k]) {
         const PipeAction& a = s.ranks[k][static_cast<size_t>(iv.action)];
-        if (a.is_compute()) r.spans[k].push_back({a, iv.start, iv.end});
+        if (a.is_compute()) {
+          r.spans[k].push_back({a, iv.start, iv.end});
+          continue;
+        }
+        // Rendezvous: the communication actions between two compute actions are one batch.
+        if (p2p == P2p::kRendezvous) {
+          if (iv.action != last_comm + 1) r.exchanges[k].push_back({{}, iv.start, iv.end});
+          r.exchanges[k].back().messages.push_back(a);
+        }
+        last_comm = iv.action;
       }
+    }
   }
   return r;
 }

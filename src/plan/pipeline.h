@@ -29,10 +29,18 @@ struct PipeSpan {
   double start_s, end_s;
 };
 
+// A blocking exchange of a rank (P2p::kRendezvous): its messages, from when the rank posted
+// them until the last has moved.
+struct PipeExchange {
+  std::vector<PipeAction> messages;
+  double start_s, end_s;
+};
+
 struct ReplayResult {
   double makespan_s = 0;
-  std::vector<double> busy_s;                // per rank
-  std::vector<std::vector<PipeSpan>> spans;  // per rank, compute actions, when asked for
+  std::vector<double> busy_s;                        // per rank
+  std::vector<std::vector<PipeSpan>> spans;          // per rank, compute actions, when asked for
+  std::vector<std::vector<PipeExchange>> exchanges;  // per rank, blocking exchanges, likewise
 };
 
 // How the pipeline's point-to-point transfers behave. kAsync: the runtime's replay semantics

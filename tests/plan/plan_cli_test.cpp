@@ -139,16 +139,26 @@ TEST(PlanCli, SimulateWritesAChromeTrace) {
   expect_layout_keys(j["layouts"][0]);
   EXPECT_GT(j["layouts"][0]["bubble_fraction"].get<double>(), 0.0);
   nlohmann::json t = nlohmann::json::parse(std::ifstream(trace));
-  int spans = 0, syncs = 0;
+  int spans = 0, syncs = 0, exchanges = 0;
   for (const auto& e : t["traceEvents"]) {
-    spans += e["ph"] == "X";
+    const std::string cat = e.value("cat", "");
+    spans += e["ph"] == "X" && cat != "p2p";
     syncs += e["name"] == "tied embedding gradient all-reduce (first and last stage)";
+    if (cat == "p2p") {
+      ++exchanges;
+      EXPECT_GT(e["dur"].get<double>(), 0.0) << e;
+    }
   }
   // F and B of each microbatch (1536 / (dp 32 x 4) = 12) on each of the 2 ranks, plus the
   // tied embedding's gradient all-reduce and the optimizer, one span each per rank.
   EXPECT_EQ(j["layouts"][0]["microbatches"], 12);
   EXPECT_EQ(spans, 2 * 2 * 12 + 2 * 2);
   EXPECT_EQ(syncs, 2);
+  // 1F1B's blocking exchanges (NCCL's rendezvous), m + 1 per rank: rank 0 sends each
+  // activation, the first alone and the others with the previous gradient's receive, then
+  // receives the last gradient; rank 1 receives the first activation, then sends each
+  // gradient with the next activation's receive.
+  EXPECT_EQ(exchanges, 2 * (12 + 1));
   // 51,200 x 8,192 / tp 8 fp16 gradients summed by two ranks in different nodes: a ring
   // all-reduce of 2 ranks sends half of the bytes and receives half, twice (the dgx-a100
   // preset: 22.5 GB/s per GPU over InfiniBand, 8 us per message).
