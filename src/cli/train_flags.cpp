@@ -49,6 +49,10 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "pipeline schedule: gpipe, 1f1b (default), interleaved or zb1");
   cmd.add_option("--virtual-stages", pipeline.virtual_stages,
                  "model chunks per pipeline rank (--schedule interleaved)");
+  cmd.add_option("--pp-exchanges", pipeline.exchanges,
+                 "pipeline send/receive grouping: auto (batched with --backend nccl), batched "
+                 "(Megatron-LM's exchanges, safe on blocking point-to-point) or per-action")
+      ->capture_default_str();
   cmd.add_option("--pp-layers", pipeline.layers,
                  "layers per pipeline chunk, e.g. 5,7,7,5 (default: balanced by cost)");
   cmd.add_option("--bucket-mb", bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB (default 25)");

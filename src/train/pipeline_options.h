@@ -13,8 +13,11 @@ struct PipelineOptions {
   int microbatches = 0;           // per step and dp replica; 0: pp
   std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zb1
   int virtual_stages = 1;         // chunks per rank (interleaved)
-  std::string layers;             // --pp-layers "5,7,7,5"; "": balanced by estimated cost
-  std::string trace;              // Chrome/Perfetto trace of the steps ("": none)
+  // Megatron-LM's batched exchanges (parallel::pp::Lowering::kBatched): "auto" (batched with
+  // the nccl backend, whose point-to-point blocks), "batched" or "per-action".
+  std::string exchanges = "auto";
+  std::string layers;  // --pp-layers "5,7,7,5"; "": balanced by estimated cost
+  std::string trace;   // Chrome/Perfetto trace of the steps ("": none)
 };
 
 struct PipelineRankStats {

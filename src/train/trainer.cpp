@@ -67,6 +67,10 @@ void TrainOptions::validate() const {
         batch, dp, batch / dp * dp > 0 ? batch / dp * dp : dp, (batch / dp + 1) * dp, batch);
   }
   if (pipeline.pp < 1) fail("--pp {} must be at least 1", pipeline.pp);
+  if (pipeline.exchanges != "auto" && pipeline.exchanges != "batched" &&
+      pipeline.exchanges != "per-action")
+    fail("--pp-exchanges '{}' is not a grouping (choose auto, batched or per-action)",
+         pipeline.exchanges);
   if (pipeline.pp > 1) {
     const int m = pipeline.microbatches > 0 ? pipeline.microbatches : pipeline.pp;
     parallel::pp::check_schedule_args(parallel::pp::parse_schedule_kind(pipeline.schedule),
@@ -92,15 +96,18 @@ void TrainOptions::validate() const {
   if (device != "cpu" && device != "cuda")
     fail("--device '{}' is not a device (choose cpu or cuda)", device);
   if (backend == "nccl" && device != "cuda")
-    fail("--backend nccl moves GPU buffers between GPUs: add --device cuda (or use --backend "
-         "local / mpi on the CPU)");
+    fail(
+        "--backend nccl moves GPU buffers between GPUs: add --device cuda (or use --backend "
+        "local / mpi on the CPU)");
   if (device == "cuda") {
     if (!device::cuda_built())
-      fail("--device cuda: this meshtrain was built without CUDA (configure with "
-           "-DMESHTRAIN_CUDA=ON where nvcc is installed, or use --device cpu)");
+      fail(
+          "--device cuda: this meshtrain was built without CUDA (configure with "
+          "-DMESHTRAIN_CUDA=ON where nvcc is installed, or use --device cpu)");
     if (!export_path.empty() && !export_supported())
-      fail("--device cuda: --export of a tp > 1 or pp > 1 layout is not supported on a GPU yet "
-           "(export works with dp and ZeRO; or train with --device cpu)");
+      fail(
+          "--device cuda: --export of a tp > 1 or pp > 1 layout is not supported on a GPU yet "
+          "(export works with dp and ZeRO; or train with --device cpu)");
   }
   if (steps < 1) fail("--steps {} must be at least 1", steps);
   if (checkpoint_every < 0) fail("--checkpoint-every {} must be 0 or more", checkpoint_every);
@@ -380,9 +387,9 @@ void run_rank(Shared& sh, comm::Group& world) {
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
   const double flops_per_token = model::training_flops_per_token(o.model, T);
   const DType gemm_dtype = ro.bf16 ? DType::kBF16 : DType::kF32;
-  const double peak = o.peak_flops > 0         ? o.peak_flops
+  const double peak = o.peak_flops > 0    ? o.peak_flops
                       : device::on_cuda() ? kernels::gpu_peak_flops(gemm_dtype)
-                                               : kernels::peak_flops(gemm_dtype, sh.threads);
+                                          : kernels::peak_flops(gemm_dtype, sh.threads);
   const Splits& data = sh.data;
 
   if (talk) {
@@ -392,9 +399,11 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (o.tp > 1)
       layout += fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "");
     if (P > 1)
-      layout += fmt::format(", pp {} ({} schedule, {} chunk(s) per rank, layers per chunk {})", P,
-                            parallel::pp::schedule_kind_name(sh.schedule->kind),
-                            sh.schedule->virtual_stages, fmt::join(sh.partition->layers, ","));
+      layout += fmt::format(
+          ", pp {} ({} schedule, {} chunk(s) per rank, layers per chunk {}{})", P,
+          parallel::pp::schedule_kind_name(sh.schedule->kind), sh.schedule->virtual_stages,
+          fmt::join(sh.partition->layers, ","),
+          sh.schedule->lowering == parallel::pp::Lowering::kBatched ? ", batched exchanges" : "");
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads, vocab {} padded to {}), {:.2f}M "
         "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
@@ -402,11 +411,10 @@ void run_rank(Shared& sh, comm::Group& world) {
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head, o.model.vocab,
         rep.gpt.config().padded_vocab(), model::count_params(model::gpt_param_specs(o.model)) / 1e6,
         B, T, layout, o.mesh_order, n_micro, mb, o.recompute,
-        device::on_cuda()
-            ? fmt::format("device {}", device::describe(mem::Device::kCuda, device::current_index()))
-            : fmt::format("{} thread(s) per rank", sh.threads),
-        o.data,
-        data.train->num_samples()));
+        device::on_cuda() ? fmt::format("device {}", device::describe(mem::Device::kCuda,
+                                                                      device::current_index()))
+                          : fmt::format("{} thread(s) per rank", sh.threads),
+        o.data, data.train->num_samples()));
   }
 
   // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
@@ -678,9 +686,14 @@ TrainResult run_training(const TrainOptions& o) {
   std::unique_ptr<parallel::pp::Partition> part;
   if (o.pipeline.pp > 1) {
     const PipelineOptions& po = o.pipeline;
+    // NCCL's send waits for its receive: there the per-action lists of the interleaved
+    // schedule can hang, Megatron-LM's batched exchanges cannot (docs/pipeline.md).
+    const bool batched =
+        po.exchanges == "batched" || (po.exchanges == "auto" && kind == comm::BackendKind::kNccl);
     sched = std::make_unique<parallel::pp::Schedule>(parallel::pp::build_schedule(
         parallel::pp::parse_schedule_kind(po.schedule), po.pp,
-        po.microbatches > 0 ? po.microbatches : po.pp, po.virtual_stages));
+        po.microbatches > 0 ? po.microbatches : po.pp, po.virtual_stages,
+        batched ? parallel::pp::Lowering::kBatched : parallel::pp::Lowering::kPerAction));
     parallel::pp::verify_or_throw(*sched);
     part = std::make_unique<parallel::pp::Partition>(make_partition(o, sched->num_chunks()));
   }

@@ -53,6 +53,13 @@ TEST(PipelineCli, TrainWritesATraceWithOneRowPerRank) {
   EXPECT_EQ(rows, (std::set<int>{0, 1, 2, 3}));
   for (const char* c : {"forward", "backward", "weight", "send", "idle"})
     EXPECT_TRUE(cats.count(c)) << c;
+  // Megatron-LM's batched exchanges on request (by default only with --backend nccl).
+  const RunResult b = run_meshtrain(small_run() +
+                                    " --pp 2 --microbatches 4 --schedule interleaved "
+                                    "--virtual-stages 2 --pp-exchanges batched");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("batched exchanges"), std::string::npos) << b.output;
+  EXPECT_EQ(r.output.find("batched exchanges"), std::string::npos) << r.output;
 }
 
 TEST(PipelineCli, RefusesWhatCannotRun) {
@@ -65,6 +72,7 @@ TEST(PipelineCli, RefusesWhatCannotRun) {
             "divisible by --pp"},
            {"--pp 2 --pp-layers 1,2", "covers 3 layers but the model has n_layer 4"},
            {"--pp 2 --schedule 2f2b", "unknown --schedule '2f2b'"},
+           {"--pp 2 --pp-exchanges grouped", "--pp-exchanges 'grouped' is not a grouping"},
            {"--pp 2 --microbatches 3", "--batch 8 is not divisible by --dp 1 x --microbatches 3"},
            {"--pp 4 --microbatches 4 --schedule interleaved --virtual-stages 2",
             "n_layer 4 is fewer than the 8 pipeline chunks"},

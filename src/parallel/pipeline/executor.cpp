@@ -44,7 +44,12 @@ void Executor::run(Stage& stage) {
     switch (a.kind) {
       case ActionKind::kRecvAct:
       case ActionKind::kRecvGrad: {
-        post_until(i + 1, true);
+        // Every receive of this exchange is posted before the first is waited on: a backend
+        // that issues pending operations as one group at a wait (NCCL) then runs the whole
+        // exchange as one group, as a batched schedule needs (Lowering::kBatched).
+        size_t end = i + 1;
+        while (end < n && !list[end].is_compute()) ++end;
+        post_until(end, true);
         const double start = now_s() - t0;
         const bool arrived = recvs[i]->test();
         if (!arrived) {

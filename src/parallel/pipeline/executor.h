@@ -3,7 +3,8 @@
 // travel by asynchronous send/recv on the pipeline group, tagged with message_tag(). Receives
 // are posted early: those before the next compute action are posted before the current one
 // runs (except an activation receive behind a backward, which would need one more buffer
-// than the schedule's peak), and waited for where the list has them.
+// than the schedule's peak), all of an exchange's before the first is waited on, and each
+// waited for where the list has them.
 #pragma once
 
 #include <cstdint>

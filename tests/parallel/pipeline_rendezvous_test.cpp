@@ -1,0 +1,240 @@
+// The pipeline executor on NCCL's point-to-point semantics, emulated on the host (no GPU):
+// the real Executor drives P rank threads over a backend that behaves like comm/nccl for
+// send/recv. Operations stay pending until one of them is tested or waited on, then all
+// pending ones are issued as one group (NcclBackend::flush_p2p_locked); a rank's groups run
+// one after another (its p2p stream); a message moves once its send and its receive are
+// both in running groups (a send waits for its receive: messages larger than NCCL's
+// buffers), matched per (sender, receiver) in issue order, not by tag; a group ends when all
+// its messages moved. Under this the per-action lists of the interleaved schedule hang, and
+// Megatron-LM's batched exchanges (Lowering::kBatched), posted by the executor one exchange
+// per group, do not (docs/pipeline.md, "Blocking exchanges").
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "comm/group.h"
+#include "core/error.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace mt::parallel::pp {
+namespace {
+
+struct Op {
+  std::shared_ptr<comm::OpCall> call;
+  comm::P2pDone done;
+  int rank = 0;
+  bool moved = false;
+};
+using OpPtr = std::shared_ptr<Op>;
+
+// What all ranks share: each rank's pending operations and issued groups, and per
+// (sender, receiver) the sends and receives in issue order.
+struct Wire {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<OpPtr>> pending;
+  std::vector<std::deque<std::vector<OpPtr>>> groups;  // the head group is running
+  std::map<std::pair<int, int>, std::deque<OpPtr>> sends, recvs;
+  // A hang: every rank that has not finished waits for a message that has not moved.
+  std::vector<OpPtr> awaited;  // per rank, the operation it waits for
+  int finished = 0;
+  bool hung = false;
+
+  explicit Wire(int p) : pending(size_t(p)), groups(size_t(p)), awaited(size_t(p)) {}
+
+  bool all_stuck() const {
+    int stuck = 0;
+    for (const OpPtr& o : awaited) stuck += o && !o->moved;
+    return stuck + finished == int(awaited.size());
+  }
+
+  bool running(const OpPtr& op) const {
+    const auto& q = groups[size_t(op->rank)];
+    if (q.empty()) return false;
+    for (const OpPtr& o : q.front())
+      if (o == op) return true;
+    return false;
+  }
+
+  // Moves every message whose send and receive both run; retires finished head groups.
+  void progress() {
+    for (bool again = true; again;) {
+      again = false;
+      for (auto& [pair, s] : sends) {
+        auto& r = recvs[pair];
+        while (!s.empty() && !r.empty() && running(s.front()) && running(r.front())) {
+          const comm::OpCall& in = *s.front()->call;
+          comm::OpCall& out = *r.front()->call;
+          std::memcpy(out.out, in.in, size_t(in.in_elems) * dtype_bytes(in.dtype));
+          s.front()->moved = r.front()->moved = true;
+          s.pop_front();
+          r.pop_front();
+          again = true;
+        }
+      }
+      for (auto& q : groups)
+        while (!q.empty() && std::all_of(q.front().begin(), q.front().end(),
+                                         [](const OpPtr& o) { return o->moved; })) {
+          for (const OpPtr& o : q.front()) o->done(*o->call, nullptr);
+          q.pop_front();
+          again = true;
+        }
+    }
+    cv.notify_all();
+  }
+
+  // NcclBackend::issued_batch: the first test or wait issues everything pending.
+  void flush(int rank) {
+    auto& p = pending[size_t(rank)];
+    if (p.empty()) return;
+    for (const OpPtr& o : p) {
+      const comm::OpCall& c = *o->call;
+      const bool send = c.op == comm::OpType::kSend;
+      (send ? sends : recvs)[send ? std::pair{rank, c.peer} : std::pair{c.peer, rank}].push_back(o);
+    }
+    groups[size_t(rank)].push_back(std::move(p));
+    p.clear();
+    progress();
+  }
+};
+
+class RendezvousWork : public comm::Work {
+ public:
+  RendezvousWork(Wire& w, OpPtr op) : w_(w), op_(std::move(op)) {}
+  bool test() override {
+    std::lock_guard lock(w_.mu);
+    w_.flush(op_->rank);
+    return op_->moved;
+  }
+  void wait() override {
+    std::unique_lock lock(w_.mu);
+    w_.flush(op_->rank);
+    w_.awaited[size_t(op_->rank)] = op_;
+    while (!op_->moved && !w_.hung) {
+      // Only a rank that runs can issue more: when all wait, nothing will ever move.
+      if (w_.all_stuck()) {
+        w_.hung = true;
+        w_.cv.notify_all();
+        break;
+      }
+      // (The deadline only guards the test itself against a bug in this emulation.)
+      if (w_.cv.wait_for(lock, std::chrono::seconds(60)) == std::cv_status::timeout) break;
+    }
+    w_.awaited[size_t(op_->rank)] = nullptr;
+    if (!op_->moved)
+      fail_run("rendezvous p2p hang: rank {} waits on {} with peer {}", op_->rank,
+               comm::op_name(op_->call->op), op_->call->peer);
+  }
+
+ private:
+  Wire& w_;
+  OpPtr op_;
+};
+
+class RendezvousBackend : public comm::Backend {
+ public:
+  RendezvousBackend(Wire& w, int rank, int size) : w_(w), rank_(rank), size_(size) {}
+  std::string_view kind() const override { return "rendezvous"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void run(comm::OpCall&) override { fail_run("collectives are not emulated"); }
+  comm::WorkPtr start_p2p(std::shared_ptr<comm::OpCall> call, comm::P2pDone done) override {
+    auto op = std::make_shared<Op>(Op{std::move(call), std::move(done), rank_, false});
+    std::lock_guard lock(w_.mu);
+    w_.pending[size_t(rank_)].push_back(op);
+    return std::make_shared<RendezvousWork>(w_, op);
+  }
+  std::unique_ptr<comm::Backend> split(comm::OpCall&, int, int, const std::string&,
+                                       std::vector<int>*) override {
+    fail_run("split is not emulated");
+  }
+
+ private:
+  Wire& w_;
+  int rank_, size_;
+};
+
+// A stage that computes nothing: one small buffer per message (contents checked: a
+// received message carries the tag its sender wrote).
+class TagStage : public Stage {
+ public:
+  explicit TagStage(const Schedule& s) : s_(s) {}
+  void compute(const Action&) override {}
+  comm::Buf recv_buffer(const Action& a) override { return buf(a); }
+  comm::Buf send_buffer(const Action& a) override {
+    comm::Buf b = buf(a);
+    static_cast<float*>(b.ptr)[0] = float(message_tag(s_, a));
+    return b;
+  }
+  bool all_received_right() const {
+    for (const auto& [key, v] : bufs_)
+      if (key.first == 1 && v[0] != float(key.second)) return false;
+    return true;
+  }
+
+ private:
+  comm::Buf buf(const Action& a) {
+    const bool recv = a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad;
+    auto& v = bufs_[{recv ? 1 : 0, message_tag(s_, a)}];
+    v.assign(4, -1.0f);
+    return comm::Buf(v.data(), 4);
+  }
+  const Schedule& s_;
+  std::map<std::pair<int, int>, std::vector<float>> bufs_;
+};
+
+// Runs one step of `s` with the real executor on every rank; "" when every rank finished and
+// received the right messages, else the first error.
+std::string run_on_rendezvous(const Schedule& s) {
+  Wire wire(s.pp);
+  std::vector<std::string> errors(size_t(s.pp));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < s.pp; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto ctx = std::make_shared<comm::RankContext>(r, s.pp, 64, nullptr);
+        std::vector<int> world(size_t(s.pp));
+        for (int k = 0; k < s.pp; ++k) world[size_t(k)] = k;
+        comm::Group g(ctx, std::make_unique<RendezvousBackend>(wire, r, s.pp), "pp", world);
+        TagStage stage(s);
+        Executor(s, r, g).run(stage);
+        if (!stage.all_received_right()) errors[size_t(r)] = "a message landed in the wrong buffer";
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+      std::lock_guard lock(wire.mu);
+      ++wire.finished;
+      wire.cv.notify_all();
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) return e;
+  return "";
+}
+
+TEST(PipelineOnRendezvousP2p, BatchedExchangesRunPerActionInterleavingHangs) {
+  // The smallest hang (pp 2, v 2, 4 microbatches) and a few more shapes.
+  using K = ScheduleKind;
+  EXPECT_NE(run_on_rendezvous(build_schedule(K::kInterleaved1F1B, 2, 4, 2)).find("hang"),
+            std::string::npos);
+  for (const auto& [p, m, v] :
+       {std::tuple{2, 4, 2}, std::tuple{4, 8, 2}, std::tuple{4, 4, 3}, std::tuple{3, 6, 2}}) {
+    SCOPED_TRACE(testing::Message() << "interleaved pp " << p << " m " << m << " v " << v);
+    EXPECT_EQ(run_on_rendezvous(build_schedule(K::kInterleaved1F1B, p, m, v, Lowering::kBatched)),
+              "");
+  }
+  // GPipe, 1F1B and ZB-H1 run either way (their two lowerings are the same lists).
+  for (K kind : {K::kGPipe, K::k1F1B, K::kZbH1})
+    EXPECT_EQ(run_on_rendezvous(build_schedule(kind, 4, 8)), "") << schedule_kind_name(kind);
+}
+
+}  // namespace
+}  // namespace mt::parallel::pp
