@@ -102,6 +102,10 @@ class Work {
   virtual void wait() = 0;
   // True once done (throws like wait() if it failed); never blocks.
   virtual bool test() = 0;
+  // Like test(), but never starts anything still held back: the nccl backend issues its
+  // pending send/recv as one group at the first test or wait, and a poll to see whether a
+  // buffer is free must not cut an exchange in two (a send waits for its receive there).
+  virtual bool poll() { return test(); }
 };
 using WorkPtr = std::shared_ptr<Work>;
 

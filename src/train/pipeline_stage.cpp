@@ -90,9 +90,10 @@ PipelineStage::Slot& PipelineStage::find(int mb, int chunk) {
 PipelineStage::Slot& PipelineStage::acquire(int mb, int chunk) {
   for (Slot& s : pool_)
     if (s.held && s.mb == mb && s.chunk == chunk) return s;
+  // poll, not test: on nccl a test would issue this exchange's sends ahead of its receives.
   auto sends_done = [](Slot& s) {
     for (auto& w : s.sends)
-      if (!w->test()) return false;
+      if (!w->poll()) return false;
     s.sends.clear();
     return true;
   };

@@ -1,13 +1,15 @@
 // The pipeline executor on NCCL's point-to-point semantics, emulated on the host (no GPU):
 // the real Executor drives P rank threads over a backend that behaves like comm/nccl for
-// send/recv. Operations stay pending until one of them is tested or waited on, then all
-// pending ones are issued as one group (NcclBackend::flush_p2p_locked); a rank's groups run
-// one after another (its p2p stream); a message moves once its send and its receive are
-// both in running groups (a send waits for its receive: messages larger than NCCL's
-// buffers), matched per (sender, receiver) in issue order, not by tag; a group ends when all
-// its messages moved. Under this the per-action lists of the interleaved schedule hang, and
-// Megatron-LM's batched exchanges (Lowering::kBatched), posted by the executor one exchange
-// per group, do not (docs/pipeline.md, "Blocking exchanges").
+// send/recv. Operations stay pending until one not yet issued is tested or waited on, then
+// all pending ones are issued as one group (NcclBackend::issued_batch, flush_p2p_locked);
+// poll() issues nothing; a rank's groups run one after another (its p2p stream); a message
+// moves once its send and its receive are both in running groups (a send waits for its
+// receive: messages larger than NCCL's buffers, so small messages that NCCL would send
+// eagerly are treated pessimistically), matched per (sender, receiver) in issue order, not
+// by tag; a group's operations complete together when all its messages moved. Under this the
+// per-action lists of the interleaved schedule hang; Megatron-LM's batched exchanges
+// (Lowering::kBatched) run, as the executor posts each exchange's receives together and the
+// stage polls its sends (one exchange, one group). docs/pipeline.md, "Blocking exchanges".
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -29,9 +31,11 @@ namespace {
 
 struct Op {
   std::shared_ptr<comm::OpCall> call;
-  comm::P2pDone done;
+  comm::P2pDone on_done;
   int rank = 0;
-  bool moved = false;
+  bool issued = false;  // in a group
+  bool moved = false;   // its message moved
+  bool done = false;    // its group ended (NCCL completes a group's operations together)
 };
 using OpPtr = std::shared_ptr<Op>;
 
@@ -52,7 +56,7 @@ struct Wire {
 
   bool all_stuck() const {
     int stuck = 0;
-    for (const OpPtr& o : awaited) stuck += o && !o->moved;
+    for (const OpPtr& o : awaited) stuck += o && !o->done;
     return stuck + finished == int(awaited.size());
   }
 
@@ -83,7 +87,10 @@ struct Wire {
       for (auto& q : groups)
         while (!q.empty() && std::all_of(q.front().begin(), q.front().end(),
                                          [](const OpPtr& o) { return o->moved; })) {
-          for (const OpPtr& o : q.front()) o->done(*o->call, nullptr);
+          for (const OpPtr& o : q.front()) {
+            o->done = true;
+            o->on_done(*o->call, nullptr);
+          }
           q.pop_front();
           again = true;
         }
@@ -96,6 +103,7 @@ struct Wire {
     auto& p = pending[size_t(rank)];
     if (p.empty()) return;
     for (const OpPtr& o : p) {
+      o->issued = true;
       const comm::OpCall& c = *o->call;
       const bool send = c.op == comm::OpType::kSend;
       (send ? sends : recvs)[send ? std::pair{rank, c.peer} : std::pair{c.peer, rank}].push_back(o);
@@ -109,16 +117,21 @@ struct Wire {
 class RendezvousWork : public comm::Work {
  public:
   RendezvousWork(Wire& w, OpPtr op) : w_(w), op_(std::move(op)) {}
+  // NcclBackend::issued_batch: an operation not yet issued issues everything pending.
   bool test() override {
     std::lock_guard lock(w_.mu);
-    w_.flush(op_->rank);
-    return op_->moved;
+    if (!op_->issued) w_.flush(op_->rank);
+    return op_->done;
+  }
+  bool poll() override {
+    std::lock_guard lock(w_.mu);
+    return op_->done;
   }
   void wait() override {
     std::unique_lock lock(w_.mu);
-    w_.flush(op_->rank);
+    if (!op_->issued) w_.flush(op_->rank);
     w_.awaited[size_t(op_->rank)] = op_;
-    while (!op_->moved && !w_.hung) {
+    while (!op_->done && !w_.hung) {
       // Only a rank that runs can issue more: when all wait, nothing will ever move.
       if (w_.all_stuck()) {
         w_.hung = true;
@@ -129,7 +142,7 @@ class RendezvousWork : public comm::Work {
       if (w_.cv.wait_for(lock, std::chrono::seconds(60)) == std::cv_status::timeout) break;
     }
     w_.awaited[size_t(op_->rank)] = nullptr;
-    if (!op_->moved)
+    if (!op_->done)
       fail_run("rendezvous p2p hang: rank {} waits on {} with peer {}", op_->rank,
                comm::op_name(op_->call->op), op_->call->peer);
   }
@@ -147,7 +160,7 @@ class RendezvousBackend : public comm::Backend {
   int size() const override { return size_; }
   void run(comm::OpCall&) override { fail_run("collectives are not emulated"); }
   comm::WorkPtr start_p2p(std::shared_ptr<comm::OpCall> call, comm::P2pDone done) override {
-    auto op = std::make_shared<Op>(Op{std::move(call), std::move(done), rank_, false});
+    auto op = std::make_shared<Op>(Op{std::move(call), std::move(done), rank_});
     std::lock_guard lock(w_.mu);
     w_.pending[size_t(rank_)].push_back(op);
     return std::make_shared<RendezvousWork>(w_, op);
@@ -163,17 +176,23 @@ class RendezvousBackend : public comm::Backend {
 };
 
 // A stage that computes nothing: one small buffer per message (contents checked: a
-// received message carries the tag its sender wrote).
+// received message carries the tag its sender wrote). Like train/pipeline_stage.cpp's pool,
+// it looks at its sends when it hands out a receive buffer (a buffer is free once its send is
+// done): with `poll` false it uses test(), which on nccl issues what is pending.
 class TagStage : public Stage {
  public:
-  explicit TagStage(const Schedule& s) : s_(s) {}
+  TagStage(const Schedule& s, bool poll) : s_(s), poll_(poll) {}
   void compute(const Action&) override {}
-  comm::Buf recv_buffer(const Action& a) override { return buf(a); }
+  comm::Buf recv_buffer(const Action& a) override {
+    std::erase_if(sends_, [&](const comm::WorkPtr& w) { return poll_ ? w->poll() : w->test(); });
+    return buf(a);
+  }
   comm::Buf send_buffer(const Action& a) override {
     comm::Buf b = buf(a);
     static_cast<float*>(b.ptr)[0] = float(message_tag(s_, a));
     return b;
   }
+  void sent(const Action&, const comm::WorkPtr& w) override { sends_.push_back(w); }
   bool all_received_right() const {
     for (const auto& [key, v] : bufs_)
       if (key.first == 1 && v[0] != float(key.second)) return false;
@@ -188,14 +207,19 @@ class TagStage : public Stage {
     return comm::Buf(v.data(), 4);
   }
   const Schedule& s_;
+  bool poll_;
+  std::vector<comm::WorkPtr> sends_;
   std::map<std::pair<int, int>, std::vector<float>> bufs_;
 };
 
 // Runs one step of `s` with the real executor on every rank; "" when every rank finished and
-// received the right messages, else the first error.
-std::string run_on_rendezvous(const Schedule& s) {
+// received the right messages, else the first error. The stages outlive the rank threads: a
+// rank that fails leaves its operations on the wire.
+std::string run_on_rendezvous(const Schedule& s, bool poll = true) {
   Wire wire(s.pp);
   std::vector<std::string> errors(size_t(s.pp));
+  std::vector<std::unique_ptr<TagStage>> stages;
+  for (int r = 0; r < s.pp; ++r) stages.push_back(std::make_unique<TagStage>(s, poll));
   std::vector<std::thread> threads;
   for (int r = 0; r < s.pp; ++r)
     threads.emplace_back([&, r] {
@@ -204,9 +228,9 @@ std::string run_on_rendezvous(const Schedule& s) {
         std::vector<int> world(size_t(s.pp));
         for (int k = 0; k < s.pp; ++k) world[size_t(k)] = k;
         comm::Group g(ctx, std::make_unique<RendezvousBackend>(wire, r, s.pp), "pp", world);
-        TagStage stage(s);
-        Executor(s, r, g).run(stage);
-        if (!stage.all_received_right()) errors[size_t(r)] = "a message landed in the wrong buffer";
+        Executor(s, r, g).run(*stages[size_t(r)]);
+        if (!stages[size_t(r)]->all_received_right())
+          errors[size_t(r)] = "a message landed in the wrong buffer";
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
       }
@@ -231,6 +255,12 @@ TEST(PipelineOnRendezvousP2p, BatchedExchangesRunPerActionInterleavingHangs) {
     EXPECT_EQ(run_on_rendezvous(build_schedule(K::kInterleaved1F1B, p, m, v, Lowering::kBatched)),
               "");
   }
+  // A stage that tests its sends for a free buffer issues the exchange's sends without its
+  // receives (two groups): that hangs too (hence comm::Work::poll).
+  EXPECT_NE(
+      run_on_rendezvous(build_schedule(K::kInterleaved1F1B, 2, 4, 2, Lowering::kBatched), false)
+          .find("hang"),
+      std::string::npos);
   // GPipe, 1F1B and ZB-H1 run either way (their two lowerings are the same lists).
   for (K kind : {K::kGPipe, K::k1F1B, K::kZbH1})
     EXPECT_EQ(run_on_rendezvous(build_schedule(kind, 4, 8)), "") << schedule_kind_name(kind);

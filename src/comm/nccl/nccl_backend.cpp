@@ -112,6 +112,7 @@ class NcclP2pWork : public Work {
   }
   bool test() override;
   void wait() override;
+  bool poll() override;
 
   std::shared_ptr<OpCall> call;
   cudaEvent_t ready = nullptr;  // on the issuing stream at the call: the data is ready
@@ -149,6 +150,10 @@ class NcclBackend final : public Backend {
   // Hands every started send/recv to NCCL as one group (so that sends and receives that
   // need each other progress together: NCCL has no buffered sends). Returns w's batch.
   std::shared_ptr<P2pBatch> issued_batch(NcclP2pWork& w);
+  bool issued(const NcclP2pWork& w) {
+    std::lock_guard lock(p2p_mu_);
+    return w.batch || w.issue_error;
+  }
   // Waits on the host for `ev`; throws on a CUDA error, an asynchronous NCCL error or the
   // job's abort.
   void wait_event(cudaEvent_t ev, bool p2p, const std::string& what);
@@ -533,6 +538,11 @@ bool NcclP2pWork::test() {
   }
   finish(nullptr);
   return true;
+}
+
+bool NcclP2pWork::poll() {
+  if (finished_) return rethrow();
+  return backend_->issued(*this) && test();
 }
 
 void NcclP2pWork::wait() {
