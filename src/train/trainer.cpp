@@ -690,6 +690,13 @@ TrainResult run_training(const TrainOptions& o) {
     // schedule can hang, Megatron-LM's batched exchanges cannot (docs/pipeline.md).
     const bool batched =
         po.exchanges == "batched" || (po.exchanges == "auto" && kind == comm::BackendKind::kNccl);
+    if (!batched && kind == comm::BackendKind::kNccl &&
+        parallel::pp::parse_schedule_kind(po.schedule) ==
+            parallel::pp::ScheduleKind::kInterleaved1F1B)
+      fmt::print(stderr,
+                 "warning: --pp-exchanges per-action with --backend nccl: the interleaved "
+                 "schedule's per-action sends and receives can hang on NCCL once messages "
+                 "exceed its buffers (use --pp-exchanges auto)\n");
     sched = std::make_unique<parallel::pp::Schedule>(parallel::pp::build_schedule(
         parallel::pp::parse_schedule_kind(po.schedule), po.pp,
         po.microbatches > 0 ? po.microbatches : po.pp, po.virtual_stages,
