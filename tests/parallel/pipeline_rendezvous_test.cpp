@@ -12,6 +12,7 @@
 // stage polls its sends (one exchange, one group). docs/pipeline.md, "Blocking exchanges".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -47,7 +48,7 @@ struct Wire {
   std::vector<std::vector<OpPtr>> pending;
   std::vector<std::deque<std::vector<OpPtr>>> groups;  // the head group is running
   std::map<std::pair<int, int>, std::deque<OpPtr>> sends, recvs;
-  // A hang: every rank that has not finished waits for a message that has not moved.
+  // A hang: every rank that has not finished waits for an operation that has not completed.
   std::vector<OpPtr> awaited;  // per rank, the operation it waits for
   int finished = 0;
   bool hung = false;
