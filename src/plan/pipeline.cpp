@@ -32,7 +32,7 @@ ReplayResult replay(const PipeSchedule& s,
                     P2p p2p, bool keep_spans) {
   const pp::CostFn costs = [&](int rank, const pp::Action& a) {
     if (a.is_compute()) return cost(rank, a);
-    if (a.kind == PipeKind::kSendAct || a.kind == PipeKind::kSendGrad) return p2p_s;
+    if (a.is_send()) return p2p_s;
     return 0.0;
   };
   const pp::Timeline t =
@@ -86,12 +86,12 @@ ReplayResult replay_shared(const PipeSchedule& s,
       size_t& i = next[static_cast<size_t>(k)];
       while (!computing[static_cast<size_t>(k)] && i < list.size()) {
         const PipeAction& a = list[i];
-        if (a.kind == PipeKind::kRecvAct || a.kind == PipeKind::kRecvGrad) {
+        if (a.is_recv()) {
           auto it = arrives.find(parallel::pp::message_tag(s, a));
           if (it == arrives.end() || it->second > now) break;
           arrives.erase(it);
           ++i;
-        } else if (a.kind == PipeKind::kSendAct || a.kind == PipeKind::kSendGrad) {
+        } else if (a.is_send()) {
           arrives[parallel::pp::message_tag(s, a)] = now + p2p_s;
           ++i;
         } else if (const double c = cost(k, a); c > 0) {

@@ -202,7 +202,7 @@ class TagStage : public Stage {
 
  private:
   comm::Buf buf(const Action& a) {
-    const bool recv = a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad;
+    const bool recv = a.is_recv();
     auto& v = bufs_[{recv ? 1 : 0, message_tag(s_, a)}];
     v.assign(4, -1.0f);
     return comm::Buf(v.data(), 4);

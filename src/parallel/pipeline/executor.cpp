@@ -23,7 +23,7 @@ void Executor::run(Stage& stage) {
     for (; posted < end && posted < n; ++posted) {
       const Action& a = list[posted];
       if (a.kind == ActionKind::kRecvAct && !allow_act) return;
-      if (a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad)
+      if (a.is_recv())
         recvs[posted] = group_.recv_async(stage.recv_buffer(a), a.peer, message_tag(s_, a));
     }
   };

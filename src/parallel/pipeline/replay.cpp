@@ -39,10 +39,6 @@ double Timeline::bubble_fraction() const {
 
 namespace {
 
-bool is_send(const Action& a) {
-  return a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad;
-}
-
 // "; rank r waits at action i (x) for rank p" for every unfinished rank.
 std::string waits(const Schedule& s, const std::vector<size_t>& next) {
   std::string why;
@@ -74,13 +70,13 @@ Timeline replay(const Schedule& s, const CostFn& cost) {
       while (next[r] < list.size()) {
         const Action& a = list[next[r]];
         double start = clock[r], end = clock[r];
-        if (a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad) {
+        if (a.is_recv()) {
           auto it = arrived.find(message_tag(s, a));
           if (it == arrived.end()) break;  // blocks until the message arrives
           end = std::max(clock[r], it->second);
           start = end;
           arrived.erase(it);
-        } else if (is_send(a)) {
+        } else if (a.is_send()) {
           const int tag = message_tag(s, a);
           if (arrived.count(tag))
             fail_run("replay: rank {} sends {} twice (action {})", r, format_action(a), next[r]);
@@ -136,11 +132,11 @@ Timeline replay_rendezvous(const Schedule& s, const CostFn& cost) {
           for (size_t i = next[r]; i < batch_end; ++i) {
             const Action& a = list[i];
             const int tag = message_tag(s, a);
-            auto& side = is_send(a) ? send_posted : recv_posted;
+            auto& side = a.is_send() ? send_posted : recv_posted;
             if (side.count(tag))
               fail_run("replay: rank {} posts {} twice (action {})", r, format_action(a), i);
             side[tag] = clock[r];
-            if (is_send(a)) transfer[tag] = cost(r, a);
+            if (a.is_send()) transfer[tag] = cost(r, a);
           }
           posted[r] = true;
           progress = true;
@@ -155,7 +151,7 @@ Timeline replay_rendezvous(const Schedule& s, const CostFn& cost) {
           ready = sp != send_posted.end() && rp != recv_posted.end();
           if (!ready) break;
           start = std::max(start, std::max(sp->second, rp->second));
-          (is_send(list[i]) ? out : in) += transfer.at(tag);
+          (list[i].is_send() ? out : in) += transfer.at(tag);
         }
         if (!ready) break;
         const double end = start + std::max(out, in);

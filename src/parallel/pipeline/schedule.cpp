@@ -61,7 +61,7 @@ const char* action_kind_name(ActionKind kind) {
 std::string format_action(const Action& a) {
   std::string s = fmt::format("{}{}.{}", action_kind_name(a.kind), a.microbatch, a.chunk);
   if (!a.is_compute()) {
-    const bool send = a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad;
+    const bool send = a.is_send();
     s += fmt::format("{}{}", send ? ">" : "<", a.peer);
   }
   return s;
@@ -168,6 +168,14 @@ std::vector<std::vector<Action>> zb_h1_order(int pp, int m) {
   return out;
 }
 
+// One step per compute action.
+std::vector<Steps> one_per_step(const std::vector<std::vector<Action>>& order) {
+  std::vector<Steps> steps(order.size());
+  for (size_t r = 0; r < order.size(); ++r)
+    for (const Action& a : order[r]) steps[r].push_back({a});
+  return steps;
+}
+
 }  // namespace
 
 Schedule lower_communication(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
@@ -218,36 +226,29 @@ Schedule lower_communication(ScheduleKind kind, int pp, int microbatches, int vi
 Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
                         Lowering lowering) {
   check_schedule_args(kind, pp, microbatches, virtual_stages);
-  const bool batched = lowering == Lowering::kBatched;
-  std::vector<std::vector<Action>> order;
+  std::vector<Steps> steps;
   switch (kind) {
     case ScheduleKind::kGPipe:
-      order = gpipe_order(pp, microbatches);
+      steps = one_per_step(gpipe_order(pp, microbatches));
       break;
     case ScheduleKind::k1F1B:
-      order = one_f_one_b_order(pp, microbatches);
+      steps = one_per_step(one_f_one_b_order(pp, microbatches));
       break;
-    case ScheduleKind::kInterleaved1F1B: {
-      std::vector<Steps> steps = interleaved_steps(pp, microbatches, virtual_stages);
-      if (batched)
-        return lower_communication(kind, pp, microbatches, virtual_stages, lowering, steps);
-      for (const Steps& rank : steps) {
-        order.emplace_back();
-        for (const auto& step : rank)
-          order.back().insert(order.back().end(), step.begin(), step.end());
-      }
+    case ScheduleKind::kInterleaved1F1B:
+      steps = interleaved_steps(pp, microbatches, virtual_stages);
       break;
-    }
     case ScheduleKind::kZbH1:
-      order = zb_h1_order(pp, microbatches);
+      steps = one_per_step(zb_h1_order(pp, microbatches));
       break;
   }
-  // One step per compute action.
-  std::vector<Steps> steps;
-  for (const auto& compute : order) {
-    steps.emplace_back();
-    for (const Action& a : compute) steps.back().push_back({a});
-  }
+  // Per action: every compute action a step of its own.
+  if (lowering == Lowering::kPerAction)
+    for (Steps& rank : steps) {
+      Steps single;
+      for (const auto& step : rank)
+        for (const Action& a : step) single.push_back({a});
+      rank = std::move(single);
+    }
   return lower_communication(kind, pp, microbatches, virtual_stages, lowering, steps);
 }
 

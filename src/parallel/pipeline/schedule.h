@@ -45,6 +45,8 @@ struct Action {
   int peer = -1;  // pipeline rank of the other side (communication actions only)
 
   bool is_compute() const { return kind <= ActionKind::kBackwardWeight; }
+  bool is_send() const { return kind == ActionKind::kSendAct || kind == ActionKind::kSendGrad; }
+  bool is_recv() const { return kind == ActionKind::kRecvAct || kind == ActionKind::kRecvGrad; }
   bool operator==(const Action&) const = default;
 };
 

@@ -41,7 +41,7 @@ std::string check(const Schedule& s) {
       p = static_cast<int>(i);
       if (!a.is_compute()) {
         const bool act = a.kind == ActionKind::kSendAct || a.kind == ActionKind::kRecvAct;
-        const bool send = a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad;
+        const bool send = a.is_send();
         // Activations flow up the chunks, gradients down.
         const int other = (act == send) ? a.chunk + 1 : a.chunk - 1;
         if (other < 0 || other >= C) return where + ": no chunk on the other side";
@@ -137,9 +137,9 @@ std::string check_pair_order(const Schedule& s) {
   std::map<std::pair<int, int>, std::vector<int>> sent, received;  // (from, to) -> tags
   for (int r = 0; r < s.pp; ++r)
     for (const Action& a : s.ranks[r]) {
-      if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad)
+      if (a.is_send())
         sent[{r, a.peer}].push_back(message_tag(s, a));
-      else if (a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad)
+      else if (a.is_recv())
         received[{a.peer, r}].push_back(message_tag(s, a));
     }
   for (const auto& [pair, tags] : sent)
