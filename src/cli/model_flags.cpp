@@ -1,8 +1,11 @@
 #include "cli/model_flags.h"
 
-#include <fstream>
-
 #include <fmt/ranges.h>
+
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -20,12 +23,48 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_flag("--untied", untied, "separate LM-head weights (default: tied to the embedding)");
 }
 
+template <class T>
+T config_value(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  const char* wanted = nullptr;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) wanted = "true or false";
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) wanted = "an integer";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) wanted = "a number";
+  } else {
+    if (!v.is_string()) wanted = "a string";
+  }
+  if (wanted) fail("config key '{}' must be {}, not {}", key, wanted, v.dump());
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using Limits = std::numeric_limits<T>;
+    bool fits;
+    if (v.is_number_unsigned()) {
+      fits = v.get<uint64_t>() <= static_cast<uint64_t>(Limits::max());
+    } else {
+      const int64_t x = v.get<int64_t>();
+      fits = x < 0 ? std::is_signed_v<T> && x >= static_cast<int64_t>(Limits::min())
+                   : static_cast<uint64_t>(x) <= static_cast<uint64_t>(Limits::max());
+    }
+    if (!fits) fail("config key '{}' is out of range: {}", key, v.dump());
+  }
+  return v.get<T>();
+}
+
+template bool config_value<bool>(const nlohmann::json&, const char*);
+template int config_value<int>(const nlohmann::json&, const char*);
+template int64_t config_value<int64_t>(const nlohmann::json&, const char*);
+template uint64_t config_value<uint64_t>(const nlohmann::json&, const char*);
+template float config_value<float>(const nlohmann::json&, const char*);
+template double config_value<double>(const nlohmann::json&, const char*);
+template std::string config_value<std::string>(const nlohmann::json&, const char*);
+
 void ModelFlags::apply(model::GptConfig& c, const nlohmann::json& j) const {
   auto get = [&](const char* key, int64_t& field, const std::optional<int64_t>& flag) {
-    if (j.contains(key)) field = j.at(key).get<int64_t>();
-    if (flag) field = *flag;
+    take_config(j, key, field, flag);
   };
-  std::string name = j.value("model", std::string("tiny"));
+  std::string name = j.contains("model") ? config_value<std::string>(j, "model") : "tiny";
   if (model) name = *model;
   c = model::preset(name);
   const bool d_given = d_model || j.contains("d_model");
@@ -36,9 +75,9 @@ void ModelFlags::apply(model::GptConfig& c, const nlohmann::json& j) const {
   get("d_ff", c.d_ff, d_ff);
   get("vocab", c.vocab, vocab);
   get("seq", c.seq_len, seq);
-  if (j.contains("bias")) c.bias = j.at("bias").get<bool>();
+  if (j.contains("bias")) c.bias = config_value<bool>(j, "bias");
   if (no_bias) c.bias = false;
-  if (j.contains("tied")) c.tied = j.at("tied").get<bool>();
+  if (j.contains("tied")) c.tied = config_value<bool>(j, "tied");
   if (untied) c.tied = false;
   const bool custom = n_layer || n_head || d_model || d_ff || vocab || seq || no_bias || untied ||
                       j.contains("n_layer") || j.contains("d_model");
@@ -59,7 +98,8 @@ nlohmann::json read_config_file(const std::string& path, const std::vector<std::
   if (!j.is_object()) fail("config file '{}' must hold a JSON object", path);
   for (auto& [key, value] : j.items())
     if (std::find(known.begin(), known.end(), key) == known.end())
-      fail("config file '{}': unknown key '{}' (known keys: {})", path, key, fmt::join(known, ", "));
+      fail("config file '{}': unknown key '{}' (known keys: {})", path, key,
+           fmt::join(known, ", "));
   return j;
 }
 

@@ -2,11 +2,10 @@
 // JSON config, then each field overridable by a flag.
 #pragma once
 
-#include <optional>
-#include <string>
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 
 #include "model/config.h"
 
@@ -25,5 +24,17 @@ struct ModelFlags {
 
 // Reads a JSON config file, refusing a missing or malformed one, or an unknown key.
 nlohmann::json read_config_file(const std::string& path, const std::vector<std::string>& known);
+
+// The config's `key` as T, refusing a value of another JSON type by name: an integer field
+// takes only an integer (8.7 is refused, not truncated to 8), a number field any number.
+template <class T>
+T config_value(const nlohmann::json& j, const char* key);
+
+// Sets `field` from the config's `key` if present, then from the flag if given (flags win).
+template <class T, class Flag>
+void take_config(const nlohmann::json& j, const char* key, T& field, const Flag& flag) {
+  if (j.contains(key)) field = config_value<T>(j, key);
+  if (flag) field = static_cast<T>(*flag);
+}
 
 }  // namespace mt::cli

@@ -1,4 +1,5 @@
 // `meshtrain train`: a preset or a JSON config, every field overridable by a flag.
+#include <cmath>
 #include <memory>
 
 #include "cli/commands.h"
@@ -13,25 +14,40 @@ namespace {
 // The shared run flags (cli/train_flags.h) plus what only `train` writes.
 struct TrainCommandFlags {
   TrainFlags run;
-  std::optional<std::string> metrics, export_path;
+  std::optional<std::string> metrics, export_path, trace;
   std::optional<double> peak_gflops;
   bool profile = false;
-  std::string checkpoint_dir, resume;  // docs/checkpoints.md
-  int64_t checkpoint_every = 0;
-  int keep = 3, max_restarts = 0;
+  std::optional<std::string> checkpoint_dir, resume;  // docs/checkpoints.md
+  std::optional<int64_t> checkpoint_every;
+  std::optional<int> keep, max_restarts;
 };
 
 train::TrainOptions to_options(const TrainCommandFlags& f) {
-  train::TrainOptions o = f.run.to_options();
-  if (f.metrics) o.metrics = *f.metrics;
-  if (f.export_path) o.export_path = *f.export_path;
-  if (f.peak_gflops) o.peak_flops = *f.peak_gflops * 1e9;
-  o.profile = f.profile;
-  o.checkpoint_dir = f.checkpoint_dir;
-  o.checkpoint_every = f.checkpoint_every;
-  o.keep_checkpoints = f.keep;
-  o.resume = f.resume;
-  o.max_restarts = f.max_restarts;
+  const nlohmann::json j = f.run.config_json(train_command_config_keys());
+  train::TrainOptions o;
+  f.run.apply_to(o, j);
+  try {
+    take_config(j, "metrics", o.metrics, f.metrics);
+    take_config(j, "export", o.export_path, f.export_path);
+    take_config(j, "trace", o.pipeline.trace, f.trace);
+    double peak_gflops = 0;
+    take_config(j, "peak_gflops", peak_gflops, f.peak_gflops);
+    if (f.peak_gflops || j.contains("peak_gflops")) {
+      if (!(peak_gflops > 0) || !std::isfinite(peak_gflops))
+        fail("--peak-gflops {} must be a positive number", peak_gflops);
+      o.peak_flops = peak_gflops * 1e9;
+    }
+    if (j.contains("profile")) o.profile = config_value<bool>(j, "profile");
+    if (f.profile) o.profile = true;
+    take_config(j, "checkpoint_dir", o.checkpoint_dir, f.checkpoint_dir);
+    take_config(j, "checkpoint_every", o.checkpoint_every, f.checkpoint_every);
+    take_config(j, "keep", o.keep_checkpoints, f.keep);
+    take_config(j, "resume", o.resume, f.resume);
+    take_config(j, "max_restarts", o.max_restarts, f.max_restarts);
+  } catch (const Error& e) {
+    if (f.run.config.empty()) throw;
+    fail("{} (config file '{}')", e.what(), f.run.config);
+  }
   return o;
 }
 
@@ -41,7 +57,7 @@ void register_train(CLI::App& app) {
   auto f = std::make_shared<TrainCommandFlags>();
   CLI::App* cmd = app.add_subcommand("train", "train a GPT model");
   f->run.add_to(*cmd);
-  cmd->add_option("--trace", f->run.pipeline.trace,
+  cmd->add_option("--trace", f->trace,
                   "write a Chrome/Perfetto trace of the pipeline (one row per rank)");
   cmd->add_option("--metrics", f->metrics, "write one JSON object per step to FILE");
   cmd->add_option("--export", f->export_path,
@@ -51,7 +67,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--checkpoint-dir", f->checkpoint_dir,
                   "save sharded checkpoints into DIR/step-N (and after the last step)");
   cmd->add_option("--checkpoint-every", f->checkpoint_every, "save every N steps (0: at the end)");
-  cmd->add_option("--keep", f->keep, "checkpoints kept in --checkpoint-dir (0: all)");
+  cmd->add_option("--keep", f->keep, "checkpoints kept in --checkpoint-dir (0: all; default 3)");
   cmd->add_option("--resume", f->resume,
                   "auto (newest valid in --checkpoint-dir, or from scratch) or a checkpoint");
   cmd->add_option("--max-restarts", f->max_restarts,

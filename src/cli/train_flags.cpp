@@ -7,14 +7,22 @@ namespace mt::cli {
 namespace {
 
 const std::vector<std::string> kConfigKeys = {
-    "model",     "n_layer",      "n_head",     "d_model",      "d_ff",       "vocab",
-    "seq",       "bias",         "tied",       "batch",        "microbatch", "steps",
-    "lr",        "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",  "seed",
-    "data",      "val_data",     "eval_every", "eval_batches", "threads",    "dp",
-    "zero",      "bucket_mb",    "backend",    "tp",           "sp",         "mesh_order",
-    "recompute", "dtype",        "device"};
+    "model",     "n_layer",        "n_head",       "d_model",      "d_ff",       "vocab",
+    "seq",       "bias",           "tied",         "batch",        "microbatch", "steps",
+    "lr",        "min_lr_ratio",   "warmup",       "weight_decay", "grad_clip",  "seed",
+    "data",      "val_data",       "eval_every",   "eval_batches", "threads",    "dp",
+    "zero",      "bucket_mb",      "backend",      "tp",           "sp",         "mesh_order",
+    "recompute", "dtype",          "device",       "comm_timeout", "pp",         "microbatches",
+    "schedule",  "virtual_stages", "pp_exchanges", "pp_layers"};
 
 }  // namespace
+
+const std::vector<std::string>& train_command_config_keys() {
+  static const std::vector<std::string> keys = {
+      "metrics",        "export",           "trace", "peak_gflops", "profile",
+      "checkpoint_dir", "checkpoint_every", "keep",  "resume",      "max_restarts"};
+  return keys;
+}
 
 void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--config", config, "JSON file with any of the fields below (flags win)");
@@ -42,18 +50,19 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split; world = dp "
                  "x tp)");
   cmd.add_flag("--sp", sp, "sequence parallelism in the tp group (needs --tp 2 or more)");
-  cmd.add_option("--pp", pipeline.pp, "pipeline ranks (world = pp x dp; docs/pipeline.md)");
-  cmd.add_option("--microbatches", pipeline.microbatches,
-                 "pipeline microbatches per step and dp replica (default: --pp)");
-  cmd.add_option("--schedule", pipeline.schedule,
+  cmd.add_option("--pp", pp, "pipeline ranks (world = pp x dp; docs/pipeline.md)");
+  cmd.add_option("--microbatches", microbatches,
+                 "microbatches per step and dp replica (default: --pp; with --pp 1, gradient "
+                 "accumulation, like --microbatch batch / (dp x N))");
+  cmd.add_option("--schedule", schedule,
                  "pipeline schedule: gpipe, 1f1b (default), interleaved or zb1");
-  cmd.add_option("--virtual-stages", pipeline.virtual_stages,
+  cmd.add_option("--virtual-stages", virtual_stages,
                  "model chunks per pipeline rank (--schedule interleaved)");
-  cmd.add_option("--pp-exchanges", pipeline.exchanges,
-                 "pipeline send/receive grouping: auto (batched with --backend nccl), batched "
-                 "(Megatron-LM's exchanges, safe on blocking point-to-point) or per-action")
-      ->capture_default_str();
-  cmd.add_option("--pp-layers", pipeline.layers,
+  cmd.add_option("--pp-exchanges", pp_exchanges,
+                 "pipeline send/receive grouping: auto (default; batched with --backend nccl), "
+                 "batched (Megatron-LM's exchanges, safe on blocking point-to-point) or "
+                 "per-action");
+  cmd.add_option("--pp-layers", pp_layers,
                  "layers per pipeline chunk, e.g. 5,7,7,5 (default: balanced by cost)");
   cmd.add_option("--bucket-mb", bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB (default 25)");
   cmd.add_option("--backend", backend,
@@ -77,49 +86,58 @@ void TrainFlags::add_to(CLI::App& cmd) {
 
 train::TrainOptions TrainFlags::to_options() const {
   train::TrainOptions o;
-  apply_to(o);
+  apply_to(o, config_json());
   return o;
 }
 
-void TrainFlags::apply_to(train::TrainOptions& o) const {
-  const nlohmann::json j = read_config_file(config, kConfigKeys);
+nlohmann::json TrainFlags::config_json(const std::vector<std::string>& command_keys) const {
+  std::vector<std::string> known = kConfigKeys;
+  known.insert(known.end(), command_keys.begin(), command_keys.end());
+  return read_config_file(config, known);
+}
+
+void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const {
   try {
     model.apply(o.model, j);
-    auto take = [&](const char* key, auto& field, const auto& flag) {
-      using T = std::decay_t<decltype(field)>;
-      if (j.contains(key)) field = j.at(key).get<T>();
-      if (flag) field = static_cast<T>(*flag);
-    };
-    take("batch", o.batch, batch);
-    take("microbatch", o.microbatch, microbatch);
-    take("steps", o.steps, steps);
-    take("lr", o.lr, lr);
-    take("min_lr_ratio", o.min_lr_ratio, min_lr_ratio);
-    take("warmup", o.warmup, warmup);
-    take("weight_decay", o.adamw.weight_decay, weight_decay);
-    take("grad_clip", o.grad_clip, grad_clip);
-    take("seed", o.seed, seed);
-    take("data", o.data, data);
-    take("val_data", o.val_data, val_data);
-    take("eval_every", o.eval_every, eval_every);
-    take("eval_batches", o.eval_batches, eval_batches);
-    take("threads", o.threads, threads);
-    take("dp", o.dp, dp);
-    take("zero", o.zero, zero);
-    take("tp", o.tp, tp);
-    if (j.contains("sp")) o.sp = j.at("sp").get<bool>();
-    take("bucket_mb", o.bucket_mb, bucket_mb);
-    take("backend", o.backend, backend);
-    take("mesh_order", o.mesh_order, mesh_order);
-    take("recompute", o.recompute, recompute);
-    take("dtype", o.dtype, dtype);
-    take("device", o.device, device);
-  } catch (const nlohmann::json::exception& e) {
-    fail("config file '{}' has a value of the wrong type: {}", config, e.what());
+    take_config(j, "batch", o.batch, batch);
+    take_config(j, "microbatch", o.microbatch, microbatch);
+    take_config(j, "steps", o.steps, steps);
+    take_config(j, "lr", o.lr, lr);
+    take_config(j, "min_lr_ratio", o.min_lr_ratio, min_lr_ratio);
+    take_config(j, "warmup", o.warmup, warmup);
+    // -1 is the options' "5% of the steps"; a user's negative count is a mistake.
+    if ((warmup || j.contains("warmup")) && o.warmup < 0)
+      fail("--warmup {} must be 0 or more (leave it out for 5% of --steps)", o.warmup);
+    take_config(j, "weight_decay", o.adamw.weight_decay, weight_decay);
+    take_config(j, "grad_clip", o.grad_clip, grad_clip);
+    take_config(j, "seed", o.seed, seed);
+    take_config(j, "data", o.data, data);
+    take_config(j, "val_data", o.val_data, val_data);
+    take_config(j, "eval_every", o.eval_every, eval_every);
+    take_config(j, "eval_batches", o.eval_batches, eval_batches);
+    take_config(j, "threads", o.threads, threads);
+    take_config(j, "dp", o.dp, dp);
+    take_config(j, "zero", o.zero, zero);
+    take_config(j, "tp", o.tp, tp);
+    if (j.contains("sp")) o.sp = config_value<bool>(j, "sp");
+    if (sp) o.sp = true;
+    take_config(j, "bucket_mb", o.bucket_mb, bucket_mb);
+    take_config(j, "backend", o.backend, backend);
+    take_config(j, "mesh_order", o.mesh_order, mesh_order);
+    take_config(j, "recompute", o.recompute, recompute);
+    take_config(j, "dtype", o.dtype, dtype);
+    take_config(j, "device", o.device, device);
+    take_config(j, "comm_timeout", o.comm_timeout_s, comm_timeout);
+    take_config(j, "pp", o.pipeline.pp, pp);
+    take_config(j, "microbatches", o.pipeline.microbatches, microbatches);
+    take_config(j, "schedule", o.pipeline.schedule, schedule);
+    take_config(j, "virtual_stages", o.pipeline.virtual_stages, virtual_stages);
+    take_config(j, "pp_exchanges", o.pipeline.exchanges, pp_exchanges);
+    take_config(j, "pp_layers", o.pipeline.layers, pp_layers);
+  } catch (const Error& e) {
+    if (config.empty()) throw;
+    fail("{} (config file '{}')", e.what(), config);
   }
-  if (comm_timeout) o.comm_timeout_s = *comm_timeout;
-  o.pipeline = pipeline;
-  if (sp) o.sp = true;
 }
 
 }  // namespace mt::cli

@@ -23,15 +23,24 @@ struct TrainFlags {
   std::optional<std::string> backend, mesh_order, recompute;
   std::optional<std::string> dtype;   // --dtype f32 | bf16
   std::optional<std::string> device;  // --device cpu | cuda
-  train::PipelineOptions pipeline;   // --pp, --microbatches, --schedule, ...
+  std::optional<int> pp, microbatches, virtual_stages;
+  std::optional<std::string> schedule, pp_exchanges, pp_layers;
   bool sp = false;
 
-  // Registers the flags above on `cmd` (not --metrics, --export, --trace, --profile or
-  // --peak-gflops: those are the train command's own outputs).
+  // Registers the flags above on `cmd` (not --metrics, --export, --trace, --profile,
+  // --peak-gflops or the checkpoint flags: those are the train command's own).
   void add_to(CLI::App& cmd);
-  // Applies the config file's fields, then the flags, over what `o` holds.
-  void apply_to(train::TrainOptions& o) const;
+  // The --config file (an empty object without one), refusing a key that is neither a run
+  // field nor one of `command_keys` (the command's own, which it reads itself).
+  nlohmann::json config_json(const std::vector<std::string>& command_keys = {}) const;
+  // Applies the config's run fields, then the flags, over what `o` holds.
+  void apply_to(train::TrainOptions& o, const nlohmann::json& config_file) const;
   train::TrainOptions to_options() const;  // over TrainOptions' defaults
 };
+
+// The config keys of the train command's own flags (outputs and checkpoints: metrics,
+// export, trace, checkpoint_dir, ...), which `train` reads and `verify` accepts and ignores,
+// so that one config file serves both.
+const std::vector<std::string>& train_command_config_keys();
 
 }  // namespace mt::cli

@@ -114,7 +114,8 @@ void run(const VerifyFlags& f) {
   check_tolerance("--tol-param", f.tol.param_abs);
   train::TrainOptions layout;
   layout.steps = 20;  // verify's default (a flag or the config file wins)
-  f.run.apply_to(layout);
+  // A train config serves as is: its outputs and checkpoint fields are not verify's.
+  f.run.apply_to(layout, f.run.config_json(train_command_config_keys()));
   const train::TrainOptions oracle = train::oracle_options(layout);
   train::VerifyTolerances tol = f.tol;
   if (layout.dtype == "bf16") {  // bf16 defaults, unless given (docs/verify.md)

@@ -1,16 +1,49 @@
 #include "obs/metrics.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include <fstream>
+#include <vector>
 
 #include "core/error.h"
 
 namespace mt::obs {
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+namespace {
+
+// The rows of `path` whose step is at most `step`, in order. A row that does not parse (the
+// last one of a run killed while writing it) or has no step is dropped.
+std::vector<std::string> rows_through(const std::string& path, int64_t step) {
+  std::vector<std::string> kept;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_object() && row.contains("step") && row["step"].is_number_integer() &&
+        row["step"].get<int64_t>() <= step)
+      kept.push_back(line);
+  }
+  return kept;
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at) {
   if (path.empty()) return;
-  file_ = std::fopen(path.c_str(), "w");
+  const std::vector<std::string> kept =
+      resumed_at > 0 ? rows_through(path, resumed_at) : std::vector<std::string>{};
+  if (kept.empty()) {
+    file_ = std::fopen(path.c_str(), "w");
+  } else {
+    // The kept rows replace the file whole (a crash now leaves the old file, not half of it).
+    const std::string tmp = path + ".tmp";
+    if (std::FILE* out = std::fopen(tmp.c_str(), "w")) {
+      for (const std::string& row : kept) std::fprintf(out, "%s\n", row.c_str());
+      const bool ok = std::fclose(out) == 0;
+      if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) file_ = std::fopen(path.c_str(), "a");
+    }
+  }
   if (!file_) fail("cannot write metrics file '{}' (does the directory exist?)", path);
 }
 

@@ -1,17 +1,20 @@
 // Metrics as JSON lines (one object per step, fixed keys) and the human progress line.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace mt::obs {
 
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  explicit MetricsWriter(const std::string& path);  // "" = off
+  // "" = off. resumed_at > 0 (a run resumed from the checkpoint of that step): the file's
+  // rows of steps up to resumed_at are kept and the new ones appended after them; otherwise
+  // the file starts empty.
+  explicit MetricsWriter(const std::string& path, int64_t resumed_at = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -919,7 +919,8 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
       rep.opt->set_steps_taken(adam_steps);
       if (rep.zero == 1 || rep.zero == 2) {  // every rank holds every value
         Tensor& v = rep.gpt.params().flat_values();
-        rep.dp.all_gather(comm::device_buf(v.f32() + rep.shard.lo(), rep.shard.shard_elems), comm::Buf(v));
+        rep.dp.all_gather(comm::device_buf(v.f32() + rep.shard.lo(), rep.shard.shard_elems),
+                          comm::Buf(v));
       }
       if (rep.options.bf16 && !rep.values) rep.gpt.params().refresh_bf16();
       float total = static_cast<float>(bytes);
@@ -930,6 +931,15 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
             stderr, "resumed from checkpoint %s (step %lld; %.1f MB in %.2f s, %.2f GB/s)\n",
             cands[i].c_str(), static_cast<long long>(step), total / 1e6, dt, total / 1e9 / dt);
       }
+      // Every rank loaded the same step, so every rank refuses alike.
+      if (step > o.steps)
+        fail(
+            "checkpoint '{}' is at step {}, past --steps {}: nothing would be trained (use "
+            "--steps {} or more to go on from it)",
+            cands[i], step, o.steps, step + 1);
+      if (step == o.steps && talk)
+        std::fprintf(stderr, "checkpoint %s is at --steps %lld already: nothing left to train\n",
+                     cands[i].c_str(), static_cast<long long>(step));
       return step;
     }
     // The lowest failing rank's error, on every rank (an explicit --resume throws it).

@@ -13,6 +13,7 @@
 
 #include "comm/launch.h"
 #include "comm/mesh.h"
+#include "comm/mpi.h"
 #include "core/clock.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -29,6 +30,7 @@
 #include "parallel/zero.h"
 #include "train/checkpoint.h"
 #include "train/hf_export.h"
+#include "train/output_paths.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
 #include "train/token_file.h"
@@ -37,53 +39,114 @@ namespace mt::train {
 
 int64_t TrainOptions::microbatch_size() const {
   if (microbatch > 0) return microbatch;
-  const int64_t per_replica = batch / dp;
-  if (pipeline.pp == 1) return per_replica;
-  const int m = pipeline.microbatches > 0 ? pipeline.microbatches : pipeline.pp;
-  return per_replica / m;
+  return batch / dp / microbatch_count();
 }
+
+int TrainOptions::microbatch_count() const {
+  return pipeline.microbatches > 0 ? pipeline.microbatches : pipeline.pp;
+}
+
+namespace {
+
+// The numbers of the optimizer and the loop that no layout constrains.
+void check_run_numbers(const TrainOptions& o) {
+  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1))
+    fail("--min-lr-ratio {} must be in [0, 1] (the cosine decays to this fraction of --lr)",
+         o.min_lr_ratio);
+  if (!(o.adamw.weight_decay >= 0) || !std::isfinite(o.adamw.weight_decay))
+    fail("--weight-decay {} must be a finite number >= 0", o.adamw.weight_decay);
+  if (!(o.grad_clip >= 0) || !std::isfinite(o.grad_clip))
+    fail("--grad-clip {} must be a finite number >= 0 (0 turns clipping off)", o.grad_clip);
+  if (o.eval_every < 0) fail("--eval-every {} must be 0 (only at the end) or more", o.eval_every);
+  if (o.eval_batches < 1) fail("--eval-batches {} must be at least 1", o.eval_batches);
+  if (o.threads < 0) fail("--threads {} must be 0 (automatic) or more", o.threads);
+  if (!(o.comm_timeout_s > 0) || !std::isfinite(o.comm_timeout_s))
+    fail("--comm-timeout {} must be a positive number of seconds", o.comm_timeout_s);
+}
+
+// How the global batch splits: over dp ranks, then into microbatches (of the pipeline, or of
+// gradient accumulation with --pp 1). Each message names the flag the user gave.
+void check_batch_split(const TrainOptions& o) {
+  const PipelineOptions& po = o.pipeline;
+  if (po.microbatches < 0) fail("--microbatches {} must be at least 1", po.microbatches);
+  if (po.virtual_stages < 1) fail("--virtual-stages {} must be at least 1", po.virtual_stages);
+  const int64_t chunks = static_cast<int64_t>(po.pp) * po.virtual_stages;
+  if (chunks > o.model.n_layer)
+    fail(
+        "--pp {} x --virtual-stages {} = {} pipeline chunks but the model has {} layers: every "
+        "chunk needs at least one (use a --pp x --virtual-stages of at most {})",
+        po.pp, po.virtual_stages, chunks, o.model.n_layer, o.model.n_layer);
+  if (o.batch % o.dp != 0)
+    fail(
+        "--batch {} is not divisible by --dp {} (every dp rank takes batch / dp samples; use "
+        "--batch {} or {}, or a --dp that divides {})",
+        o.batch, o.dp, o.batch / o.dp * o.dp > 0 ? o.batch / o.dp * o.dp : o.dp,
+        (o.batch / o.dp + 1) * o.dp, o.batch);
+  const int64_t per_replica = o.batch / o.dp;
+  const int m = o.microbatch_count();
+  const bool count_given = po.microbatches > 0 || po.pp > 1;
+  if (count_given && per_replica % m != 0) {
+    const std::string which = po.microbatches > 0
+                                  ? fmt::format("--microbatches {}", m)
+                                  : fmt::format("--pp {} (the default --microbatches)", po.pp);
+    fail(
+        "{} does not divide the {} sequences per dp replica (--batch {} / --dp {}): each "
+        "microbatch holds batch / (dp x microbatches) sequences (use a --batch that is a "
+        "multiple of {}, or another --microbatches)",
+        which, per_replica, o.batch, o.dp, static_cast<int64_t>(o.dp) * m);
+  }
+  if (o.microbatch > 0) {
+    if (po.microbatches > 0 && o.microbatch * po.microbatches != per_replica)
+      fail(
+          "--microbatch {} and --microbatches {} disagree: --batch {} / --dp {} = {} sequences "
+          "per replica (give one of the two)",
+          o.microbatch, po.microbatches, o.batch, o.dp, per_replica);
+    if (po.pp > 1 && po.microbatches == 0 && o.microbatch * po.pp != per_replica)
+      fail(
+          "--microbatch {} disagrees with --batch {} / (--dp {} x --microbatches {}) = {} (the "
+          "pipeline runs --microbatches, default --pp, per step: give --microbatches {} or "
+          "leave --microbatch out)",
+          o.microbatch, o.batch, o.dp, m, per_replica / m, per_replica / o.microbatch);
+    if (per_replica % o.microbatch != 0) {
+      if (o.dp == 1)
+        fail("--microbatch {} does not divide --batch {} (choose a divisor of {})", o.microbatch,
+             o.batch, o.batch);
+      fail(
+          "--batch {} is not divisible by --dp {} x --microbatch {} = {} (use a --batch that is "
+          "a multiple of {}, or change --dp / --microbatch)",
+          o.batch, o.dp, o.microbatch, o.dp * o.microbatch, o.dp * o.microbatch);
+    }
+  }
+}
+
+}  // namespace
 
 void TrainOptions::validate() const {
   model.validate();
   if (batch < 1) fail("--batch {} must be at least 1", batch);
   if (microbatch < 0) fail("--microbatch {} must be at least 1", microbatch);
   if (dp < 1) fail("--dp {} must be at least 1", dp);
+  if (pipeline.pp < 1) fail("--pp {} must be at least 1", pipeline.pp);
   model::check_tp(model, tp, sp);  // tensor parallelism: refusals naming the valid --tp
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
-  // Each dp rank takes batch / dp consecutive samples of the global batch, in microbatches.
-  if (batch % dp != 0 || microbatch_size() < 1 || batch % (dp * microbatch_size()) != 0) {
-    if (dp == 1)
-      fail("--microbatch {} does not divide --batch {} (choose a divisor of {})", microbatch_size(),
-           batch, batch);
-    if (microbatch > 0)
-      fail(
-          "--batch {} is not divisible by --dp {} x --microbatch {} = {} (use a --batch that "
-          "is a multiple of {}, or change --dp / --microbatch)",
-          batch, dp, microbatch, dp * microbatch, dp * microbatch);
-    fail(
-        "--batch {} is not divisible by --dp {} (every dp rank takes batch / dp samples; use "
-        "--batch {} or {}, or a --dp that divides {})",
-        batch, dp, batch / dp * dp > 0 ? batch / dp * dp : dp, (batch / dp + 1) * dp, batch);
-  }
-  if (pipeline.pp < 1) fail("--pp {} must be at least 1", pipeline.pp);
+  check_batch_split(*this);
+  check_run_numbers(*this);
   if (pipeline.exchanges != "auto" && pipeline.exchanges != "batched" &&
       pipeline.exchanges != "per-action")
     fail("--pp-exchanges '{}' is not a grouping (choose auto, batched or per-action)",
          pipeline.exchanges);
-  if (pipeline.pp > 1) {
-    const int m = pipeline.microbatches > 0 ? pipeline.microbatches : pipeline.pp;
+  if (pipeline.pp > 1)
     parallel::pp::check_schedule_args(parallel::pp::parse_schedule_kind(pipeline.schedule),
-                                      pipeline.pp, m, pipeline.virtual_stages);
-    if (batch % (static_cast<int64_t>(dp) * m) != 0)
-      fail(
-          "--batch {} is not divisible by --dp {} x --microbatches {} = {} (each pipeline "
-          "microbatch holds batch / (dp x microbatches) sequences)",
-          batch, dp, m, dp * m);
-    if (microbatch > 0 && microbatch != batch / dp / m)
-      fail("--microbatch {} disagrees with --batch {} / (--dp {} x --microbatches {}) = {}",
-           microbatch, batch, dp, m, batch / dp / m);
-  }
+                                      pipeline.pp, microbatch_count(), pipeline.virtual_stages);
+  else if (pipeline.virtual_stages > 1)
+    fail("--virtual-stages {} needs a pipeline: add --pp 2 or more and --schedule interleaved",
+         pipeline.virtual_stages);
+  if (!pipeline.trace.empty() && pipeline.pp == 1)
+    fail(
+        "--trace {} writes the pipeline's timeline and needs --pp 2 or more (for where the "
+        "time goes by kernel, use --profile)",
+        pipeline.trace);
   const model::Recompute rc = model::parse_recompute(recompute);
   if (rc == model::Recompute::kFull && pipeline.pp > 1 &&
       parallel::pp::parse_schedule_kind(pipeline.schedule) == parallel::pp::ScheduleKind::kZbH1)
@@ -147,6 +210,25 @@ Splits make_splits(const TrainOptions& o) {
   s.train = std::make_unique<SequenceSampler>(*s.train_file, T, 0, total - held);
   if (held > 0) s.val = std::make_unique<SequenceSampler>(*s.train_file, T, total - held, held);
   return s;
+}
+
+// Data too small for what was asked trains anyway, but not silently.
+void warn_about_small_data(const TrainOptions& o, const Splits& data, obs::Progress& progress) {
+  if (data.train->num_samples() < o.batch)
+    progress.line(fmt::format(
+        "warning: the training split holds {} sequence(s) of {} tokens, fewer than --batch {}: "
+        "every step repeats sequences (use more data, a smaller --batch or a shorter --seq)",
+        data.train->num_samples(), o.model.seq_len, o.batch));
+  if (!data.val)
+    progress.line(fmt::format(
+        "warning: no validation loss: {} holds too few sequences of {} tokens to hold one out "
+        "(give --val-data FILE, more data or a shorter --seq)",
+        o.data, o.model.seq_len));
+  else if (data.val->num_samples() < o.batch)
+    progress.line(fmt::format(
+        "warning: the validation split holds {} sequence(s), fewer than --batch {}: each "
+        "validation batch repeats them",
+        data.val->num_samples(), o.batch));
 }
 
 // The global batch `step` is samples [step·B, step·B + B); dp rank d of D takes
@@ -358,8 +440,6 @@ void run_rank(Shared& sh, comm::Group& world) {
   }
 
   obs::Progress progress;
-  std::unique_ptr<obs::MetricsWriter> metrics;
-  if (lead) metrics = std::make_unique<obs::MetricsWriter>(o.metrics);
   const bool talk = lead && !o.quiet;
 
   ReplicaOptions ro;
@@ -415,11 +495,16 @@ void run_rank(Shared& sh, comm::Group& world) {
                                                                       device::current_index()))
                           : fmt::format("{} thread(s) per rank", sh.threads),
         o.data, data.train->num_samples()));
+    warn_about_small_data(o, data, progress);
   }
 
   // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
   const ckpt::RankGroups groups{world, dp, tp_group, ppg};
   const int64_t start_step = ckpt::resume(o, groups, rep, talk);
+  // A resumed run continues the metrics file: the rows of the steps up to the checkpoint
+  // stay, those after it (trained again now) go.
+  std::unique_ptr<obs::MetricsWriter> metrics;
+  if (lead) metrics = std::make_unique<obs::MetricsWriter>(o.metrics, start_step);
 
   RankRecord rec;
   rec.rank = world.rank();
@@ -557,6 +642,11 @@ void run_rank(Shared& sh, comm::Group& world) {
                                 scalars, inputs, targets);
       val_losses.emplace_back(r.step, vl);
       row["val_loss"] = vl;
+      // The validation's traffic (pipeline activations) is not the next step's.
+      dp_before = bytes_of(dp);
+      dp_sent_before = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
+      tp_before = bytes_of(tp_group);
+      pp_before = bytes_of(ppg);
     }
     if (metrics) metrics->write(row);
     if (talk) {
@@ -677,6 +767,13 @@ TrainResult run_training(const TrainOptions& o) {
   const comm::BackendKind kind = comm::resolve_backend(lo);
   lo.world_size = kind == comm::BackendKind::kMpi ? 0 : o.world_size();
   lo.timeout_s = o.comm_timeout_s;
+  // mpirun starts one process per rank; the local backend would make each of them a whole
+  // job of rank threads, all writing the same checkpoints and files.
+  if (kind == comm::BackendKind::kLocal && o.world_size() > 1 && comm::mpi_env_world_size() > 1)
+    fail(
+        "--backend local under mpirun: each of the {} processes would run the whole job by "
+        "itself (use --backend mpi or auto under mpirun, or run without mpirun for rank threads)",
+        comm::mpi_env_world_size());
   const int world = comm::launch_world_size(lo);
   if (world != o.world_size())
     fail("mpirun started {} processes but --pp {} x --dp {} x --tp {} is {} (run mpirun -np {})",
@@ -698,12 +795,16 @@ TrainResult run_training(const TrainOptions& o) {
                  "schedule's per-action sends and receives can hang on NCCL once messages "
                  "exceed its buffers (use --pp-exchanges auto)\n");
     sched = std::make_unique<parallel::pp::Schedule>(parallel::pp::build_schedule(
-        parallel::pp::parse_schedule_kind(po.schedule), po.pp,
-        po.microbatches > 0 ? po.microbatches : po.pp, po.virtual_stages,
+        parallel::pp::parse_schedule_kind(po.schedule), po.pp, o.microbatch_count(),
+        po.virtual_stages,
         batched ? parallel::pp::Lowering::kBatched : parallel::pp::Lowering::kPerAction));
     parallel::pp::verify_or_throw(*sched);
     part = std::make_unique<parallel::pp::Partition>(make_partition(o, sched->num_chunks()));
   }
+  check_output_file(o.metrics, "--metrics");
+  check_output_file(o.export_path, "--export");
+  check_output_file(o.pipeline.trace, "--trace");
+  check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
   const Splits data = make_splits(o);  // read-only, shared by the rank threads
   // --max-restarts (local backend; under mpirun a supervisor restarts the job): a run that
   // fails (a dead rank, a timeout) starts again from the newest checkpoint.

@@ -64,9 +64,11 @@ struct TrainOptions {
   int max_restarts = 0;          // local backend: re-run from the newest checkpoint on failure
 
   int world_size() const { return pipeline.pp * dp * tp; }
-  // Sequences per forward/backward: --microbatch, else batch / dp (batch / (dp x
-  // microbatches) with --pp > 1).
+  // Sequences per forward/backward: --microbatch, else batch / (dp x microbatch_count()).
   int64_t microbatch_size() const;
+  // --microbatches if given (pipeline microbatches, or gradient accumulation with --pp 1),
+  // else --pp.
+  int microbatch_count() const;
   int64_t microbatches_per_step() const { return batch / dp / microbatch_size(); }
   void validate() const;
   // Whether --export is possible for this layout: not yet for tp > 1 or pp > 1 on a GPU (the

@@ -103,7 +103,7 @@ TrainOptions oracle_options(const TrainOptions& layout) {
 std::string describe_layout(const TrainOptions& o) {
   std::vector<std::string> parts;
   if (o.pipeline.pp > 1) {
-    const int m = o.pipeline.microbatches > 0 ? o.pipeline.microbatches : o.pipeline.pp;
+    const int m = o.microbatch_count();
     parts.push_back(
         fmt::format("pp {} ({}, {} microbatches)", o.pipeline.pp, o.pipeline.schedule, m));
   }

@@ -68,14 +68,20 @@ TEST(PipelineCli, RefusesWhatCannotRun) {
   };
   for (const Case& c : std::vector<Case>{
            {"--pp 4 --microbatches 2", "--microbatches 2 is fewer than --pp 4"},
-           {"--pp 2 --microbatches 3 --schedule interleaved --virtual-stages 2",
-            "divisible by --pp"},
+           {"--pp 3 --microbatches 4 --schedule interleaved", "divisible by --pp"},
            {"--pp 2 --pp-layers 1,2", "covers 3 layers but the model has n_layer 4"},
            {"--pp 2 --schedule 2f2b", "unknown --schedule '2f2b'"},
            {"--pp 2 --pp-exchanges grouped", "--pp-exchanges 'grouped' is not a grouping"},
-           {"--pp 2 --microbatches 3", "--batch 8 is not divisible by --dp 1 x --microbatches 3"},
+           {"--pp 2 --microbatches 3",
+            "--microbatches 3 does not divide the 8 sequences per dp replica"},
+           {"--pp 3", "--pp 3 (the default --microbatches) does not divide the 8"},
            {"--pp 4 --microbatches 4 --schedule interleaved --virtual-stages 2",
-            "n_layer 4 is fewer than the 8 pipeline chunks"},
+            "--pp 4 x --virtual-stages 2 = 8 pipeline chunks but the model has 4 layers"},
+           {"--pp 2 --microbatch 3", "--microbatch 3 disagrees with --batch 8"},
+           {"--pp 2 --microbatches 4 --microbatch 4",
+            "--microbatch 4 and --microbatches 4 disagree"},
+           {"--virtual-stages 2", "--virtual-stages 2 needs a pipeline"},
+           {"--trace t.json", "--trace t.json writes the pipeline's timeline and needs --pp 2"},
        }) {
     const RunResult r = run_meshtrain(small_run() + " " + c.flags);
     EXPECT_EQ(r.exit_code, 2) << c.flags << "\n" << r.output;

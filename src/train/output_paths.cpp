@@ -1,0 +1,40 @@
+#include "train/output_paths.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+
+#include "core/error.h"
+
+namespace mt::train {
+
+namespace fs = std::filesystem;
+
+void check_output_file(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  if (fs::is_directory(path))
+    fail("{} '{}' is a folder: name a file in it, e.g. {}/out", flag, path, path);
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string folder = parent.empty() ? "." : parent.string();
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec))
+    fail("{} '{}': the folder '{}' does not exist (create it first, e.g. mkdir -p {})", flag, path,
+         folder, folder);
+  if (::access(folder.c_str(), W_OK) != 0)
+    fail("{} '{}': the folder '{}' is not writable (choose a path you can write)", flag, path,
+         folder);
+}
+
+void check_output_dir(const std::string& dir, const char* flag) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    fail("{} '{}' exists and is not a folder (remove it or choose another path)", flag, dir);
+  fs::create_directories(dir, ec);
+  if (ec) fail("{} '{}': cannot create the folder: {}", flag, dir, ec.message());
+  if (::access(dir.c_str(), W_OK) != 0)
+    fail("{} '{}' is not writable (choose a folder you can write)", flag, dir);
+}
+
+}  // namespace mt::train

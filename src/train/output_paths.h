@@ -1,0 +1,17 @@
+// Checks, before a run does any work, that the files and folders it will write at the end
+// (or at its first checkpoint) can be written: a run must not train for hours and then lose
+// its result to a typo in a path.
+#pragma once
+
+#include <string>
+
+namespace mt::train {
+
+// `path` names a file that can be created or replaced: its folder exists and is writable,
+// and `path` itself is not a folder. `flag` names the option in the error.
+void check_output_file(const std::string& path, const char* flag);
+
+// `dir` is a writable folder, made (with its parents) if it does not exist.
+void check_output_dir(const std::string& dir, const char* flag);
+
+}  // namespace mt::train

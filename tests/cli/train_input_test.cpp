@@ -1,0 +1,169 @@
+// What `train` does with what a user gives it: numbers out of range, paths it could only
+// fail to write at the end, config files, resumes and the metrics file across them. Each
+// refusal is exit code 2, before any step, naming the value and the fix.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace mt {
+namespace {
+
+class TrainInput : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(test::scratch_dir("train_input"));
+    data_ = new std::string(test::demo_tokens(*dir_));
+  }
+  static std::filesystem::path* dir_;
+  static std::string* data_;
+  // A small run; `threads` and `peak` are flags of their own so that a test can give them.
+  static std::string run(const std::string& extra, const std::string& threads = "1",
+                         const std::string& peak = "100") {
+    return "train --model tiny --n-layer 2 --seq 32 --batch 4 --threads " + threads +
+           " --peak-gflops " + peak + " --data " + *data_ + " " + extra;
+  }
+  static std::string path(const std::string& name) { return (*dir_ / name).string(); }
+  void expect_refused(const std::string& args, const std::string& says) {
+    const test::RunResult r = test::run_meshtrain(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("| loss "), std::string::npos) << "refused before any step: " << args;
+  }
+  // The "step" of each row of a metrics file, in order.
+  static std::vector<int64_t> metric_steps(const std::string& file) {
+    std::vector<int64_t> steps;
+    std::ifstream in(file);
+    std::string line;
+    while (std::getline(in, line)) steps.push_back(nlohmann::json::parse(line).at("step"));
+    return steps;
+  }
+};
+std::filesystem::path* TrainInput::dir_ = nullptr;
+std::string* TrainInput::data_ = nullptr;
+
+TEST_F(TrainInput, RefusesNumbersOutOfRange) {
+  expect_refused(run("--steps 3 --min-lr-ratio -1"), "--min-lr-ratio -1 must be in [0, 1]");
+  expect_refused(run("--steps 3 --min-lr-ratio 2"), "--min-lr-ratio 2 must be in [0, 1]");
+  expect_refused(run("--steps 3 --weight-decay -1"), "--weight-decay -1 must be");
+  expect_refused(run("--steps 3 --grad-clip -1"), "--grad-clip -1 must be");
+  expect_refused(run("--steps 3 --warmup -1"), "--warmup -1 must be 0 or more");
+  expect_refused(run("--steps 3 --eval-every -3"), "--eval-every -3 must be");
+  expect_refused(run("--steps 3 --eval-batches 0"), "--eval-batches 0 must be at least 1");
+  expect_refused(run("--steps 3", "-2"), "--threads -2 must be");
+  expect_refused(run("--steps 3 --comm-timeout 0"), "--comm-timeout 0 must be");
+  expect_refused(run("--steps 3", "1", "0"), "--peak-gflops 0 must be");
+}
+
+TEST_F(TrainInput, RefusesFlagsThatWouldDoNothing) {
+  expect_refused(run("--steps 3 --trace " + path("t.json")), "needs --pp 2 or more");
+  expect_refused(run("--steps 3 --virtual-stages 2"), "--virtual-stages 2 needs a pipeline");
+  expect_refused(run("--steps 3 --microbatch 2 --microbatches 4"),
+                 "--microbatch 2 and --microbatches 4 disagree");
+}
+
+// A path that cannot be written is found before the run, not after it has trained.
+TEST_F(TrainInput, RefusesOutputPathsItCouldNotWrite) {
+  const std::string file = path("a_file");
+  std::ofstream(file) << "x";
+  expect_refused(run("--steps 3 --checkpoint-dir " + file),
+                 "--checkpoint-dir '" + file + "' exists and is not a folder");
+  expect_refused(run("--steps 3 --export " + path("no_dir/w.safetensors")),
+                 "the folder '" + path("no_dir") + "' does not exist");
+  expect_refused(run("--steps 3 --export " + dir_->string()), "is a folder");
+  expect_refused(run("--steps 3 --pp 2 --trace " + path("no_dir/t.json")),
+                 "--trace '" + path("no_dir/t.json") + "'");
+  expect_refused(run("--steps 3 --metrics " + path("no_dir/m.jsonl")), "does not exist");
+}
+
+// mpirun's processes each running a whole job of rank threads would race on every file.
+// (mpirun's environment without mpirun: the refusal comes before MPI is asked anything.)
+TEST_F(TrainInput, RefusesTheLocalBackendUnderMpirunWithSeveralRanks) {
+  const test::RunResult r = test::run_command("OMPI_COMM_WORLD_SIZE=2 " + std::string(MT_BINARY) +
+                                              " " + run("--steps 3 --dp 2 --backend local"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--backend local under mpirun: each of the 2 processes"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(TrainInput, ConfigTakesEveryRunFieldAndRefusesWrongTypesByKey) {
+  const std::string cfg = path("pipe.json"), metrics = path("cfg.jsonl");
+  std::ofstream(cfg) << R"({"pp": 2, "microbatches": 2, "schedule": "gpipe", "steps": 2,
+                           "metrics": ")"
+                     << metrics << R"("})";
+  const test::RunResult r = test::run_meshtrain(run("--config " + cfg));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pp 2 (gpipe schedule"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 microbatch(es) of 2"), std::string::npos) << r.output;
+  EXPECT_EQ(metric_steps(metrics), (std::vector<int64_t>{1, 2}));
+
+  std::ofstream(cfg) << R"({"batch": 8.7})";
+  expect_refused(run("--config " + cfg), "config key 'batch' must be an integer, not 8.7");
+  std::ofstream(cfg) << R"({"lr": "3e-4"})";
+  expect_refused(run("--config " + cfg), "config key 'lr' must be a number");
+  std::ofstream(cfg) << R"({"checkpoint_every": -1, "checkpoint_dir": ")" << path("ck_cfg")
+                     << R"("})";
+  expect_refused(run("--config " + cfg), "--checkpoint-every -1");
+}
+
+// With --pp 1, --microbatches N is gradient accumulation: the same run as --microbatch
+// batch / N, bitwise.
+TEST_F(TrainInput, MicrobatchesWithoutAPipelineAccumulateGradients) {
+  const test::RunResult a = test::run_meshtrain(run("--steps 3 --microbatches 2"));
+  const test::RunResult b = test::run_meshtrain(run("--steps 3 --microbatch 2"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(a.output.find("2 microbatch(es) of 2"), std::string::npos) << a.output;
+  auto losses = [](const std::string& out) {
+    std::string kept;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("step ", 0) == 0) kept += line.substr(0, line.find("| lr")) + "\n";
+    return kept;
+  };
+  EXPECT_FALSE(losses(a.output).empty());
+  EXPECT_EQ(losses(a.output), losses(b.output));
+}
+
+// The same command line serves the first start and every restart: the metrics file keeps
+// the steps up to the checkpoint and goes on from there, once each.
+TEST_F(TrainInput, ResumeContinuesTheMetricsFileAndRefusesACheckpointPastSteps) {
+  const std::string ck = path("ck_metrics"), metrics = path("resume.jsonl");
+  std::filesystem::remove_all(ck);
+  const std::string base =
+      run("--checkpoint-dir " + ck + " --checkpoint-every 2 --metrics " + metrics);
+  test::RunResult r = test::run_meshtrain(base + " --resume auto --steps 5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(metric_steps(metrics), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  // Resume from step 4 (as after a crash in step 5): its row is written again, once.
+  r = test::run_meshtrain(base + " --steps 7 --resume " + ck + "/step-00000004");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(metric_steps(metrics), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  // A finished run started again trains nothing and leaves the file as it was.
+  r = test::run_meshtrain(base + " --resume auto --steps 7");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("nothing left to train"), std::string::npos) << r.output;
+  EXPECT_EQ(metric_steps(metrics), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  expect_refused(base + " --resume auto --steps 3", "is at step 7, past --steps 3");
+}
+
+TEST_F(TrainInput, WarnsWhenTheDataIsSmallerThanTheBatch) {
+  const std::string small = path("small.bin");
+  train::write_token_file(small, std::vector<uint16_t>(100, 7));  // 3 sequences of 32
+  const test::RunResult r = test::run_meshtrain(
+      "train --model tiny --n-layer 2 --seq 32 --batch 4 --threads 1 --peak-gflops 100 "
+      "--steps 1 --data " +
+      small);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fewer than --batch 4: every step repeats sequences"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("fewer than --batch 4: each validation batch repeats them"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace mt
