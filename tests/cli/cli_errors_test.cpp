@@ -1,6 +1,9 @@
 // Bad input gets a clear error naming the value and the fix, exit code 2 (1 for a failure
 // while running), and nothing half-written.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "test_util.h"
 
@@ -27,10 +30,21 @@ std::string* CliErrors::data_ = nullptr;
 TEST_F(CliErrors, RefusesBadModelsAndData) {
   const std::string d = " --data " + *data_ + " --steps 1 --peak-gflops 100";
   expect_refused("train --model gpt5" + d, 2, "unknown model preset 'gpt5'");
-  expect_refused("train --d-model 100 --n-head 3" + d, 2, "--d-model 100 is not divisible by --n-head 3");
-  expect_refused("train --data /nonexistent.bin --steps 1", 2, "cannot open data file '/nonexistent.bin'");
+  expect_refused("train --d-model 100 --n-head 3" + d, 2,
+                 "--d-model 100 is not divisible by --n-head 3");
+  expect_refused("train --data /nonexistent.bin --steps 1", 2,
+                 "cannot open data file '/nonexistent.bin'");
   expect_refused("train --vocab 100" + d, 2, ">= the model's vocab 100");
-  expect_refused("train --batch 6 --microbatch 4" + d, 2, "--microbatch 4 does not divide --batch 6");
+  // The suggested --vocab is the file's largest token + 1, so that it is the last retry.
+  const train::TokenFile all(*data_, 65536);
+  const int largest = *std::max_element(all.tokens(), all.tokens() + all.num_tokens());
+  expect_refused("train --vocab 100" + d, 2,
+                 fmt::format("the largest token in the file is {}: use --vocab {} or more", largest,
+                             largest + 1));
+  expect_refused("train --vocab " + std::to_string(largest) + d, 2,
+                 fmt::format("use --vocab {} or more", largest + 1));
+  expect_refused("train --batch 6 --microbatch 4" + d, 2,
+                 "--microbatch 4 does not divide --batch 6");
   expect_refused("train --steps 0 --data " + *data_, 2, "--steps 0");
   expect_refused("train --no-such-flag", 2, "no-such-flag");
 }
@@ -44,17 +58,21 @@ TEST_F(CliErrors, RefusesABadConfigFile) {
 }
 
 TEST_F(CliErrors, NaNLossStopsTheRunWithExitCode1) {
-  expect_refused("train --seq 32 --batch 2 --steps 5 --lr 1e30 --warmup 0 --grad-clip 0 "
-                 "--peak-gflops 100 --data " + *data_,
-                 1, "loss is");
+  expect_refused(
+      "train --seq 32 --batch 2 --steps 5 --lr 1e30 --warmup 0 --grad-clip 0 "
+      "--peak-gflops 100 --data " +
+          *data_,
+      1, "loss is");
 }
 
 TEST_F(CliErrors, EvalRefusesMissingOrDamagedWeightsAndLongSequences) {
   expect_refused("eval --weights /nonexistent.safetensors --data " + *data_, 2,
                  "cannot open weights file");
   const auto w = (*dir_ / "w.safetensors").string();
-  auto r = test::run_meshtrain("train --n-layer 1 --seq 32 --batch 2 --steps 1 --peak-gflops 100 "
-                               "--data " + *data_ + " --export " + w);
+  auto r = test::run_meshtrain(
+      "train --n-layer 1 --seq 32 --batch 2 --steps 1 --peak-gflops 100 "
+      "--data " +
+      *data_ + " --export " + w);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_refused("eval --weights " + w + " --seq 64 --data " + *data_, 2,
                  "sequence length 64 is longer than the model's seq_len 32");

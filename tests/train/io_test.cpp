@@ -3,9 +3,9 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "test_util.h"
 #include "train/safetensors.h"
 #include "train/token_file.h"
-#include "test_util.h"
 
 namespace mt::train {
 namespace {
@@ -45,6 +45,13 @@ TEST(TokenFile, RefusesBadFilesWithTheReason) {
   const std::string path = (dir / "t.bin").string();
   write_token_file(path, {1, 2, 300});
   EXPECT_NE(message(path, 256).find("token 300 at position 2"), std::string::npos);
+  // The fix names the file's largest token, not the first one out of range: one retry.
+  write_token_file(path, {1, 300, 2, 500, 3});
+  const std::string m = message(path, 256);
+  EXPECT_NE(m.find("token 300 at position 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("the largest token in the file is 500: use --vocab 501 or more"),
+            std::string::npos)
+      << m;
   std::filesystem::resize_file(path, 1024 + 4);  // truncated
   EXPECT_NE(message(path, 512).find("damaged"), std::string::npos);
   std::ofstream((dir / "text.bin").string()) << "hello, this is not a token file";
