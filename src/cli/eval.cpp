@@ -1,8 +1,8 @@
 // `meshtrain eval --weights FILE.safetensors --data FILE.bin --batch B --seq T --batches K`:
 // the mean loss over the first K batches, taken in order as llm.c's loader takes them.
-#include <memory>
-
 #include <fmt/format.h>
+
+#include <memory>
 
 #include "cli/commands.h"
 #include "cli/model_flags.h"
@@ -22,12 +22,14 @@ void register_eval(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand("eval", "mean loss of a safetensors GPT-2 on a token file");
-  cmd->add_option("--weights", f->weights, "safetensors file in Hugging Face GPT-2 names")->required();
+  cmd->add_option("--weights", f->weights, "safetensors file in Hugging Face GPT-2 names")
+      ->required();
   cmd->add_option("--data", f->data, "token file (llm.c format)")->required();
   cmd->add_option("--batch", f->batch, "sequences per batch");
   cmd->add_option("--seq", f->seq, "sequence length (default: the model's)");
   cmd->add_option("--batches", f->batches, "batches to average over, from the start of the file");
-  cmd->add_option("--n-head", f->n_head, "attention heads, when the file does not record them");
+  cmd->add_option("--n-head", f->n_head,
+                  "attention heads, when the file does not record them (else must match)");
   cmd->add_option("--threads", f->threads, "intra-op threads");
   cmd->callback([f] {
     kernels::set_threads(f->threads ? static_cast<int>(*f->threads) : kernels::host_cores());
@@ -35,7 +37,8 @@ void register_eval(CLI::App& app) {
     model::GptConfig c = train::config_from_hf(file, f->weights, f->n_head);
     c.validate();
     const int64_t T = f->seq.value_or(c.seq_len);
-    if (f->batch < 1 || f->batches < 1) fail("--batch {} and --batches {} must be at least 1", f->batch, f->batches);
+    if (f->batch < 1 || f->batches < 1)
+      fail("--batch {} and --batches {} must be at least 1", f->batch, f->batches);
     model::Gpt gpt(c, 0);
     train::load_hf_weights(gpt, file, f->weights);
     train::TokenFile tokens(f->data, c.vocab);

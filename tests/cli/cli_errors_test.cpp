@@ -76,6 +76,11 @@ TEST_F(CliErrors, EvalRefusesMissingOrDamagedWeightsAndLongSequences) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_refused("eval --weights " + w + " --seq 64 --data " + *data_, 2,
                  "sequence length 64 is longer than the model's seq_len 32");
+  // The file records n_head (4, tiny's): --n-head may repeat it but not change it.
+  expect_refused("eval --weights " + w + " --n-head 2 --seq 32 --data " + *data_, 2,
+                 "--n-head 2 disagrees with n_head 4 recorded in weights file");
+  r = test::run_meshtrain("eval --weights " + w + " --n-head 4 --seq 32 --data " + *data_);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   std::filesystem::resize_file(w, std::filesystem::file_size(w) / 2);
   expect_refused("eval --weights " + w + " --data " + *data_, 2, "truncated");
 }

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "test_util.h"
+#include "train/hf_export.h"
 #include "train/safetensors.h"
 #include "train/token_file.h"
 
@@ -74,6 +75,32 @@ TEST(Safetensors, RoundTripAndDamage) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
   }
+}
+
+// n_head is not in the tensor shapes: the file's metadata says it, a hint only where the
+// file does not record it, and a hint that disagrees with the file is refused.
+TEST(HfConfig, NHeadFromTheFileAndAHintOnlyWhereItIsMissing) {
+  SafetensorsFile f;
+  f.arrays["transformer.wte.weight"] = {"transformer.wte.weight", {256, 64}, {}};
+  f.arrays["transformer.wpe.weight"] = {"transformer.wpe.weight", {32, 64}, {}};
+  auto refusal = [&](std::optional<int64_t> hint) {
+    try {
+      config_from_hf(f, "w.safetensors", hint);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), 2);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refusal(std::nullopt).find("does not record n_head"), std::string::npos);
+  EXPECT_EQ(config_from_hf(f, "w.safetensors", 2).n_head, 2);
+  f.metadata["n_head"] = "4";
+  EXPECT_EQ(config_from_hf(f, "w.safetensors", std::nullopt).n_head, 4);
+  EXPECT_EQ(config_from_hf(f, "w.safetensors", 4).n_head, 4);
+  const std::string m = refusal(2);
+  EXPECT_NE(m.find("--n-head 2 disagrees with n_head 4 recorded in weights file 'w.safetensors'"),
+            std::string::npos)
+      << m;
 }
 
 }  // namespace
