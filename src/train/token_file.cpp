@@ -58,15 +58,23 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
   header[1] = kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write '{}' (does the directory exist and is it writable?)", tmp);
-    out.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
-    out.write(reinterpret_cast<const char*>(tokens.data()),
-              static_cast<std::streamsize>(2 * tokens.size()));
-    if (!out) fail_run("writing '{}' failed (disk full?)", tmp);
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out)
+        fail("cannot write '{}' (via '{}'): does the directory exist and is it writable?", path,
+             tmp);
+      out.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
+      out.write(reinterpret_cast<const char*>(tokens.data()),
+                static_cast<std::streamsize>(2 * tokens.size()));
+      if (!out) fail_run("writing '{}' failed (disk full?)", tmp);
+    }
+    std::filesystem::rename(tmp, path);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);  // no half-written file left behind
+    throw;
   }
-  std::filesystem::rename(tmp, path);
 }
 
 SequenceSampler::SequenceSampler(const TokenFile& file, int64_t T, int64_t first_sample,

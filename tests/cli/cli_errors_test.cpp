@@ -94,5 +94,35 @@ TEST_F(CliErrors, PrepareWritesAnLlmcFile) {
   expect_refused("prepare /nonexistent.txt -o " + out, 2, "cannot read text file");
 }
 
+// A refused prepare names the path and the fix (exit 2) and leaves no output, not even a
+// temporary one; an input named as the output is not overwritten.
+TEST_F(CliErrors, PrepareRefusesBadPathsAndWritesNothing) {
+  namespace fs = std::filesystem;
+  const fs::path txt = *dir_ / "s.txt", out = *dir_ / "p.bin";
+  std::ofstream(txt) << "some text";
+  auto nothing_written = [&](const fs::path& p) {
+    EXPECT_FALSE(fs::exists(p)) << p;
+    EXPECT_FALSE(fs::exists(p.string() + ".tmp")) << p;
+  };
+  expect_refused("prepare " + txt.string() + " -o " + txt.string(), 2,
+                 "-o '" + txt.string() + "' is also an input");
+  expect_refused("prepare " + txt.string() + " -o " + (*dir_ / "." / "s.txt").string(), 2,
+                 "is also an input");
+  std::ifstream in(txt);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "some text");
+  EXPECT_FALSE(fs::exists(txt.string() + ".tmp"));
+  expect_refused("prepare " + dir_->string() + " -o " + out.string(), 2,
+                 "text file '" + dir_->string() + "' is a directory");
+  nothing_written(out);
+  expect_refused("prepare " + txt.string() + " /nonexistent.txt -o " + out.string(), 2,
+                 "cannot read text file '/nonexistent.txt': No such file or directory");
+  nothing_written(out);
+  expect_refused("prepare " + txt.string() + " -o " + dir_->string(), 2,
+                 "-o '" + dir_->string() + "' is a directory");
+  nothing_written(*dir_ / "nowhere" / "p.bin");
+  expect_refused("prepare " + txt.string() + " -o " + (*dir_ / "nowhere" / "p.bin").string(), 2,
+                 "directory '" + (*dir_ / "nowhere").string() + "' does not exist");
+}
+
 }  // namespace
 }  // namespace mt
