@@ -124,5 +124,32 @@ TEST_F(CliErrors, PrepareRefusesBadPathsAndWritesNothing) {
                  "directory '" + (*dir_ / "nowhere").string() + "' does not exist");
 }
 
+// reshard writes only layouts a resume can run: the checkpoint's batch is fixed (a resume
+// with another --batch is refused), so --dp must divide it; and what is not named (here the
+// ZeRO stage) stays the checkpoint's.
+TEST_F(CliErrors, ReshardRefusesALayoutTheBatchCannotRunAndKeepsTheZeroStage) {
+  namespace fs = std::filesystem;
+  const fs::path ck = *dir_ / "ckA", out = *dir_ / "rsd";
+  const std::string run =
+      "train --n-layer 2 --seq 32 --batch 8 --peak-gflops 100 --backend local --data " + *data_;
+  auto r = test::run_meshtrain(run + " --steps 1 --dp 2 --zero 1 --checkpoint-dir " + ck.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string re = "reshard " + ck.string() + " --out " + out.string();
+  expect_refused(re + " --dp 3", 2,
+                 "--dp 3 does not divide the batch 8 that checkpoint '" +
+                     (ck / "step-00000001").string() + "' was trained with");
+  expect_refused(re + " --dp 3", 2, "choose a --dp among 1, 2, 4, 8");
+  expect_refused(re + " --pp 2 --microbatches 3", 2,
+                 "--batch 8 is not divisible by --dp 2 x --microbatches 3");
+  EXPECT_FALSE(fs::exists(out / "step-00000001")) << "a refused reshard wrote a checkpoint";
+  r = test::run_meshtrain(re + " --dp 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dp 4 tp 1 pp 1 zero 1"), std::string::npos) << r.output;
+  r = test::run_meshtrain("inspect --no-verify " + out.string());
+  EXPECT_NE(r.output.find("layout dp 4 tp 1 pp 1 zero 1"), std::string::npos) << r.output;
+  r = test::run_meshtrain(run + " --steps 2 --dp 4 --zero 1 --resume " + out.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace mt
