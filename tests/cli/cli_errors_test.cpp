@@ -124,6 +124,15 @@ TEST_F(CliErrors, PrepareRefusesBadPathsAndWritesNothing) {
                  "directory '" + (*dir_ / "nowhere").string() + "' does not exist");
 }
 
+// --backend mpi runs one process per rank: started without mpirun it says so and how to
+// start it, instead of "mpirun started 0 processes".
+TEST_F(CliErrors, BackendMpiWithoutMpirunSaysToUseMpirun) {
+  const std::string args = "train --backend mpi --steps 1 --peak-gflops 100 --data " + *data_;
+  expect_refused(args, 2, "--backend mpi runs one process per rank and needs mpirun");
+  expect_refused(args, 2, "mpirun -np N meshtrain");
+  expect_refused(args, 2, "or use --backend local");
+}
+
 // reshard writes only layouts a resume can run: the checkpoint's batch is fixed (a resume
 // with another --batch is refused), so --dp must divide it; and what is not named (here the
 // ZeRO stage) stays the checkpoint's.
