@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "core/clock.h"
@@ -94,7 +95,8 @@ void register_checkpoint(CLI::App& app) {
   {
     struct Flags {
       std::string path, out;
-      int dp = 1, tp = 1, pp = 1, zero = 0, virtual_stages = 1, microbatches = 0;
+      std::optional<int> dp, tp, pp, zero;  // not given: the checkpoint's
+      int virtual_stages = 1, microbatches = 0;
       std::string schedule = "1f1b", pp_layers;
     };
     auto f = std::make_shared<Flags>();
@@ -103,10 +105,10 @@ void register_checkpoint(CLI::App& app) {
     cmd->add_option("checkpoint", f->path, "checkpoint directory (or a --checkpoint-dir)")
         ->required();
     cmd->add_option("--out", f->out, "directory to write step-N into")->required();
-    cmd->add_option("--dp", f->dp, "data-parallel ranks");
-    cmd->add_option("--tp", f->tp, "tensor-parallel ranks");
-    cmd->add_option("--pp", f->pp, "pipeline stages");
-    cmd->add_option("--zero", f->zero, "ZeRO stage 0-3");
+    cmd->add_option("--dp", f->dp, "data-parallel ranks (default: the checkpoint's)");
+    cmd->add_option("--tp", f->tp, "tensor-parallel ranks (default: the checkpoint's)");
+    cmd->add_option("--pp", f->pp, "pipeline stages (default: the checkpoint's)");
+    cmd->add_option("--zero", f->zero, "ZeRO stage 0-3 (default: the checkpoint's)");
     cmd->add_option("--schedule", f->schedule, "pipeline schedule (the layer split follows it)");
     cmd->add_option("--virtual-stages", f->virtual_stages, "chunks per pipeline rank");
     cmd->add_option("--microbatches", f->microbatches, "pipeline microbatches");
@@ -115,16 +117,18 @@ void register_checkpoint(CLI::App& app) {
       const ckpt::Index idx = ckpt::read_index(resolve(f->path));
       train::TrainOptions o;
       o.model = idx.config;
-      o.dp = f->dp;
-      o.tp = f->tp;
-      o.zero = f->zero;
-      o.pipeline.pp = f->pp;
+      // A dimension not named keeps the checkpoint's: nothing changes unasked.
+      o.dp = f->dp.value_or(idx.dp);
+      o.tp = f->tp.value_or(idx.tp);
+      o.zero = f->zero.value_or(idx.zero);
+      o.pipeline.pp = f->pp.value_or(idx.pp);
       o.pipeline.schedule = f->schedule;
       o.pipeline.virtual_stages = f->virtual_stages;
       o.pipeline.microbatches = f->microbatches;
       o.pipeline.layers = f->pp_layers;
-      if (f->dp < 1 || f->tp < 1 || f->pp < 1)
-        fail("--dp {} --tp {} --pp {}: each must be at least 1", f->dp, f->tp, f->pp);
+      if (o.dp < 1 || o.tp < 1 || o.pipeline.pp < 1)
+        fail("--dp {} --tp {} --pp {}: each must be at least 1", o.dp, o.tp, o.pipeline.pp);
+      ckpt::check_resumable(idx, o);  // before the slow part: reading the whole checkpoint
       const double t0 = now_s();
       const ckpt::GlobalState st = ckpt::load_global(idx);
       const int files = ckpt::write_resharded(idx, st, o, f->out);
@@ -132,7 +136,7 @@ void register_checkpoint(CLI::App& app) {
                    "resharded %s (%s) into %s/step-%08lld as dp %d tp %d pp %d zero %d: "
                    "%d files in %.2f s\n",
                    idx.dir.c_str(), idx.layout_text.c_str(), f->out.c_str(),
-                   static_cast<long long>(idx.step), f->dp, f->tp, f->pp, f->zero, files,
+                   static_cast<long long>(idx.step), o.dp, o.tp, o.pipeline.pp, o.zero, files,
                    now_s() - t0);
     });
   }

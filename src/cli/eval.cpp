@@ -28,7 +28,8 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--batch", f->batch, "sequences per batch");
   cmd->add_option("--seq", f->seq, "sequence length (default: the model's)");
   cmd->add_option("--batches", f->batches, "batches to average over, from the start of the file");
-  cmd->add_option("--n-head", f->n_head, "attention heads, when the file does not record them");
+  cmd->add_option("--n-head", f->n_head,
+                  "attention heads, when the file does not record them (else must match)");
   cmd->add_option("--threads", f->threads, "intra-op threads");
   cmd->callback([f] {
     kernels::set_threads(f->threads ? static_cast<int>(*f->threads) : kernels::host_cores());

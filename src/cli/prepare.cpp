@@ -2,6 +2,9 @@
 // llm.c's token-file format.
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -11,6 +14,45 @@
 #include "train/token_file.h"
 
 namespace mt::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Refuses, before anything is read or written, an output that cannot be written or that is
+// one of the inputs (the tokens would replace the text), and inputs that are not files.
+void check_paths(const std::vector<std::string>& inputs, const std::string& output) {
+  if (fs::is_directory(output))
+    fail("-o '{}' is a directory: name the token file to write (e.g. -o {}/data.bin)", output,
+         fs::path(output).string());
+  const fs::path parent = fs::path(output).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent))
+    fail("cannot write '{}': directory '{}' does not exist (create it first)", output,
+         parent.string());
+  for (const std::string& path : inputs) {
+    if (fs::is_directory(path))
+      fail("text file '{}' is a directory: name the files in it (e.g. {}/*.txt)", path, path);
+    if (fs::exists(path) && fs::exists(output) && fs::equivalent(path, output))
+      fail(
+          "-o '{}' is also an input ('{}'): writing the tokens would replace the text (choose "
+          "another output name)",
+          output, path);
+  }
+}
+
+void append_bytes(const std::string& path, std::vector<uint16_t>& tokens) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read text file '{}': {}", path, std::strerror(errno));
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {  // libstdc++ throws from underflow on a read error
+    fail("cannot read text file '{}': {}", path, e.what());
+  }
+  for (unsigned char ch : text) tokens.push_back(ch);
+}
+
+}  // namespace
 
 void register_prepare(CLI::App& app) {
   struct Flags {
@@ -23,13 +65,9 @@ void register_prepare(CLI::App& app) {
   cmd->add_option("text", f->inputs, "text files, concatenated in order")->required();
   cmd->add_option("-o,--output", f->output, "token file to write (llm.c format)")->required();
   cmd->callback([f] {
+    check_paths(f->inputs, f->output);
     std::vector<uint16_t> tokens;
-    for (const auto& path : f->inputs) {
-      std::ifstream in(path, std::ios::binary);
-      if (!in) fail("cannot read text file '{}'", path);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      for (unsigned char ch : text) tokens.push_back(ch);
-    }
+    for (const auto& path : f->inputs) append_bytes(path, tokens);
     if (tokens.size() > 0x7fffffffu)
       fail("{} tokens do not fit one llm.c shard (at most 2^31 - 1)", tokens.size());
     train::write_token_file(f->output, tokens);

@@ -57,6 +57,16 @@ BackendKind resolve_backend(const LaunchOptions& opts) {
 
 int launch_world_size(const LaunchOptions& opts) {
   const BackendKind k = resolve_backend(opts);
+  // Outside mpirun the mpi backend would be a job of one process (a singleton MPI_Init):
+  // say how to start it rather than report the size mpirun never gave.
+  if (k == BackendKind::kMpi && !started_by_mpirun()) {
+    const std::string n = opts.world_size > 0 ? std::to_string(opts.world_size) : "N";
+    fail(
+        "--backend mpi runs one process per rank and needs mpirun: start the job with `mpirun "
+        "-np {} meshtrain ...`{}, or use --backend local (or auto) to run the ranks as threads "
+        "of this process",
+        n, opts.world_size > 0 ? "" : " (N: the job's ranks, --pp x --dp x --tp for train)");
+  }
   if (k == BackendKind::kMpi || (k == BackendKind::kNccl && started_by_mpirun())) {
     int n = mpi_env_world_size();
     return n > 0 ? n : opts.world_size;
@@ -158,7 +168,6 @@ void launch_local(const LaunchOptions& opts, const std::function<void(Group& wor
   }
 }
 
-
 // --backend nccl: the ranks start as local threads or mpi processes whose world group
 // ("host") carries the bootstrap and host-memory ops; each rank then selects its GPU and fn
 // gets the NCCL world.
@@ -173,22 +182,26 @@ void launch_nccl(const LaunchOptions& opts, const std::function<void(Group& worl
     on_host = s ? std::atoi(s) : 1;
   }
   if (gpus == 0)
-    fail("--backend nccl: no CUDA GPU is visible (cudaGetDeviceCount found none; check "
-         "nvidia-smi and CUDA_VISIBLE_DEVICES, or use --backend local)");
+    fail(
+        "--backend nccl: no CUDA GPU is visible (cudaGetDeviceCount found none; check "
+        "nvidia-smi and CUDA_VISIBLE_DEVICES, or use --backend local)");
   if (on_host > gpus)
-    fail("--backend nccl: {} ranks on this host but {} GPU{} visible; NCCL needs one GPU per "
-         "rank (use at most {} ranks per host, or --backend local to share GPUs among rank "
-         "threads)",
-         on_host, gpus, gpus == 1 ? " is" : "s are", gpus);
+    fail(
+        "--backend nccl: {} ranks on this host but {} GPU{} visible; NCCL needs one GPU per "
+        "rank (use at most {} ranks per host, or --backend local to share GPUs among rank "
+        "threads)",
+        on_host, gpus, gpus == 1 ? " is" : "s are", gpus);
   auto per_rank = [&](Group& host) {
     const int local = mpi ? mpi_env_local_rank() : host.rank();
     if (local < 0)
-      fail("--backend nccl under mpirun: this process's local rank is unknown (set "
-           "OMPI_COMM_WORLD_LOCAL_RANK, as Open MPI's mpirun does)");
+      fail(
+          "--backend nccl under mpirun: this process's local rank is unknown (set "
+          "OMPI_COMM_WORLD_LOCAL_RANK, as Open MPI's mpirun does)");
     if (local >= gpus)
-      fail("--backend nccl: local rank {} has no GPU of its own ({} visible); NCCL needs one "
-           "GPU per rank",
-           local, gpus);
+      fail(
+          "--backend nccl: local rank {} has no GPU of its own ({} visible); NCCL needs one "
+          "GPU per rank",
+          local, gpus);
     device::use_cuda(local);
     Group world(host.context(), make_nccl_backend(host), "world", host.world_ranks());
     fn(world);
@@ -200,9 +213,10 @@ void launch_nccl(const LaunchOptions& opts, const std::function<void(Group& worl
     launch_local(opts, per_rank, "host");
 #else
   (void)opts, (void)fn;
-  fail("--backend nccl: this meshtrain was built without CUDA, so without the NCCL backend; "
-       "configure with -DMESHTRAIN_CUDA=ON on a machine with the CUDA toolkit and NCCL, or use "
-       "--backend local or mpi");
+  fail(
+      "--backend nccl: this meshtrain was built without CUDA, so without the NCCL backend; "
+      "configure with -DMESHTRAIN_CUDA=ON on a machine with the CUDA toolkit and NCCL, or use "
+      "--backend local or mpi");
 #endif
 }
 

@@ -66,7 +66,8 @@ int mpi_env_local_rank();
 // The backend `opts` resolves to (kAuto -> kMpi under mpirun, else kLocal).
 BackendKind resolve_backend(const LaunchOptions& opts);
 // The number of ranks the job will have, known before any work (to refuse bad layouts):
-// opts.world_size for local, mpirun's size for mpi (and for nccl under mpirun).
+// opts.world_size for local, mpirun's size for mpi (and for nccl under mpirun). Refuses mpi
+// outside mpirun, saying how to start the job.
 int launch_world_size(const LaunchOptions& opts);
 
 void launch(const LaunchOptions& opts, const std::function<void(Group& world)>& fn);

@@ -1019,11 +1019,48 @@ GlobalState load_global(const Index& idx) {
   return st;
 }
 
+namespace {
+
+std::string divisors_text(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t k = 1; k <= n && d.size() < 16; ++k)
+    if (n % k == 0) d.push_back(k);
+  return fmt::format("{}{}", fmt::join(d, ", "), d.back() == n ? "" : ", ...");
+}
+
+}  // namespace
+
+void check_resumable(const Index& idx, const TrainOptions& target) {
+  TrainOptions o = target;
+  o.model = idx.config;
+  if (idx.batch > 0) {
+    o.batch = idx.batch;
+    if (o.dp >= 1 && idx.batch % o.dp != 0)
+      fail(
+          "--dp {} does not divide the batch {} that checkpoint '{}' was trained with (a resume "
+          "keeps --batch {}, and every dp rank takes batch / dp samples): choose a --dp among {}",
+          o.dp, idx.batch, idx.dir, idx.batch, divisors_text(idx.batch));
+  } else {  // an index without its batch: check the layout alone, with a batch it divides
+    const int m =
+        o.pipeline.pp > 1 && o.pipeline.microbatches > 0 ? o.pipeline.microbatches : o.pipeline.pp;
+    o.batch = std::max(o.dp, 1) * std::max(m, 1);
+    o.microbatch = 0;
+  }
+  if (o.data.empty()) o.data = idx.dir;  // validate() wants data; a resume names its own
+  try {
+    o.validate();
+  } catch (const Error& e) {
+    fail(
+        "checkpoint '{}' (trained with --batch {}) could not be resumed as dp {} tp {} pp {} "
+        "zero {}: {}",
+        idx.dir, idx.batch, o.dp, o.tp, o.pipeline.pp, o.zero, e.what());
+  }
+}
+
 int write_resharded(const Index& idx, const GlobalState& st, const TrainOptions& o,
                     const std::string& out_dir) {
   const int P = o.pipeline.pp, D = o.dp, T = o.tp;
-  model::check_tp(idx.config, T, o.sp);
-  if (o.zero < 0 || o.zero > 3) fail("--zero {} must be 0, 1, 2 or 3", o.zero);
+  check_resumable(idx, o);
   std::unique_ptr<parallel::pp::Schedule> sched;
   std::unique_ptr<parallel::pp::Partition> part;
   if (P > 1) {

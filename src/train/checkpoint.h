@@ -131,8 +131,13 @@ struct GlobalState {
 };
 GlobalState load_global(const Index& idx);
 
+// Refuses a layout in which this checkpoint could not be resumed: the checkpoint's batch is
+// fixed (resume refuses another), so `target` is checked with it by TrainOptions::validate,
+// as train would check it (--dp must divide the batch, and so on).
+void check_resumable(const Index& idx, const TrainOptions& target);
+
 // Writes `st` as a checkpoint of the layout in `o` (dp, tp, pp, zero; its schedule) into
-// out_dir (atomically, like save). Returns the number of files written.
+// out_dir (atomically, like save); check_resumable first. Returns the number of files written.
 int write_resharded(const Index& idx, const GlobalState& st, const TrainOptions& o,
                     const std::string& out_dir);
 

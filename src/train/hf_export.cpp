@@ -15,6 +15,26 @@ Shape hf_shape(const model::ParamSpec& s) {
   if (s.hf_transposed) return {s.shape[1], s.shape[0]};
   return {file_rows(s), s.shape[1]};
 }
+// n_head from the file's metadata; the hint (--n-head) only where the file does not record
+// it. A hint that disagrees is refused: the same weights with other heads give another loss.
+int64_t n_head_of(const SafetensorsFile& f, const std::string& path, std::optional<int64_t> hint) {
+  auto meta = f.metadata.find("n_head");
+  if (meta == f.metadata.end()) {
+    if (!hint)
+      fail(
+          "weights file '{}' does not record n_head (it cannot be read off the shapes): pass "
+          "--n-head",
+          path);
+    return *hint;
+  }
+  const int64_t recorded = std::stoll(meta->second);
+  if (hint && *hint != recorded)
+    fail(
+        "--n-head {} disagrees with n_head {} recorded in weights file '{}' (drop --n-head: it "
+        "is only for files that do not record n_head)",
+        *hint, recorded, path);
+  return recorded;
+}
 }  // namespace
 
 void export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
@@ -46,8 +66,9 @@ void export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
       {"seq_len", std::to_string(c.seq_len)},
       {"bias", c.bias ? "true" : "false"},
       {"tied", c.tied ? "true" : "false"},
-      {"vocab_padding", "stripped: meshtrain pads the vocabulary to a multiple of 128 "
-                        "internally; this file holds the real rows only"}};
+      {"vocab_padding",
+       "stripped: meshtrain pads the vocabulary to a multiple of 128 "
+       "internally; this file holds the real rows only"}};
   write_safetensors(path, arrays, meta);
 }
 
@@ -71,21 +92,14 @@ model::GptConfig config_from_hf(const SafetensorsFile& f, const std::string& pat
   std::regex layer_re(R"(transformer\.h\.(\d+)\.)");
   for (const auto& [name, a] : f.arrays) {
     std::smatch m;
-    if (std::regex_search(name, m, layer_re)) layers = std::max<int64_t>(layers, std::stoll(m[1]) + 1);
+    if (std::regex_search(name, m, layer_re))
+      layers = std::max<int64_t>(layers, std::stoll(m[1]) + 1);
   }
   c.n_layer = layers;
   c.d_ff = layers ? need("transformer.h.0.mlp.c_fc.weight").shape.at(1) : 4 * c.d_model;
   c.bias = f.arrays.count("transformer.ln_f.bias") > 0;
   c.tied = f.arrays.count("lm_head.weight") == 0;
-  auto meta = f.metadata.find("n_head");
-  if (n_head_hint)
-    c.n_head = *n_head_hint;
-  else if (meta != f.metadata.end())
-    c.n_head = std::stoll(meta->second);
-  else
-    fail("weights file '{}' does not record n_head (it cannot be read off the shapes): pass "
-         "--n-head",
-         path);
+  c.n_head = n_head_of(f, path, n_head_hint);
   return c;
 }
 
@@ -97,9 +111,10 @@ void load_hf_weights(model::Gpt& gpt, const SafetensorsFile& f, const std::strin
     const NamedArray& a = it->second;
     const Shape want = hf_shape(p.spec);
     if (a.shape != want)
-      fail("weights file '{}': tensor '{}' has shape {} but the model needs {} (do the model "
-           "flags match the file?)",
-           path, p.spec.name, shape_str(a.shape), shape_str(want));
+      fail(
+          "weights file '{}': tensor '{}' has shape {} but the model needs {} (do the model "
+          "flags match the file?)",
+          path, p.spec.name, shape_str(a.shape), shape_str(want));
     float* dst = p.value.f32();
     if (p.spec.hf_transposed) {
       const int64_t out = p.spec.shape[0], in = p.spec.shape[1];

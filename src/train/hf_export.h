@@ -13,7 +13,8 @@ namespace mt::train {
 void export_hf_safetensors(const model::Gpt& gpt, const std::string& path);
 
 // The model shape a file holds: metadata where present, else inferred from the tensor
-// shapes; n_head must come from metadata or `n_head_hint` (it is not in the shapes).
+// shapes; n_head must come from metadata or `n_head_hint` (it is not in the shapes). A hint
+// that disagrees with the n_head the file records is refused.
 model::GptConfig config_from_hf(const SafetensorsFile& f, const std::string& path,
                                 std::optional<int64_t> n_head_hint);
 

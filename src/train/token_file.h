@@ -27,7 +27,8 @@ class TokenFile {
   std::vector<uint16_t> tokens_;
 };
 
-// Writes tokens in llm.c's format, atomically (temporary name, then rename).
+// Writes tokens in llm.c's format, atomically (temporary name, then rename); a failed write
+// removes the temporary file.
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens);
 
 // Sequences of T+1 tokens by global sample index: sample j reads tokens

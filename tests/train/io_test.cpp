@@ -3,9 +3,10 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "test_util.h"
+#include "train/hf_export.h"
 #include "train/safetensors.h"
 #include "train/token_file.h"
-#include "test_util.h"
 
 namespace mt::train {
 namespace {
@@ -45,6 +46,13 @@ TEST(TokenFile, RefusesBadFilesWithTheReason) {
   const std::string path = (dir / "t.bin").string();
   write_token_file(path, {1, 2, 300});
   EXPECT_NE(message(path, 256).find("token 300 at position 2"), std::string::npos);
+  // The fix names the file's largest token, not the first one out of range: one retry.
+  write_token_file(path, {1, 300, 2, 500, 3});
+  const std::string m = message(path, 256);
+  EXPECT_NE(m.find("token 300 at position 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("the largest token in the file is 500: use --vocab 501 or more"),
+            std::string::npos)
+      << m;
   std::filesystem::resize_file(path, 1024 + 4);  // truncated
   EXPECT_NE(message(path, 512).find("damaged"), std::string::npos);
   std::ofstream((dir / "text.bin").string()) << "hello, this is not a token file";
@@ -67,6 +75,32 @@ TEST(Safetensors, RoundTripAndDamage) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
   }
+}
+
+// n_head is not in the tensor shapes: the file's metadata says it, a hint only where the
+// file does not record it, and a hint that disagrees with the file is refused.
+TEST(HfConfig, NHeadFromTheFileAndAHintOnlyWhereItIsMissing) {
+  SafetensorsFile f;
+  f.arrays["transformer.wte.weight"] = {"transformer.wte.weight", {256, 64}, {}};
+  f.arrays["transformer.wpe.weight"] = {"transformer.wpe.weight", {32, 64}, {}};
+  auto refusal = [&](std::optional<int64_t> hint) {
+    try {
+      config_from_hf(f, "w.safetensors", hint);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), 2);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refusal(std::nullopt).find("does not record n_head"), std::string::npos);
+  EXPECT_EQ(config_from_hf(f, "w.safetensors", 2).n_head, 2);
+  f.metadata["n_head"] = "4";
+  EXPECT_EQ(config_from_hf(f, "w.safetensors", std::nullopt).n_head, 4);
+  EXPECT_EQ(config_from_hf(f, "w.safetensors", 4).n_head, 4);
+  const std::string m = refusal(2);
+  EXPECT_NE(m.find("--n-head 2 disagrees with n_head 4 recorded in weights file 'w.safetensors'"),
+            std::string::npos)
+      << m;
 }
 
 }  // namespace
