@@ -765,7 +765,7 @@ TrainResult run_training(const TrainOptions& o) {
   comm::LaunchOptions lo;
   lo.backend = comm::parse_backend(o.backend);
   const comm::BackendKind kind = comm::resolve_backend(lo);
-  lo.world_size = kind == comm::BackendKind::kMpi ? 0 : o.world_size();
+  lo.world_size = o.world_size();  // (under mpirun: checked against -np below)
   lo.timeout_s = o.comm_timeout_s;
   // mpirun starts one process per rank; the local backend would make each of them a whole
   // job of rank threads, all writing the same checkpoints and files.

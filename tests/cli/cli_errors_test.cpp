@@ -129,7 +129,7 @@ TEST_F(CliErrors, PrepareRefusesBadPathsAndWritesNothing) {
 TEST_F(CliErrors, BackendMpiWithoutMpirunSaysToUseMpirun) {
   const std::string args = "train --backend mpi --steps 1 --peak-gflops 100 --data " + *data_;
   expect_refused(args, 2, "--backend mpi runs one process per rank and needs mpirun");
-  expect_refused(args, 2, "mpirun -np N meshtrain");
+  expect_refused(args, 2, "needs mpirun: start the job with `mpirun -np 1 meshtrain ...`");
   expect_refused(args, 2, "or use --backend local");
 }
 
@@ -149,7 +149,7 @@ TEST_F(CliErrors, ReshardRefusesALayoutTheBatchCannotRunAndKeepsTheZeroStage) {
                      (ck / "step-00000001").string() + "' was trained with");
   expect_refused(re + " --dp 3", 2, "choose a --dp among 1, 2, 4, 8");
   expect_refused(re + " --pp 2 --microbatches 3", 2,
-                 "--batch 8 is not divisible by --dp 2 x --microbatches 3");
+                 "--microbatches 3 does not divide the 4 sequences per dp replica");
   EXPECT_FALSE(fs::exists(out / "step-00000001")) << "a refused reshard wrote a checkpoint";
   r = test::run_meshtrain(re + " --dp 4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
