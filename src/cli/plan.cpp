@@ -16,10 +16,14 @@ namespace mt::cli {
 
 void PlanFlags::add_to(CLI::App& app) {
   model.add_to(app);
+  // train's help lists the presets train can build; the planner has the published ones too.
+  app.get_option("--model")->description(
+      fmt::format("preset (default tiny): {}", fmt::join(plan::model_preset_names(), ", ")));
   app.add_option("--cluster", cluster,
-                 "dgx-a100, dgx-h100, hgx-b200, this-host (meshtrain calibrate) or a JSON file");
+                 "dgx-a100, dgx-h100 (default), hgx-b200, this-host (meshtrain calibrate) or a "
+                 "JSON file");
   app.add_option("--gpus", gpus, "GPUs (ranks) in the job")->required();
-  app.add_option("--batch", batch, "global batch, in sequences");
+  app.add_option("--batch", batch, "global batch, in sequences (default: --gpus)");
   app.add_option("--dtype", dtype, "bf16 or fp16 (mixed precision), f32 (our CPU runtime)")
       ->check(CLI::IsMember({"bf16", "fp16", "f32"}));
   app.add_option("--dp", dp, "data-parallel ranks");
@@ -53,6 +57,42 @@ void PlanFlags::add_to(CLI::App& app) {
       ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_flag("--json", json, "print JSON on stdout (the table goes to stderr)");
 }
+
+void PlanFlags::check() const {
+  auto at_least = [](const char* flag, const auto& value, int64_t min) {
+    if (value && *value < min) fail("{} {} must be at least {}", flag, *value, min);
+  };
+  at_least("--dp", dp, 1);
+  at_least("--tp", tp, 1);
+  at_least("--pp", pp, 1);
+  at_least("--cp", cp, 1);
+  at_least("--virtual-stages", virtual_stages, 1);
+  at_least("--microbatch", microbatch, 1);
+  at_least("--microbatches", microbatches, 1);
+  if (zero && (*zero < 0 || *zero > 3))
+    fail("--zero {} is not a ZeRO stage (choose 0, 1, 2 or 3)", *zero);
+  if (virtual_stages && *virtual_stages > 1 && pp && *pp == 1)
+    fail(
+        "--virtual-stages {} needs --pp 2 or more (interleaving splits each pipeline rank's "
+        "layers into chunks); with --pp 1 drop --virtual-stages",
+        *virtual_stages);
+}
+
+namespace {
+
+// Grouped-query attention shares each key/value head among n_head / n_kv_head query heads:
+// n_kv_head must divide n_head. --n-head on a GQA preset keeps its n_kv_head.
+void check_kv_heads(const plan::ModelSpec& m, const std::string& preset) {
+  if (m.n_kv_head == m.n_head) return;
+  if (m.n_head < m.n_kv_head || m.n_head % m.n_kv_head != 0)
+    fail(
+        "--n-head {} is not a multiple of {}'s {} key/value heads (grouped-query attention "
+        "shares each among n_head / n_kv_head query heads; --n-head keeps the preset's "
+        "n_kv_head): use a multiple of {}",
+        m.n_head, preset, m.n_kv_head, m.n_kv_head);
+}
+
+}  // namespace
 
 plan::Job PlanFlags::job() const {
   plan::Job j;
@@ -89,6 +129,7 @@ plan::Job PlanFlags::job() const {
         m.n_layer, m.n_head, m.d_model, m.d_ff, m.vocab, m.seq);
   if (m.d_model % m.n_head != 0)
     fail("--d-model {} is not divisible by --n-head {}", m.d_model, m.n_head);
+  check_kv_heads(m, name);
   j.cluster = plan::cluster_preset(cluster);
   j.gpus = *gpus;
   if (j.gpus < 1) fail("--gpus {} must be at least 1", j.gpus);
@@ -112,6 +153,11 @@ plan::SearchPins PlanFlags::pins() const {
     if (*microbatches < 1 || batch.value_or(*gpus) % (int64_t(*dp) * *microbatches) != 0)
       fail("--microbatches {} does not divide the batch over --dp {}", *microbatches, *dp);
     p.microbatch = batch.value_or(*gpus) / (int64_t(*dp) * *microbatches);
+    if (microbatch && *microbatch != *p.microbatch)
+      fail(
+          "--microbatch {} contradicts --microbatches {}: batch {} over --dp {} in {} "
+          "microbatches makes --microbatch {} (give one of the two)",
+          *microbatch, *microbatches, batch.value_or(*gpus), *dp, *microbatches, *p.microbatch);
   }
   p.schedule = schedule;
   if (pp_layers) p.pp_layers = parallel::pp::parse_layer_counts(*pp_layers);
@@ -261,8 +307,33 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   return c;
 }
 
+// --megatron-2021 searches only what that software had: a pin of something it lacked is a
+// contradiction, not a wish to honour silently.
+void check_megatron_2021(const PlanFlags& f) {
+  if (f.zero && *f.zero > 0)
+    fail(
+        "--megatron-2021 has no ZeRO (Megatron-LM's distributed optimizer came later): drop "
+        "--zero {} or --megatron-2021",
+        *f.zero);
+  if (f.sp || f.tp_comm_overlap)
+    fail(
+        "--megatron-2021 has no sequence parallelism (Korthikanti et al. 2022): drop {} or "
+        "--megatron-2021",
+        f.sp ? "--sp" : "--tp-comm-overlap");
+  if (f.recompute == "selective")
+    fail(
+        "--megatron-2021 has no selective recomputation (Korthikanti et al. 2022): use "
+        "--recompute none or full, or drop --megatron-2021");
+  if (f.schedule == "zb1")
+    fail(
+        "--megatron-2021 has no zero-bubble schedule (Qi et al. 2023): use --schedule gpipe, "
+        "1f1b or interleaved, or drop --megatron-2021");
+}
+
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
               bool megatron_2021) {
+  f.check();
+  if (megatron_2021) check_megatron_2021(f);
   const plan::Job j = f.job();
   plan::SearchPins pins = f.pins();
   pins.megatron_2021 = megatron_2021;
@@ -327,7 +398,8 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--top", *top, "layouts to print (default 10)");
   cmd->add_option("--emit-config", *emit, "write the best layout as a `train --config` file");
   cmd->add_flag("--megatron-2021", *megatron_2021,
-                "search only what Megatron-LM did in 2021 (no ZeRO, no SP, pp divides n_layer, "
+                "search only what Megatron-LM did in 2021 (no ZeRO, no SP, no selective "
+                "recomputation, pp divides n_layer, "
                 "interleaving with pp > 2, gradients reduced after the flush when pp > 1, "
                 "backward's TP all-reduces not overlapped)");
   cmd->callback([f, top, emit, megatron_2021] {

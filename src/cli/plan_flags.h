@@ -29,6 +29,9 @@ struct PlanFlags {
   bool json = false;
 
   void add_to(CLI::App& app);
+  // Refuses a layout flag out of its range (--tp 0, --pp -2, --zero 4) or two that
+  // contradict each other, before anything divides by it.
+  void check() const;
   plan::Job job() const;
   plan::SearchPins pins() const;
 };

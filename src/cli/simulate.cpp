@@ -37,6 +37,11 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
       fail("--microbatches {} does not divide --batch {} over dp {}", *f.microbatches, j.batch,
            l.dp);
     l.microbatch = j.batch / (int64_t(l.dp) * *f.microbatches);
+    if (f.microbatch && *f.microbatch != l.microbatch)
+      fail(
+          "--microbatch {} contradicts --microbatches {}: batch {} over dp {} in {} microbatches "
+          "makes --microbatch {} (give one of the two)",
+          *f.microbatch, *f.microbatches, j.batch, l.dp, *f.microbatches, l.microbatch);
   }
   plan::set_software(l, megatron_2021);  // Megatron-LM 2021 (Narayanan et al.) or today's
   l.tp_comm_overlap = f.tp_comm_overlap;
@@ -102,6 +107,7 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
 }
 
 void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
+  f.check();
   const plan::Job j = f.job();
   const plan::Layout l = layout_of(f, j, megatron_2021);
   const plan::Estimate e = plan::estimate(j, l, true);

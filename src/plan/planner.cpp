@@ -327,6 +327,11 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
     return fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp);
   if (l.virtual_stages > 1 && mbs % l.pp != 0)
     return fmt::format("interleaved: {} microbatches is not a multiple of pp {}", mbs, l.pp);
+  if (l.virtual_stages > 1 && l.pp < 2)
+    return fmt::format(
+        "virtual stages {} need pp 2 or more (interleaving splits each pipeline rank's layers "
+        "into chunks)",
+        l.virtual_stages);
   if (l.virtual_stages > 1 && l.schedule != "interleaved")
     return fmt::format("virtual stages {} need --schedule interleaved", l.virtual_stages);
   if (l.virtual_stages == 1 && l.schedule == "interleaved")
@@ -746,6 +751,8 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
   if (pins.pp) pps = {*pins.pp};
   const int cp = pins.cp.value_or(1);
   std::vector<Recompute> rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  // Selective recomputation is Korthikanti et al. 2022's, after Megatron-LM 2021.
+  if (pins.megatron_2021) rcs = {Recompute::kNone, Recompute::kFull};
   if (pins.recompute) rcs = {*pins.recompute};
   const double hbm = j.cluster.gpu.hbm_bytes;
 

@@ -155,9 +155,9 @@ struct SearchPins {
   std::vector<int> pp_layers;             // Layout::pp_layers (only layouts with that many chunks)
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
-  // (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved schedule only with
-  // more than 2 stages ("pipeline-model-parallel size should be greater than 2 with
-  // interleaved schedule"); the gradient reduction overlapped with backward only without
+  // nor selective recomputation (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved
+  // schedule only with more than 2 stages ("pipeline-model-parallel size should be greater than 2
+  // with interleaved schedule"); the gradient reduction overlapped with backward only without
   // pipelining (torch DDP's no_sync exists only in forward_backward_no_pipelining; with
   // pp > 1 the reduction runs after the flush, DDP=local).
   // Megatron-LM's even split of the layers over the pipeline chunks (Layout::even_layers).

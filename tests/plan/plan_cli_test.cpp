@@ -52,6 +52,12 @@ TEST(PlanCli, Megatron2021SearchesOnlyWhatThatSoftwareCouldDo) {
   auto j = run_json(
       "plan --model megatron-39b --cluster dgx-a100 --gpus 512 --batch 1536 --dtype fp16 "
       "--recompute full --megatron-2021 --top 40 --json");
+  // Nor selective recomputation (Korthikanti et al. 2022).
+  auto any = run_json(
+      "plan --model megatron-39b --cluster dgx-a100 --gpus 512 --batch 1536 --dtype fp16 "
+      "--megatron-2021 --top 200 --json");
+  ASSERT_FALSE(any["layouts"].empty());
+  for (const auto& l : any["layouts"]) EXPECT_NE(l["recompute"], "selective") << l;
   ASSERT_FALSE(j["layouts"].empty());
   for (const auto& l : j["layouts"]) {
     EXPECT_EQ(l["zero"], 0);
@@ -314,6 +320,74 @@ TEST(PlanCli, RefusesBadLayouts) {
   r = test::run_meshtrain("plan --model tiny --cluster nowhere --gpus 8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown cluster 'nowhere'"), std::string::npos) << r.output;
+}
+
+// Exit 2 with `message` in the output.
+void expect_refused(const std::string& args, const std::string& message) {
+  const auto r = test::run_meshtrain(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+}
+
+TEST(PlanCli, RefusesZeroAndNegativeLayoutValues) {
+  // Before the checks a 0 divided (Floating point exception, exit 136) and a negative value
+  // went into the search ("tp -2 does not divide n_head 25").
+  const std::string job = "--model gpt2-1.5b --cluster dgx-a100 --gpus 16 --batch 64";
+  for (const char* cmd : {"plan", "simulate"}) {
+    SCOPED_TRACE(cmd);
+    for (const char* flag :
+         {"--tp", "--pp", "--cp", "--dp", "--microbatch", "--microbatches", "--virtual-stages"})
+      for (int v : {0, -2})
+        expect_refused(fmt::format("{} {} {} {}", cmd, job, flag, v),
+                       fmt::format("{} {} must be at least 1", flag, v));
+    expect_refused(fmt::format("{} {} --zero 4", cmd, job), "--zero 4 is not a ZeRO stage");
+  }
+}
+
+TEST(PlanCli, RefusesContradictoryFlags) {
+  const std::string job = "--model gpt2-124m --cluster dgx-a100 --gpus 16 --batch 64";
+  for (const char* cmd : {"plan", "simulate"}) {
+    SCOPED_TRACE(cmd);
+    // 64 over dp 16 in 4 microbatches is microbatch 1, not 2 (both used to run mb 1).
+    expect_refused(fmt::format("{} {} --microbatch 2 --microbatches 4 --dp 16", cmd, job),
+                   "--microbatch 2 contradicts --microbatches 4");
+    // Interleaving needs a pipeline to interleave over.
+    expect_refused(fmt::format("{} {} --virtual-stages 2 --pp 1", cmd, job),
+                   "--virtual-stages 2 needs --pp 2 or more");
+  }
+  expect_refused("simulate " + job + " --virtual-stages 2", "virtual stages 2 need pp 2 or more");
+  // Consistent values are fine.
+  EXPECT_EQ(
+      run_json(
+          "plan " + job +
+          " --microbatch 1 --microbatches 4 --dp 16 --top 1 --json")["layouts"][0]["microbatch"],
+      1);
+  // --megatron-2021 has none of ZeRO, SP (and so userbuffers), selective recomputation or
+  // zero-bubble schedules.
+  for (const char* pin :
+       {"--zero 1", "--sp", "--tp-comm-overlap", "--recompute selective", "--schedule zb1"})
+    expect_refused(fmt::format("plan {} --megatron-2021 {}", job, pin), "--megatron-2021 has no");
+}
+
+TEST(PlanCli, RefusesImpossibleGqaShapes) {
+  // llama3-8b has 8 key/value heads; --n-head keeps them, so it must be a multiple of 8.
+  const std::string job = "--model llama3-8b --cluster dgx-h100 --gpus 8 --batch 8";
+  expect_refused("plan " + job + " --n-head 4", "--n-head 4 is not a multiple of llama3-8b's 8");
+  expect_refused("simulate " + job + " --n-head 12 --d-model 3072",
+                 "--n-head 12 is not a multiple of llama3-8b's 8");
+  auto j = run_json("plan " + job + " --n-head 16 --top 1 --json");
+  EXPECT_EQ(j["job"]["model"]["n_head"], 16);
+  EXPECT_EQ(j["job"]["model"]["n_kv_head"], 8);
+}
+
+TEST(PlanCli, HelpListsEveryPresetAndTheDefaults) {
+  for (const char* cmd : {"plan", "simulate"}) {
+    const auto r = test::run_meshtrain(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const char* preset : {"tiny", "gpt2-1.5b", "megatron-1t", "gpt3-175b", "llama3-405b",
+                               "dgx-h100 (default)", "(default: --gpus)"})
+      EXPECT_NE(r.output.find(preset), std::string::npos) << cmd << ": " << preset;
+  }
 }
 
 TEST(PlanCli, SixteenThousandGpusUnderFiveSeconds) {
