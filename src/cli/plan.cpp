@@ -269,8 +269,24 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
 
 namespace {
 
+// `train` builds GPT-2-style models in f32 or bf16: a plan of anything else would emit a
+// config for a different job. Checked before the search.
+void check_trainable(const plan::Job& j) {
+  const plan::ModelSpec& m = j.model;
+  if (m.n_kv_head != m.n_head || m.swiglu || !m.learned_pos)
+    fail(
+        "--emit-config: train cannot build {} (grouped-query attention with {} key/value heads, "
+        "SwiGLU, rotary positions): it builds GPT-2-style models; drop --emit-config, or plan "
+        "a GPT shape (tiny, gpt2-*, megatron-*, gpt3-175b)",
+        m.name, m.n_kv_head);
+  if (j.dtype != "f32" && j.dtype != "bf16")
+    fail("--emit-config: train runs f32 or bf16, not --dtype {}; plan with --dtype bf16 (or f32)",
+         j.dtype);
+}
+
 // A run config for `meshtrain train` (only keys its --config accepts) and the flags that
-// carry the rest of the layout (tp, sp, pp, schedule, virtual stages, recompute).
+// carry the rest of the layout (the pipeline: pp, microbatches, schedule, virtual stages,
+// the layers per chunk).
 nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
                             const std::optional<std::string>& preset, std::string* flags) {
   const plan::Layout& l = e.layout;
@@ -289,11 +305,13 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   c["seq"] = j.seq;
   c["batch"] = j.batch;
   c["microbatch"] = l.microbatch;
+  c["dtype"] = j.dtype;
   c["dp"] = l.dp;
+  c["tp"] = l.tp;
+  c["sp"] = l.sp;
   c["zero"] = l.zero;
+  c["recompute"] = plan::recompute_name(l.recompute);
   std::string f;
-  if (l.tp > 1) f += fmt::format(" --tp {}", l.tp);
-  if (l.sp) f += " --sp";
   if (l.pp > 1) {
     f += fmt::format(" --pp {} --microbatches {} --schedule {}", l.pp, e.microbatches, l.schedule);
     if (l.virtual_stages > 1) f += fmt::format(" --virtual-stages {}", l.virtual_stages);
@@ -301,8 +319,6 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
     // --megatron-2021), so that the run is the layout that was planned.
     f += fmt::format(" --pp-layers {}", fmt::join(plan::chunk_layers(j, l), ","));
   }
-  if (l.recompute != plan::Recompute::kNone)
-    f += fmt::format(" --recompute {}", plan::recompute_name(l.recompute));
   *flags = f;
   return c;
 }
@@ -335,6 +351,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
   f.check();
   if (megatron_2021) check_megatron_2021(f);
   const plan::Job j = f.job();
+  if (emit) check_trainable(j);
   plan::SearchPins pins = f.pins();
   pins.megatron_2021 = megatron_2021;
   const plan::SearchResult s = plan::search(j, pins, top);

@@ -22,6 +22,13 @@ nlohmann::json run_json(const std::string& args) {
   return nlohmann::json::parse(r.output);
 }
 
+// Exit 2 with `message` in the output.
+void expect_refused(const std::string& args, const std::string& message) {
+  const auto r = test::run_meshtrain(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+}
+
 void expect_layout_keys(const nlohmann::json& l) {
   for (const char* k : {"step_time_s", "tokens_per_s", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu",
                         "bubble_fraction", "memory_bytes_per_gpu", "dp", "tp", "pp", "zero",
@@ -82,20 +89,33 @@ TEST(PlanCli, ShapeFlagsOverrideThePreset) {
 TEST(PlanCli, EmitConfigIsATrainConfig) {
   const auto dir = test::scratch_dir("plan-cli");
   const auto cfg = (dir / "run.json").string();
+  // The plan's dtype (bf16 by default) and its tp, sp and recompute go into the config: the
+  // run is the job that was planned (the dtype used to be left out: train ran f32).
   auto r = test::run_meshtrain(
-      "plan --model tiny --cluster dgx-a100 --gpus 2 --batch 8 --tp 1 "
-      "--pp 1 --emit-config " +
+      "plan --model tiny --cluster dgx-a100 --gpus 2 --batch 8 --tp 2 --sp "
+      "--pp 1 --recompute selective --emit-config " +
       cfg);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   nlohmann::json c = nlohmann::json::parse(std::ifstream(cfg));
   EXPECT_EQ(c["model"], "tiny");
-  EXPECT_EQ(c["dp"], 2);
-  // `train` reads it (one step on the demo data would need data; --help-free check: the
-  // config reader accepts every key, which fails before any work otherwise).
+  EXPECT_EQ(c["dp"], 1);
+  EXPECT_EQ(c["tp"], 2);
+  EXPECT_EQ(c["sp"], true);
+  EXPECT_EQ(c["dtype"], "bf16");
+  EXPECT_EQ(c["recompute"], "selective");
+  // `train` reads it (the config reader refuses an unknown key before any work) and runs
+  // that layout.
   const std::string data = test::demo_tokens(dir);
   auto t = test::run_meshtrain("train --config " + cfg + " --data " + data +
                                " --steps 1 --peak-gflops 100");
   EXPECT_EQ(t.exit_code, 0) << t.output;
+  for (const char* said : {"dtype bf16", "tp 2 with sequence parallelism", "recompute selective"})
+    EXPECT_NE(t.output.find(said), std::string::npos) << said << "\n" << t.output;
+  // A plan train cannot run is refused, before the search.
+  expect_refused("plan --model tiny --cluster dgx-a100 --gpus 2 --dtype fp16 --emit-config " + cfg,
+                 "train runs f32 or bf16, not --dtype fp16");
+  expect_refused("plan --model llama3-8b --cluster dgx-h100 --gpus 8 --emit-config " + cfg,
+                 "train cannot build llama3-8b (grouped-query attention with 8 key/value heads");
 }
 
 // `calibrate` writes a this-host preset that `simulate` takes, for the local backend (its
@@ -320,13 +340,6 @@ TEST(PlanCli, RefusesBadLayouts) {
   r = test::run_meshtrain("plan --model tiny --cluster nowhere --gpus 8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown cluster 'nowhere'"), std::string::npos) << r.output;
-}
-
-// Exit 2 with `message` in the output.
-void expect_refused(const std::string& args, const std::string& message) {
-  const auto r = test::run_meshtrain(args);
-  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
-  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
 }
 
 TEST(PlanCli, RefusesZeroAndNegativeLayoutValues) {
