@@ -230,6 +230,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"step_gradients_f32", m.step_gradients_f32},
             {"total", m.total()}}},
           {"worst_stage", e.worst_stage},
+          {"busiest_rank", e.busiest_rank},
           {"in_flight", e.in_flight},
           {"time_s",
            {{"pipeline", e.pipeline_s},

@@ -648,10 +648,18 @@ ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, boo
       l.schedule, l.pp, l.virtual_stages, int(p.microbatches),
       rendezvous ? parallel::pp::Lowering::kBatched : parallel::pp::Lowering::kPerAction);
   auto cost = [&](int r, const PipeAction& a) { return chunk_cost(p, l, r, a); };
-  if (j.cluster.compute_units > 0 && l.pp > 1)
-    return replay_shared(
-        sched, cost, p.p2p, [&](int active) { return shared_speed(j, l, active); }, keep_spans);
-  return replay(sched, cost, p.p2p, rendezvous ? P2p::kRendezvous : P2p::kAsync, keep_spans);
+  ReplayResult out =
+      j.cluster.compute_units > 0 && l.pp > 1
+          ? replay_shared(
+                sched, cost, p.p2p, [&](int active) { return shared_speed(j, l, active); },
+                keep_spans)
+          : replay(sched, cost, p.p2p, rendezvous ? P2p::kRendezvous : P2p::kAsync, keep_spans);
+  // Each rank's forward work, in the replay's cost units (busy_s holds forward + backward).
+  out.forward_s.assign(sched.ranks.size(), 0.0);
+  for (size_t r = 0; r < sched.ranks.size(); ++r)
+    for (const PipeAction& a : sched.ranks[r])
+      if (a.kind == PipeKind::kForward) out.forward_s[r] += cost(int(r), a);
+  return out;
 }
 
 // A floor under the step time (the search replays layouts in its order and stops past the
@@ -689,10 +697,14 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   // A shared host's ranks can finish sooner than their work at the all-busy rate: no bubble.
   e.bubble_fraction = e.pipeline_s > 0 ? std::max(0.0, e.pipeline_s - busy) / e.step_time_s : 0;
   const double mb = double(p.microbatches) * l.virtual_stages;
-  // The busiest rank's blocks (embedding and head apart).
-  const double layers = double(p.microbatches) * p.split.busiest;
-  e.forward_s = layers * p.pc.fwd;
-  e.backward_s = layers * p.pc.bwd;
+  const size_t r = size_t(std::max_element(e.replay.busy_s.begin(), e.replay.busy_s.end()) -
+                          e.replay.busy_s.begin());
+  e.busiest_rank = int(r);
+  e.forward_s = e.replay.forward_s[r];
+  e.backward_s = e.replay.busy_s[r] - e.replay.forward_s[r];
+  e.layer_forward_s = p.pc.fwd;
+  e.layer_backward_s = p.pc.bwd;
+  const double layers = double(p.microbatches) * p.split.rank[r];
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -202,6 +203,38 @@ TEST(PlanCli, SimulateWritesAChromeTrace) {
     if (e["name"] == "tied embedding gradient all-reduce (first and last stage)")
       sync_ranks.insert(e["tid"].get<int>());
   EXPECT_EQ(sync_ranks, (std::set<int>{0, 3}));
+}
+
+TEST(PlanCli, SimulateBreaksDownTheBusiestRankOfTheTrace) {
+  // 12 layers as 3,3,3,3: the last rank also runs the LM head (50,304 x 768), so it, not the
+  // first rank with the most layers, is the busiest. time_s.forward / backward are its
+  // forward and backward spans in the trace (they used to be 3 layers' blocks of any rank).
+  const auto dir = test::scratch_dir("plan-busiest");
+  const auto trace = (dir / "t.json").string();
+  auto j = run_json(
+      "simulate --model gpt2-124m --cluster dgx-a100 --gpus 8 --batch 64 --pp 4 --microbatch 4 "
+      "--pp-layers 3,3,3,3 --json --trace " +
+      trace);
+  const auto& l = j["layouts"][0];
+  std::map<int, double> fwd, bwd;
+  const nlohmann::json t = nlohmann::json::parse(std::ifstream(trace));
+  for (const auto& e : t["traceEvents"]) {
+    const std::string cat = e.value("cat", "");
+    if (cat == "forward") fwd[e["tid"].get<int>()] += e["dur"].get<double>() * 1e-6;
+    if (cat == "backward") bwd[e["tid"].get<int>()] += e["dur"].get<double>() * 1e-6;
+  }
+  int busiest = 0;
+  for (const auto& [rank, f] : fwd)
+    if (f + bwd[rank] > fwd[busiest] + bwd[busiest]) busiest = rank;
+  EXPECT_EQ(busiest, 3);
+  EXPECT_EQ(l["busiest_rank"], busiest);
+  // The trace's microseconds are doubles: equal to rounding.
+  EXPECT_NEAR(l["time_s"]["forward"].get<double>(), fwd[busiest], 1e-9 * fwd[busiest]);
+  EXPECT_NEAR(l["time_s"]["backward"].get<double>(), bwd[busiest], 1e-9 * bwd[busiest]);
+  // bubble_fraction is measured against the same rank: the pipeline beyond its compute.
+  const double step = l["step_time_s"].get<double>(), pipeline = l["time_s"]["pipeline"];
+  EXPECT_NEAR(l["bubble_fraction"].get<double>() * step, pipeline - fwd[busiest] - bwd[busiest],
+              1e-9 * step);
 }
 
 // The text after `key` up to the first character that is neither a digit nor a comma.
