@@ -229,6 +229,9 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"communication", m.communication},
             {"step_gradients_f32", m.step_gradients_f32},
             {"total", m.total()}}},
+          // simulate shows a layout over the HBM too (exit 0): this says so for scripts.
+          {"hbm_bytes_per_gpu", j.cluster.gpu.hbm_bytes},
+          {"fits", m.total() <= j.cluster.gpu.hbm_bytes},
           {"worst_stage", e.worst_stage},
           {"busiest_rank", e.busiest_rank},
           {"in_flight", e.in_flight},
@@ -347,6 +350,24 @@ void check_megatron_2021(const PlanFlags& f) {
         "1f1b or interleaved, or drop --megatron-2021");
 }
 
+// plan --json's stdout: the layouts found, why the others were dropped, and (none found)
+// the error.
+nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
+                         const std::string& error) {
+  nlohmann::json out = {{"job", job_json(j)},
+                        {"search_s", s.search_s},
+                        {"considered", s.considered},
+                        {"fit", s.fit},
+                        {"replayed", s.replayed}};
+  out["layouts"] = nlohmann::json::array();
+  for (const auto& e : s.top) out["layouts"].push_back(estimate_json(j, e));
+  out["dropped"] = nlohmann::json::object();
+  for (const auto& [reason, count] : s.dropped)
+    out["dropped"][reason] = {{"count", count}, {"example", s.example.at(reason)}};
+  if (!error.empty()) out["error"] = error;
+  return out;
+}
+
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
               bool megatron_2021) {
   f.check();
@@ -372,9 +393,14 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
           human, "%s\n",
           fmt::format("  {:>7}  {}  (e.g. {})", count, reason, s.example.at(reason)).c_str());
   }
-  if (s.top.empty())
-    fail("no layout of {} fits {} x {} with these pins (see 'dropped' above)", j.model.name, j.gpus,
-         j.cluster.gpu.name);
+  if (s.top.empty()) {
+    const std::string why =
+        fmt::format("no layout of {} fits {} x {} with these pins (see 'dropped' above)",
+                    j.model.name, j.gpus, j.cluster.gpu.name);
+    // Scripts read stdout: the reasons as JSON there too, with the exit code of bad input.
+    if (f.json) std::printf("%s\n", plan_json(j, s, why).dump(2).c_str());
+    fail("{}", why);
+  }
   if (emit) {
     std::optional<std::string> preset;
     if (f.model.model && j.model.name == *f.model.model) {
@@ -388,19 +414,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
     std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s%s\n", emit->c_str(),
                  emit->c_str(), flags.c_str());
   }
-  if (f.json) {
-    nlohmann::json out = {{"job", job_json(j)},
-                          {"search_s", s.search_s},
-                          {"considered", s.considered},
-                          {"fit", s.fit},
-                          {"replayed", s.replayed}};
-    out["layouts"] = nlohmann::json::array();
-    for (const auto& e : s.top) out["layouts"].push_back(estimate_json(j, e));
-    out["dropped"] = nlohmann::json::object();
-    for (const auto& [reason, count] : s.dropped)
-      out["dropped"][reason] = {{"count", count}, {"example", s.example.at(reason)}};
-    std::printf("%s\n", out.dump(2).c_str());
-  }
+  if (f.json) std::printf("%s\n", plan_json(j, s, "").dump(2).c_str());
 }
 
 }  // namespace

@@ -375,6 +375,29 @@ TEST(PlanCli, RefusesBadLayouts) {
   EXPECT_NE(r.output.find("unknown cluster 'nowhere'"), std::string::npos) << r.output;
 }
 
+TEST(PlanCli, JsonIsScriptableWhenNothingFits) {
+  // plan: nothing fits -> exit 2, and stdout still holds a JSON object with the reasons
+  // (it used to be empty, the reasons only as text on stderr).
+  const auto r = test::run_command("sh -c '" + std::string(MT_BINARY) +
+                                   " plan --model llama3-405b --cluster dgx-a100 --gpus 8 "
+                                   "--batch 8 --json 2>/dev/null'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_TRUE(j["layouts"].empty());
+  EXPECT_EQ(j["fit"], 0);
+  EXPECT_TRUE(j["dropped"].contains("out of memory")) << j["dropped"];
+  EXPECT_NE(j["error"].get<std::string>().find("no layout of llama3-405b"), std::string::npos);
+  // simulate shows a layout that does not fit (exit 0, as its text says DOES NOT FIT) and
+  // says so: fits, against the HBM per GPU (the dgx-a100's 80 GiB).
+  const std::string sim = "simulate --model gpt2-1.5b --cluster dgx-a100 --gpus 1 --batch 64";
+  auto big = run_json(sim + " --json")["layouts"][0];
+  EXPECT_EQ(big["fits"], false);
+  EXPECT_EQ(big["hbm_bytes_per_gpu"].get<double>(), 80.0 * (1 << 30));
+  EXPECT_GT(big["memory_bytes_per_gpu"]["total"].get<double>(), 80.0 * (1 << 30));
+  EXPECT_NE(test::run_meshtrain(sim).output.find("DOES NOT FIT"), std::string::npos);
+  EXPECT_EQ(run_json(sim + " --microbatch 1 --recompute full --json")["layouts"][0]["fits"], true);
+}
+
 TEST(PlanCli, RefusesZeroAndNegativeLayoutValues) {
   // Before the checks a 0 divided (Floating point exception, exit 136) and a negative value
   // went into the search ("tp -2 does not divide n_head 25").
