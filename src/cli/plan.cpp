@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -170,6 +171,11 @@ plan::SearchPins PlanFlags::pins() const {
   if (unfused_attention) p.fused_attention = false;
   if (unfused_grad_accum) p.grad_accum_fusion = false;
   return p;
+}
+
+bool PlanFlags::pins_any() const {
+  return dp || tp || pp || cp || zero || virtual_stages || microbatch || microbatches || schedule ||
+         recompute || pp_layers || sp || no_sp;
 }
 
 nlohmann::json job_json(const plan::Job& j) {
@@ -350,6 +356,51 @@ void check_megatron_2021(const PlanFlags& f) {
         "1f1b or interleaved, or drop --megatron-2021");
 }
 
+// Whether some layout passed every divisibility check (memory aside).
+bool divisible(const plan::SearchResult& s) {
+  return s.fit > 0 || s.dropped.count("out of memory");
+}
+
+// The nearest job that some layout divides: the smallest larger batch that is a multiple of a
+// possible dp, else the largest smaller GPU count; "" if neither of a few tries does.
+std::string what_would_divide(const plan::Job& j, const plan::SearchPins& pins) {
+  std::vector<int64_t> batches;
+  for (int64_t dp = 1; dp <= j.gpus; ++dp)
+    if (j.gpus % dp == 0) batches.push_back((j.batch / dp + 1) * dp);
+  std::sort(batches.begin(), batches.end());
+  batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
+  constexpr size_t kTries = 16;  // each a search: this is the failure path, keep it short
+  for (size_t i = 0; i < batches.size() && i < kTries; ++i) {
+    plan::Job t = j;
+    t.batch = batches[i];
+    if (divisible(plan::search(t, pins, 1))) return fmt::format("--batch {}", t.batch);
+  }
+  for (int64_t g = j.gpus - 1; g >= 1 && g >= j.gpus - int64_t(kTries); --g) {
+    plan::Job t = j;
+    t.gpus = g;
+    if (divisible(plan::search(t, pins, 1))) return fmt::format("--gpus {}", g);
+  }
+  return "";
+}
+
+// Why the search found nothing: memory, or (no layout even divides the job) the most common
+// divisibility failure and a job that would divide.
+std::string no_layout_message(const plan::Job& j, const plan::SearchPins& pins,
+                              const plan::SearchResult& s, bool pinned) {
+  const std::string with_pins = pinned ? " with these pins" : "";
+  if (divisible(s))
+    return fmt::format("no layout of {} fits in the memory of {} x {}{} (see 'dropped' above)",
+                       j.model.name, j.gpus, j.cluster.gpu.name, with_pins);
+  auto most = std::max_element(s.dropped.begin(), s.dropped.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::string msg = fmt::format("no layout of {} divides {} GPUs and batch {}{}", j.model.name,
+                                j.gpus, j.batch, with_pins);
+  if (most != s.dropped.end()) msg += fmt::format(" (mostly: {})", s.example.at(most->first));
+  const std::string fix = what_would_divide(j, pins);
+  msg += fix.empty() ? "; see 'dropped' above" : fmt::format("; {} would work", fix);
+  return msg;
+}
+
 // plan --json's stdout: the layouts found, why the others were dropped, and (none found)
 // the error.
 nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
@@ -394,9 +445,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
           fmt::format("  {:>7}  {}  (e.g. {})", count, reason, s.example.at(reason)).c_str());
   }
   if (s.top.empty()) {
-    const std::string why =
-        fmt::format("no layout of {} fits {} x {} with these pins (see 'dropped' above)",
-                    j.model.name, j.gpus, j.cluster.gpu.name);
+    const std::string why = no_layout_message(j, pins, s, f.pins_any());
     // Scripts read stdout: the reasons as JSON there too, with the exit code of bad input.
     if (f.json) std::printf("%s\n", plan_json(j, s, why).dump(2).c_str());
     fail("{}", why);

@@ -34,6 +34,7 @@ struct PlanFlags {
   void check() const;
   plan::Job job() const;
   plan::SearchPins pins() const;
+  bool pins_any() const;  // a layout flag was given (plan: the search is narrowed)
 };
 
 nlohmann::json estimate_json(const plan::Job& job, const plan::Estimate& e);

@@ -742,6 +742,17 @@ bool better(const Estimate& a, const Estimate& b) {
   return std::tuple(x.zero, int(x.recompute), x.sp, x.pp, x.virtual_stages) <
          std::tuple(y.zero, int(y.recompute), y.sp, y.pp, y.virtual_stages);
 }
+// Every microbatch size that divides a replica's share of the batch (1 alone where dp does
+// not divide the batch: invalid_reason then says so).
+std::vector<int64_t> microbatch_sizes(int64_t batch, int dp) {
+  if (batch % dp != 0) return {1};
+  const int64_t per_replica = batch / dp;
+  std::vector<int64_t> out;
+  for (int64_t b = 1; b <= per_replica; ++b)
+    if (per_replica % b == 0) out.push_back(b);
+  return out;
+}
+
 }  // namespace
 
 SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
@@ -755,10 +766,10 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
   };
   std::vector<int> tps, pps;
   for (int t = 1; t <= j.cluster.gpus_per_node; t *= 2) tps.push_back(t);
-  // Stages: the divisors of n_layer (even split) and the powers of two up to it (uneven).
-  for (int p = 1; p <= m.n_layer; ++p)
-    if (j.gpus % p == 0 && (m.n_layer % p == 0 || ((p & (p - 1)) == 0 && !pins.megatron_2021)))
-      pps.push_back(p);
+  // Stages: every count that divides the GPUs and leaves each stage a layer (our partition
+  // splits any n_layer >= pp, unevenly where it must); Megatron-LM 2021 needed pp | n_layer.
+  for (int64_t p = 1; p <= std::min(m.n_layer, j.gpus); ++p)
+    if (j.gpus % p == 0 && (!pins.megatron_2021 || m.n_layer % p == 0)) pps.push_back(int(p));
   if (pins.tp) tps = {*pins.tp};
   if (pins.pp) pps = {*pins.pp};
   const int cp = pins.cp.value_or(1);
@@ -802,8 +813,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
             vs.push_back(v);
       if (pins.megatron_2021 && pp <= 2) vs = {1};
       if (pins.virtual_stages) vs = {*pins.virtual_stages};
-      std::vector<int64_t> mbss;
-      for (int64_t b = 1; b <= 64; b *= 2) mbss.push_back(b);
+      std::vector<int64_t> mbss = microbatch_sizes(j.batch, dp);
       if (pins.microbatch) mbss = {*pins.microbatch};
       std::vector<int> zeros = {0, 1, 2, 3};
       if (pins.megatron_2021) zeros = {0};

@@ -398,6 +398,24 @@ TEST(PlanCli, JsonIsScriptableWhenNothingFits) {
   EXPECT_EQ(run_json(sim + " --microbatch 1 --recompute full --json")["layouts"][0]["fits"], true);
 }
 
+TEST(PlanCli, SaysWhatDividesWhenNothingDoes) {
+  // No pins, nothing divides (batch 3 over 16 GPUs): not "fits ... with these pins", but the
+  // divisibility that failed and a job that works.
+  expect_refused("plan --model gpt2-124m --cluster dgx-a100 --gpus 16 --batch 3",
+                 "no layout of gpt2-124m divides 16 GPUs and batch 3 (mostly: batch 3 is not "
+                 "divisible by dp 16 x microbatch 1); --batch 4 would work");
+  const auto r =
+      test::run_meshtrain("plan --model gpt2-124m --cluster dgx-a100 --gpus 16 --batch 3");
+  EXPECT_EQ(r.output.find("these pins"), std::string::npos) << r.output;
+  // With pins it says so.
+  expect_refused("plan --model gpt2-1.5b --cluster dgx-a100 --gpus 16 --batch 64 --tp 2",
+                 "divides 16 GPUs and batch 64 with these pins (mostly: tp 2 does not divide "
+                 "n_head 25");
+  // Memory is memory.
+  expect_refused("plan --model llama3-405b --cluster dgx-a100 --gpus 8 --batch 8",
+                 "no layout of llama3-405b fits in the memory of 8 x A100-SXM4-80GB");
+}
+
 TEST(PlanCli, RefusesZeroAndNegativeLayoutValues) {
   // Before the checks a 0 divided (Floating point exception, exit 136) and a negative value
   // went into the search ("tp -2 does not divide n_head 25").
