@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -16,10 +17,14 @@ namespace mt::cli {
 
 void PlanFlags::add_to(CLI::App& app) {
   model.add_to(app);
+  // train's help lists the presets train can build; the planner has the published ones too.
+  app.get_option("--model")->description(
+      fmt::format("preset (default tiny): {}", fmt::join(plan::model_preset_names(), ", ")));
   app.add_option("--cluster", cluster,
-                 "dgx-a100, dgx-h100, hgx-b200, this-host (meshtrain calibrate) or a JSON file");
+                 "dgx-a100, dgx-h100 (default), hgx-b200, this-host (meshtrain calibrate) or a "
+                 "JSON file");
   app.add_option("--gpus", gpus, "GPUs (ranks) in the job")->required();
-  app.add_option("--batch", batch, "global batch, in sequences");
+  app.add_option("--batch", batch, "global batch, in sequences (default: --gpus)");
   app.add_option("--dtype", dtype, "bf16 or fp16 (mixed precision), f32 (our CPU runtime)")
       ->check(CLI::IsMember({"bf16", "fp16", "f32"}));
   app.add_option("--dp", dp, "data-parallel ranks");
@@ -53,6 +58,42 @@ void PlanFlags::add_to(CLI::App& app) {
       ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_flag("--json", json, "print JSON on stdout (the table goes to stderr)");
 }
+
+void PlanFlags::check() const {
+  auto at_least = [](const char* flag, const auto& value, int64_t min) {
+    if (value && *value < min) fail("{} {} must be at least {}", flag, *value, min);
+  };
+  at_least("--dp", dp, 1);
+  at_least("--tp", tp, 1);
+  at_least("--pp", pp, 1);
+  at_least("--cp", cp, 1);
+  at_least("--virtual-stages", virtual_stages, 1);
+  at_least("--microbatch", microbatch, 1);
+  at_least("--microbatches", microbatches, 1);
+  if (zero && (*zero < 0 || *zero > 3))
+    fail("--zero {} is not a ZeRO stage (choose 0, 1, 2 or 3)", *zero);
+  if (virtual_stages && *virtual_stages > 1 && pp && *pp == 1)
+    fail(
+        "--virtual-stages {} needs --pp 2 or more (interleaving splits each pipeline rank's "
+        "layers into chunks); with --pp 1 drop --virtual-stages",
+        *virtual_stages);
+}
+
+namespace {
+
+// Grouped-query attention shares each key/value head among n_head / n_kv_head query heads:
+// n_kv_head must divide n_head. --n-head on a GQA preset keeps its n_kv_head.
+void check_kv_heads(const plan::ModelSpec& m, const std::string& preset) {
+  if (m.n_kv_head == m.n_head) return;
+  if (m.n_head < m.n_kv_head || m.n_head % m.n_kv_head != 0)
+    fail(
+        "--n-head {} is not a multiple of {}'s {} key/value heads (grouped-query attention "
+        "shares each among n_head / n_kv_head query heads; --n-head keeps the preset's "
+        "n_kv_head): use a multiple of {}",
+        m.n_head, preset, m.n_kv_head, m.n_kv_head);
+}
+
+}  // namespace
 
 plan::Job PlanFlags::job() const {
   plan::Job j;
@@ -89,6 +130,7 @@ plan::Job PlanFlags::job() const {
         m.n_layer, m.n_head, m.d_model, m.d_ff, m.vocab, m.seq);
   if (m.d_model % m.n_head != 0)
     fail("--d-model {} is not divisible by --n-head {}", m.d_model, m.n_head);
+  check_kv_heads(m, name);
   j.cluster = plan::cluster_preset(cluster);
   j.gpus = *gpus;
   if (j.gpus < 1) fail("--gpus {} must be at least 1", j.gpus);
@@ -112,6 +154,11 @@ plan::SearchPins PlanFlags::pins() const {
     if (*microbatches < 1 || batch.value_or(*gpus) % (int64_t(*dp) * *microbatches) != 0)
       fail("--microbatches {} does not divide the batch over --dp {}", *microbatches, *dp);
     p.microbatch = batch.value_or(*gpus) / (int64_t(*dp) * *microbatches);
+    if (microbatch && *microbatch != *p.microbatch)
+      fail(
+          "--microbatch {} contradicts --microbatches {}: batch {} over --dp {} in {} "
+          "microbatches makes --microbatch {} (give one of the two)",
+          *microbatch, *microbatches, batch.value_or(*gpus), *dp, *microbatches, *p.microbatch);
   }
   p.schedule = schedule;
   if (pp_layers) p.pp_layers = parallel::pp::parse_layer_counts(*pp_layers);
@@ -124,6 +171,11 @@ plan::SearchPins PlanFlags::pins() const {
   if (unfused_attention) p.fused_attention = false;
   if (unfused_grad_accum) p.grad_accum_fusion = false;
   return p;
+}
+
+bool PlanFlags::pins_any() const {
+  return dp || tp || pp || cp || zero || virtual_stages || microbatch || microbatches || schedule ||
+         recompute || pp_layers || sp || no_sp;
 }
 
 nlohmann::json job_json(const plan::Job& j) {
@@ -183,7 +235,11 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"communication", m.communication},
             {"step_gradients_f32", m.step_gradients_f32},
             {"total", m.total()}}},
+          // simulate shows a layout over the HBM too (exit 0): this says so for scripts.
+          {"hbm_bytes_per_gpu", j.cluster.gpu.hbm_bytes},
+          {"fits", m.total() <= j.cluster.gpu.hbm_bytes},
           {"worst_stage", e.worst_stage},
+          {"busiest_rank", e.busiest_rank},
           {"in_flight", e.in_flight},
           {"time_s",
            {{"pipeline", e.pipeline_s},
@@ -223,8 +279,24 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
 
 namespace {
 
+// `train` builds GPT-2-style models in f32 or bf16: a plan of anything else would emit a
+// config for a different job. Checked before the search.
+void check_trainable(const plan::Job& j) {
+  const plan::ModelSpec& m = j.model;
+  if (m.n_kv_head != m.n_head || m.swiglu || !m.learned_pos)
+    fail(
+        "--emit-config: train cannot build {} (grouped-query attention with {} key/value heads, "
+        "SwiGLU, rotary positions): it builds GPT-2-style models; drop --emit-config, or plan "
+        "a GPT shape (tiny, gpt2-*, megatron-*, gpt3-175b)",
+        m.name, m.n_kv_head);
+  if (j.dtype != "f32" && j.dtype != "bf16")
+    fail("--emit-config: train runs f32 or bf16, not --dtype {}; plan with --dtype bf16 (or f32)",
+         j.dtype);
+}
+
 // A run config for `meshtrain train` (only keys its --config accepts) and the flags that
-// carry the rest of the layout (tp, sp, pp, schedule, virtual stages, recompute).
+// carry the rest of the layout (the pipeline: pp, microbatches, schedule, virtual stages,
+// the layers per chunk).
 nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
                             const std::optional<std::string>& preset, std::string* flags) {
   const plan::Layout& l = e.layout;
@@ -243,11 +315,13 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   c["seq"] = j.seq;
   c["batch"] = j.batch;
   c["microbatch"] = l.microbatch;
+  c["dtype"] = j.dtype;
   c["dp"] = l.dp;
+  c["tp"] = l.tp;
+  c["sp"] = l.sp;
   c["zero"] = l.zero;
+  c["recompute"] = plan::recompute_name(l.recompute);
   std::string f;
-  if (l.tp > 1) f += fmt::format(" --tp {}", l.tp);
-  if (l.sp) f += " --sp";
   if (l.pp > 1) {
     f += fmt::format(" --pp {} --microbatches {} --schedule {}", l.pp, e.microbatches, l.schedule);
     if (l.virtual_stages > 1) f += fmt::format(" --virtual-stages {}", l.virtual_stages);
@@ -255,15 +329,102 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
     // --megatron-2021), so that the run is the layout that was planned.
     f += fmt::format(" --pp-layers {}", fmt::join(plan::chunk_layers(j, l), ","));
   }
-  if (l.recompute != plan::Recompute::kNone)
-    f += fmt::format(" --recompute {}", plan::recompute_name(l.recompute));
   *flags = f;
   return c;
 }
 
+// --megatron-2021 searches only what that software had: a pin of something it lacked is a
+// contradiction, not a wish to honour silently.
+void check_megatron_2021(const PlanFlags& f) {
+  if (f.zero && *f.zero > 0)
+    fail(
+        "--megatron-2021 has no ZeRO (Megatron-LM's distributed optimizer came later): drop "
+        "--zero {} or --megatron-2021",
+        *f.zero);
+  if (f.sp || f.tp_comm_overlap)
+    fail(
+        "--megatron-2021 has no sequence parallelism (Korthikanti et al. 2022): drop {} or "
+        "--megatron-2021",
+        f.sp ? "--sp" : "--tp-comm-overlap");
+  if (f.recompute == "selective")
+    fail(
+        "--megatron-2021 has no selective recomputation (Korthikanti et al. 2022): use "
+        "--recompute none or full, or drop --megatron-2021");
+  if (f.schedule == "zb1")
+    fail(
+        "--megatron-2021 has no zero-bubble schedule (Qi et al. 2023): use --schedule gpipe, "
+        "1f1b or interleaved, or drop --megatron-2021");
+}
+
+// Whether some layout passed every divisibility check (memory aside).
+bool divisible(const plan::SearchResult& s) {
+  return s.fit > 0 || s.dropped.count("out of memory");
+}
+
+// The nearest job that some layout divides: the smallest larger batch that is a multiple of a
+// possible dp, else the largest smaller GPU count; "" if neither of a few tries does.
+std::string what_would_divide(const plan::Job& j, const plan::SearchPins& pins) {
+  std::vector<int64_t> batches;
+  for (int64_t dp = 1; dp <= j.gpus; ++dp)
+    if (j.gpus % dp == 0) batches.push_back((j.batch / dp + 1) * dp);
+  std::sort(batches.begin(), batches.end());
+  batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
+  constexpr size_t kTries = 16;  // each a search: this is the failure path, keep it short
+  for (size_t i = 0; i < batches.size() && i < kTries; ++i) {
+    plan::Job t = j;
+    t.batch = batches[i];
+    if (divisible(plan::search(t, pins, 1))) return fmt::format("--batch {}", t.batch);
+  }
+  for (int64_t g = j.gpus - 1; g >= 1 && g >= j.gpus - int64_t(kTries); --g) {
+    plan::Job t = j;
+    t.gpus = g;
+    if (divisible(plan::search(t, pins, 1))) return fmt::format("--gpus {}", g);
+  }
+  return "";
+}
+
+// Why the search found nothing: memory, or (no layout even divides the job) the most common
+// divisibility failure and a job that would divide.
+std::string no_layout_message(const plan::Job& j, const plan::SearchPins& pins,
+                              const plan::SearchResult& s, bool pinned) {
+  const std::string with_pins = pinned ? " with these pins" : "";
+  if (divisible(s))
+    return fmt::format("no layout of {} fits in the memory of {} x {}{} (see 'dropped' above)",
+                       j.model.name, j.gpus, j.cluster.gpu.name, with_pins);
+  auto most = std::max_element(s.dropped.begin(), s.dropped.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::string msg = fmt::format("no layout of {} divides {} GPUs and batch {}{}", j.model.name,
+                                j.gpus, j.batch, with_pins);
+  if (most != s.dropped.end()) msg += fmt::format(" (mostly: {})", s.example.at(most->first));
+  const std::string fix = what_would_divide(j, pins);
+  msg += fix.empty() ? "; see 'dropped' above" : fmt::format("; {} would work", fix);
+  return msg;
+}
+
+// plan --json's stdout: the layouts found, why the others were dropped, and (none found)
+// the error.
+nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
+                         const std::string& error) {
+  nlohmann::json out = {{"job", job_json(j)},
+                        {"search_s", s.search_s},
+                        {"considered", s.considered},
+                        {"fit", s.fit},
+                        {"replayed", s.replayed}};
+  out["layouts"] = nlohmann::json::array();
+  for (const auto& e : s.top) out["layouts"].push_back(estimate_json(j, e));
+  out["dropped"] = nlohmann::json::object();
+  for (const auto& [reason, count] : s.dropped)
+    out["dropped"][reason] = {{"count", count}, {"example", s.example.at(reason)}};
+  if (!error.empty()) out["error"] = error;
+  return out;
+}
+
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
               bool megatron_2021) {
+  f.check();
+  if (megatron_2021) check_megatron_2021(f);
   const plan::Job j = f.job();
+  if (emit) check_trainable(j);
   plan::SearchPins pins = f.pins();
   pins.megatron_2021 = megatron_2021;
   const plan::SearchResult s = plan::search(j, pins, top);
@@ -283,9 +444,12 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
           human, "%s\n",
           fmt::format("  {:>7}  {}  (e.g. {})", count, reason, s.example.at(reason)).c_str());
   }
-  if (s.top.empty())
-    fail("no layout of {} fits {} x {} with these pins (see 'dropped' above)", j.model.name, j.gpus,
-         j.cluster.gpu.name);
+  if (s.top.empty()) {
+    const std::string why = no_layout_message(j, pins, s, f.pins_any());
+    // Scripts read stdout: the reasons as JSON there too, with the exit code of bad input.
+    if (f.json) std::printf("%s\n", plan_json(j, s, why).dump(2).c_str());
+    fail("{}", why);
+  }
   if (emit) {
     std::optional<std::string> preset;
     if (f.model.model && j.model.name == *f.model.model) {
@@ -299,19 +463,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
     std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s%s\n", emit->c_str(),
                  emit->c_str(), flags.c_str());
   }
-  if (f.json) {
-    nlohmann::json out = {{"job", job_json(j)},
-                          {"search_s", s.search_s},
-                          {"considered", s.considered},
-                          {"fit", s.fit},
-                          {"replayed", s.replayed}};
-    out["layouts"] = nlohmann::json::array();
-    for (const auto& e : s.top) out["layouts"].push_back(estimate_json(j, e));
-    out["dropped"] = nlohmann::json::object();
-    for (const auto& [reason, count] : s.dropped)
-      out["dropped"][reason] = {{"count", count}, {"example", s.example.at(reason)}};
-    std::printf("%s\n", out.dump(2).c_str());
-  }
+  if (f.json) std::printf("%s\n", plan_json(j, s, "").dump(2).c_str());
 }
 
 }  // namespace
@@ -327,7 +479,8 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--top", *top, "layouts to print (default 10)");
   cmd->add_option("--emit-config", *emit, "write the best layout as a `train --config` file");
   cmd->add_flag("--megatron-2021", *megatron_2021,
-                "search only what Megatron-LM did in 2021 (no ZeRO, no SP, pp divides n_layer, "
+                "search only what Megatron-LM did in 2021 (no ZeRO, no SP, no selective "
+                "recomputation, pp divides n_layer, "
                 "interleaving with pp > 2, gradients reduced after the flush when pp > 1, "
                 "backward's TP all-reduces not overlapped)");
   cmd->callback([f, top, emit, megatron_2021] {

@@ -29,8 +29,12 @@ struct PlanFlags {
   bool json = false;
 
   void add_to(CLI::App& app);
+  // Refuses a layout flag out of its range (--tp 0, --pp -2, --zero 4) or two that
+  // contradict each other, before anything divides by it.
+  void check() const;
   plan::Job job() const;
   plan::SearchPins pins() const;
+  bool pins_any() const;  // a layout flag was given (plan: the search is narrowed)
 };
 
 nlohmann::json estimate_json(const plan::Job& job, const plan::Estimate& e);

@@ -37,6 +37,11 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
       fail("--microbatches {} does not divide --batch {} over dp {}", *f.microbatches, j.batch,
            l.dp);
     l.microbatch = j.batch / (int64_t(l.dp) * *f.microbatches);
+    if (f.microbatch && *f.microbatch != l.microbatch)
+      fail(
+          "--microbatch {} contradicts --microbatches {}: batch {} over dp {} in {} microbatches "
+          "makes --microbatch {} (give one of the two)",
+          *f.microbatch, *f.microbatches, j.batch, l.dp, *f.microbatches, l.microbatch);
   }
   plan::set_software(l, megatron_2021);  // Megatron-LM 2021 (Narayanan et al.) or today's
   l.tp_comm_overlap = f.tp_comm_overlap;
@@ -102,6 +107,7 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
 }
 
 void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
+  f.check();
   const plan::Job j = f.job();
   const plan::Layout l = layout_of(f, j, megatron_2021);
   const plan::Estimate e = plan::estimate(j, l, true);
@@ -138,13 +144,13 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
   text += fmt::format(
       "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + tied embedding sync "
       "{:.4g} s + exposed dp {:.4g} s + optimizer {:.4g} s\n"
-      "  busiest rank: forward {:.4g} s, backward (+recompute) {:.4g} s, of which tp comm "
-      "{:.4g} s, cp comm {:.4g} s; gradient accumulation adds {:.4g} s; p2p {:.4g} s; dp comm "
-      "{:.4g} s ({} hidden)\n"
+      "  busiest rank (pp rank {}): forward {:.4g} s, backward (+recompute) {:.4g} s, of which tp "
+      "comm {:.4g} s, cp comm {:.4g} s; gradient accumulation adds {:.4g} s; p2p {:.4g} s; dp "
+      "comm {:.4g} s ({} hidden)\n"
       "  {:.4g} tokens/s, {:.1f} model TFLOP/s per GPU, {:.1f} with recomputation, MFU {:.1f}%\n",
       e.step_time_s, e.pipeline_s, 100 * e.bubble_fraction, e.embedding_sync_s, e.dp_exposed_s,
-      e.optimizer_s, e.forward_s, e.backward_s, e.tp_comm_s, e.cp_comm_s, e.grad_accum_s,
-      e.pp_comm_s, e.dp_comm_s,
+      e.optimizer_s, e.busiest_rank, e.forward_s, e.backward_s, e.tp_comm_s, e.cp_comm_s,
+      e.grad_accum_s, e.pp_comm_s, e.dp_comm_s,
       e.dp_exposed_s <= 0 ? "all" : (e.dp_exposed_s < e.dp_comm_s ? "partly" : "not"),
       e.tokens_per_s, e.tflops_per_gpu, e.hw_tflops_per_gpu, 100 * e.mfu);
   std::fprintf(human, "%s", text.c_str());

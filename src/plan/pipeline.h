@@ -38,7 +38,8 @@ struct PipeExchange {
 
 struct ReplayResult {
   double makespan_s = 0;
-  std::vector<double> busy_s;                        // per rank
+  std::vector<double> busy_s;     // per rank
+  std::vector<double> forward_s;  // per rank, the part of busy_s in forward actions (planner)
   std::vector<std::vector<PipeSpan>> spans;          // per rank, compute actions, when asked for
   std::vector<std::vector<PipeExchange>> exchanges;  // per rank, blocking exchanges, likewise
 };

@@ -327,6 +327,11 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
     return fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp);
   if (l.virtual_stages > 1 && mbs % l.pp != 0)
     return fmt::format("interleaved: {} microbatches is not a multiple of pp {}", mbs, l.pp);
+  if (l.virtual_stages > 1 && l.pp < 2)
+    return fmt::format(
+        "virtual stages {} need pp 2 or more (interleaving splits each pipeline rank's layers "
+        "into chunks)",
+        l.virtual_stages);
   if (l.virtual_stages > 1 && l.schedule != "interleaved")
     return fmt::format("virtual stages {} need --schedule interleaved", l.virtual_stages);
   if (l.virtual_stages == 1 && l.schedule == "interleaved")
@@ -643,10 +648,18 @@ ReplayResult replay_layout(const Job& j, const Layout& l, const Prepared& p, boo
       l.schedule, l.pp, l.virtual_stages, int(p.microbatches),
       rendezvous ? parallel::pp::Lowering::kBatched : parallel::pp::Lowering::kPerAction);
   auto cost = [&](int r, const PipeAction& a) { return chunk_cost(p, l, r, a); };
-  if (j.cluster.compute_units > 0 && l.pp > 1)
-    return replay_shared(
-        sched, cost, p.p2p, [&](int active) { return shared_speed(j, l, active); }, keep_spans);
-  return replay(sched, cost, p.p2p, rendezvous ? P2p::kRendezvous : P2p::kAsync, keep_spans);
+  ReplayResult out =
+      j.cluster.compute_units > 0 && l.pp > 1
+          ? replay_shared(
+                sched, cost, p.p2p, [&](int active) { return shared_speed(j, l, active); },
+                keep_spans)
+          : replay(sched, cost, p.p2p, rendezvous ? P2p::kRendezvous : P2p::kAsync, keep_spans);
+  // Each rank's forward work, in the replay's cost units (busy_s holds forward + backward).
+  out.forward_s.assign(sched.ranks.size(), 0.0);
+  for (size_t r = 0; r < sched.ranks.size(); ++r)
+    for (const PipeAction& a : sched.ranks[r])
+      if (a.kind == PipeKind::kForward) out.forward_s[r] += cost(int(r), a);
+  return out;
 }
 
 // A floor under the step time (the search replays layouts in its order and stops past the
@@ -684,10 +697,14 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   // A shared host's ranks can finish sooner than their work at the all-busy rate: no bubble.
   e.bubble_fraction = e.pipeline_s > 0 ? std::max(0.0, e.pipeline_s - busy) / e.step_time_s : 0;
   const double mb = double(p.microbatches) * l.virtual_stages;
-  // The busiest rank's blocks (embedding and head apart).
-  const double layers = double(p.microbatches) * p.split.busiest;
-  e.forward_s = layers * p.pc.fwd;
-  e.backward_s = layers * p.pc.bwd;
+  const size_t r = size_t(std::max_element(e.replay.busy_s.begin(), e.replay.busy_s.end()) -
+                          e.replay.busy_s.begin());
+  e.busiest_rank = int(r);
+  e.forward_s = e.replay.forward_s[r];
+  e.backward_s = e.replay.busy_s[r] - e.replay.forward_s[r];
+  e.layer_forward_s = p.pc.fwd;
+  e.layer_backward_s = p.pc.bwd;
+  const double layers = double(p.microbatches) * p.split.rank[r];
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
@@ -725,6 +742,17 @@ bool better(const Estimate& a, const Estimate& b) {
   return std::tuple(x.zero, int(x.recompute), x.sp, x.pp, x.virtual_stages) <
          std::tuple(y.zero, int(y.recompute), y.sp, y.pp, y.virtual_stages);
 }
+// Every microbatch size that divides a replica's share of the batch (1 alone where dp does
+// not divide the batch: invalid_reason then says so).
+std::vector<int64_t> microbatch_sizes(int64_t batch, int dp) {
+  if (batch % dp != 0) return {1};
+  const int64_t per_replica = batch / dp;
+  std::vector<int64_t> out;
+  for (int64_t b = 1; b <= per_replica; ++b)
+    if (per_replica % b == 0) out.push_back(b);
+  return out;
+}
+
 }  // namespace
 
 SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
@@ -738,14 +766,16 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
   };
   std::vector<int> tps, pps;
   for (int t = 1; t <= j.cluster.gpus_per_node; t *= 2) tps.push_back(t);
-  // Stages: the divisors of n_layer (even split) and the powers of two up to it (uneven).
-  for (int p = 1; p <= m.n_layer; ++p)
-    if (j.gpus % p == 0 && (m.n_layer % p == 0 || ((p & (p - 1)) == 0 && !pins.megatron_2021)))
-      pps.push_back(p);
+  // Stages: every count that divides the GPUs and leaves each stage a layer (our partition
+  // splits any n_layer >= pp, unevenly where it must); Megatron-LM 2021 needed pp | n_layer.
+  for (int64_t p = 1; p <= std::min(m.n_layer, j.gpus); ++p)
+    if (j.gpus % p == 0 && (!pins.megatron_2021 || m.n_layer % p == 0)) pps.push_back(int(p));
   if (pins.tp) tps = {*pins.tp};
   if (pins.pp) pps = {*pins.pp};
   const int cp = pins.cp.value_or(1);
   std::vector<Recompute> rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  // Selective recomputation is Korthikanti et al. 2022's, after Megatron-LM 2021.
+  if (pins.megatron_2021) rcs = {Recompute::kNone, Recompute::kFull};
   if (pins.recompute) rcs = {*pins.recompute};
   const double hbm = j.cluster.gpu.hbm_bytes;
 
@@ -783,8 +813,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
             vs.push_back(v);
       if (pins.megatron_2021 && pp <= 2) vs = {1};
       if (pins.virtual_stages) vs = {*pins.virtual_stages};
-      std::vector<int64_t> mbss;
-      for (int64_t b = 1; b <= 64; b *= 2) mbss.push_back(b);
+      std::vector<int64_t> mbss = microbatch_sizes(j.batch, dp);
       if (pins.microbatch) mbss = {*pins.microbatch};
       std::vector<int> zeros = {0, 1, 2, 3};
       if (pins.megatron_2021) zeros = {0};

@@ -99,7 +99,11 @@ struct Estimate {
   // step; with blocking p2p (replay_rendezvous) that includes the exchanges' transfers.
   double step_time_s = 0, tokens_per_s = 0, tflops_per_gpu = 0, hw_tflops_per_gpu = 0, mfu = 0,
          bubble_fraction = 0;
-  // Where the time goes (seconds per step, busiest rank).
+  // Where the time goes (seconds per step) on the busiest rank: the one with the most compute
+  // in the replay (the rank bubble_fraction measures against). forward_s and backward_s are
+  // its forward and backward actions (embedding, LM head, recomputation, unfused gradient
+  // adds and weight gradients included); tp_comm_s and cp_comm_s the exposed collectives of
+  // its layers.
   // cp_comm_s: ring attention's transfers not hidden behind the attention compute.
   // grad_accum_s: the unfused gradient accumulation's adds (Layout::grad_accum_fusion off),
   // the most any pipeline rank does (inside its backward actions).
@@ -107,7 +111,11 @@ struct Estimate {
   // after the flush (pipelines only; part of the step, not hidden).
   double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,
          dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0, grad_accum_s = 0, embedding_sync_s = 0;
-  ReplayResult replay;  // spans kept when asked
+  // One block's forward and backward (+ recomputation) for one microbatch, exposed TP and CP
+  // communication included: what Korthikanti et al. 2022 Table 4 measures per layer.
+  double layer_forward_s = 0, layer_backward_s = 0;
+  int busiest_rank = 0;  // pipeline rank
+  ReplayResult replay;   // spans kept when asked
 };
 
 // Refuses a layout that cannot run, with the reason (divisibility, T beyond a node, ...).
@@ -155,9 +163,9 @@ struct SearchPins {
   std::vector<int> pp_layers;             // Layout::pp_layers (only layouts with that many chunks)
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
-  // (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved schedule only with
-  // more than 2 stages ("pipeline-model-parallel size should be greater than 2 with
-  // interleaved schedule"); the gradient reduction overlapped with backward only without
+  // nor selective recomputation (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved
+  // schedule only with more than 2 stages ("pipeline-model-parallel size should be greater than 2
+  // with interleaved schedule"); the gradient reduction overlapped with backward only without
   // pipelining (torch DDP's no_sync exists only in forward_backward_no_pipelining; with
   // pp > 1 the reduction runs after the flush, DDP=local).
   // Megatron-LM's even split of the layers over the pipeline chunks (Layout::even_layers).

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
 
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
@@ -332,6 +335,60 @@ TEST(PipelinePartition, BalancedCountsTheEmbeddingAndTheHead) {
   EXPECT_EQ(p.first, (std::vector<int>{0, 2, 4, 7, 8}));
   EXPECT_DOUBLE_EQ(*std::max_element(p.cost.begin(), p.cost.end()), 3.0);
   EXPECT_THROW(balanced_partition(layers, 0, 0, 9), Error);
+}
+
+// The full O(chunks · L²) scan balanced_partition used to run, as the reference of its
+// faster one (layer counts per chunk).
+std::vector<int> full_scan_partition(const std::vector<double>& cost, double first_extra,
+                                     double last_extra, int chunks) {
+  const int L = static_cast<int>(cost.size());
+  std::vector<double> prefix(L + 1, 0);
+  for (int l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + cost[l];
+  auto range = [&](int c, int lo, int hi) {
+    return prefix[hi] - prefix[lo] + (c == 0 ? first_extra : 0) +
+           (c == chunks - 1 ? last_extra : 0);
+  };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(chunks, std::vector<double>(L + 1, kInf));
+  std::vector<std::vector<int>> cut(chunks, std::vector<int>(L + 1, -1));
+  for (int l = 1; l <= L; ++l) best[0][l] = range(0, 0, l);
+  for (int c = 1; c < chunks; ++c)
+    for (int l = c + 1; l <= L; ++l)
+      for (int k = c; k < l; ++k) {
+        const double v = std::max(best[c - 1][k], range(c, k, l));
+        if (v < best[c][l] - 1e-12) best[c][l] = v, cut[c][l] = k;
+      }
+  std::vector<int> layers(chunks);
+  int hi = L;
+  for (int c = chunks - 1; c > 0; --c) layers[c] = hi - cut[c][hi], hi = cut[c][hi];
+  layers[0] = hi;
+  return layers;
+}
+
+TEST(PipelinePartition, BalancedSplitIsTheFullScans) {
+  // balanced_partition starts each cut's scan at the crossing and stops past the best (the
+  // planner splits thousands of layers): the same cuts as the full scan, ties included
+  // (equal layers), on GPT costs and on uneven ones.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(1.0, 100.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int L = 1 + trial % 40;
+    std::vector<double> cost(static_cast<size_t>(L), 24.0 * 768 * 768 + 4.0 * 1024 * 768);
+    if (trial % 3 == 1)
+      for (double& x : cost) x = u(rng);
+    if (trial % 3 == 2)
+      for (double& x : cost) x = std::round(u(rng) / 20);  // ties galore
+    const double first = trial % 2 ? u(rng) : 0.0, last = trial % 5 ? u(rng) * 30 : 0.0;
+    for (int chunks = 1; chunks <= L; ++chunks)
+      ASSERT_EQ(balanced_partition(cost, first, last, chunks).layers,
+                full_scan_partition(cost, first, last, chunks))
+          << "L " << L << " chunks " << chunks << " trial " << trial;
+  }
+  const auto gpt = gpt_chunk_costs(500, 768, 1024, 50304);
+  for (int chunks : {2, 3, 7, 16, 64, 128})
+    EXPECT_EQ(balanced_partition(gpt.layer, gpt.first_extra, gpt.last_extra, chunks).layers,
+              full_scan_partition(gpt.layer, gpt.first_extra, gpt.last_extra, chunks))
+        << chunks;
 }
 
 TEST(PipelinePartition, ExplicitSplitMustCoverEveryLayerOnce) {

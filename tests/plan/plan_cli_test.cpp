@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -20,6 +21,13 @@ nlohmann::json run_json(const std::string& args) {
   auto r = test::run_command("sh -c '" + std::string(MT_BINARY) + " " + args + " 2>/dev/null'");
   EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
   return nlohmann::json::parse(r.output);
+}
+
+// Exit 2 with `message` in the output.
+void expect_refused(const std::string& args, const std::string& message) {
+  const auto r = test::run_meshtrain(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
 }
 
 void expect_layout_keys(const nlohmann::json& l) {
@@ -52,6 +60,12 @@ TEST(PlanCli, Megatron2021SearchesOnlyWhatThatSoftwareCouldDo) {
   auto j = run_json(
       "plan --model megatron-39b --cluster dgx-a100 --gpus 512 --batch 1536 --dtype fp16 "
       "--recompute full --megatron-2021 --top 40 --json");
+  // Nor selective recomputation (Korthikanti et al. 2022).
+  auto any = run_json(
+      "plan --model megatron-39b --cluster dgx-a100 --gpus 512 --batch 1536 --dtype fp16 "
+      "--megatron-2021 --top 200 --json");
+  ASSERT_FALSE(any["layouts"].empty());
+  for (const auto& l : any["layouts"]) EXPECT_NE(l["recompute"], "selective") << l;
   ASSERT_FALSE(j["layouts"].empty());
   for (const auto& l : j["layouts"]) {
     EXPECT_EQ(l["zero"], 0);
@@ -76,20 +90,33 @@ TEST(PlanCli, ShapeFlagsOverrideThePreset) {
 TEST(PlanCli, EmitConfigIsATrainConfig) {
   const auto dir = test::scratch_dir("plan-cli");
   const auto cfg = (dir / "run.json").string();
+  // The plan's dtype (bf16 by default) and its tp, sp and recompute go into the config: the
+  // run is the job that was planned (the dtype used to be left out: train ran f32).
   auto r = test::run_meshtrain(
-      "plan --model tiny --cluster dgx-a100 --gpus 2 --batch 8 --tp 1 "
-      "--pp 1 --emit-config " +
+      "plan --model tiny --cluster dgx-a100 --gpus 2 --batch 8 --tp 2 --sp "
+      "--pp 1 --recompute selective --emit-config " +
       cfg);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   nlohmann::json c = nlohmann::json::parse(std::ifstream(cfg));
   EXPECT_EQ(c["model"], "tiny");
-  EXPECT_EQ(c["dp"], 2);
-  // `train` reads it (one step on the demo data would need data; --help-free check: the
-  // config reader accepts every key, which fails before any work otherwise).
+  EXPECT_EQ(c["dp"], 1);
+  EXPECT_EQ(c["tp"], 2);
+  EXPECT_EQ(c["sp"], true);
+  EXPECT_EQ(c["dtype"], "bf16");
+  EXPECT_EQ(c["recompute"], "selective");
+  // `train` reads it (the config reader refuses an unknown key before any work) and runs
+  // that layout.
   const std::string data = test::demo_tokens(dir);
   auto t = test::run_meshtrain("train --config " + cfg + " --data " + data +
                                " --steps 1 --peak-gflops 100");
   EXPECT_EQ(t.exit_code, 0) << t.output;
+  for (const char* said : {"dtype bf16", "tp 2 with sequence parallelism", "recompute selective"})
+    EXPECT_NE(t.output.find(said), std::string::npos) << said << "\n" << t.output;
+  // A plan train cannot run is refused, before the search.
+  expect_refused("plan --model tiny --cluster dgx-a100 --gpus 2 --dtype fp16 --emit-config " + cfg,
+                 "train runs f32 or bf16, not --dtype fp16");
+  expect_refused("plan --model llama3-8b --cluster dgx-h100 --gpus 8 --emit-config " + cfg,
+                 "train cannot build llama3-8b (grouped-query attention with 8 key/value heads");
 }
 
 // `calibrate` writes a this-host preset that `simulate` takes, for the local backend (its
@@ -176,6 +203,38 @@ TEST(PlanCli, SimulateWritesAChromeTrace) {
     if (e["name"] == "tied embedding gradient all-reduce (first and last stage)")
       sync_ranks.insert(e["tid"].get<int>());
   EXPECT_EQ(sync_ranks, (std::set<int>{0, 3}));
+}
+
+TEST(PlanCli, SimulateBreaksDownTheBusiestRankOfTheTrace) {
+  // 12 layers as 3,3,3,3: the last rank also runs the LM head (50,304 x 768), so it, not the
+  // first rank with the most layers, is the busiest. time_s.forward / backward are its
+  // forward and backward spans in the trace (they used to be 3 layers' blocks of any rank).
+  const auto dir = test::scratch_dir("plan-busiest");
+  const auto trace = (dir / "t.json").string();
+  auto j = run_json(
+      "simulate --model gpt2-124m --cluster dgx-a100 --gpus 8 --batch 64 --pp 4 --microbatch 4 "
+      "--pp-layers 3,3,3,3 --json --trace " +
+      trace);
+  const auto& l = j["layouts"][0];
+  std::map<int, double> fwd, bwd;
+  const nlohmann::json t = nlohmann::json::parse(std::ifstream(trace));
+  for (const auto& e : t["traceEvents"]) {
+    const std::string cat = e.value("cat", "");
+    if (cat == "forward") fwd[e["tid"].get<int>()] += e["dur"].get<double>() * 1e-6;
+    if (cat == "backward") bwd[e["tid"].get<int>()] += e["dur"].get<double>() * 1e-6;
+  }
+  int busiest = 0;
+  for (const auto& [rank, f] : fwd)
+    if (f + bwd[rank] > fwd[busiest] + bwd[busiest]) busiest = rank;
+  EXPECT_EQ(busiest, 3);
+  EXPECT_EQ(l["busiest_rank"], busiest);
+  // The trace's microseconds are doubles: equal to rounding.
+  EXPECT_NEAR(l["time_s"]["forward"].get<double>(), fwd[busiest], 1e-9 * fwd[busiest]);
+  EXPECT_NEAR(l["time_s"]["backward"].get<double>(), bwd[busiest], 1e-9 * bwd[busiest]);
+  // bubble_fraction is measured against the same rank: the pipeline beyond its compute.
+  const double step = l["step_time_s"].get<double>(), pipeline = l["time_s"]["pipeline"];
+  EXPECT_NEAR(l["bubble_fraction"].get<double>() * step, pipeline - fwd[busiest] - bwd[busiest],
+              1e-9 * step);
 }
 
 // The text after `key` up to the first character that is neither a digit nor a comma.
@@ -314,6 +373,108 @@ TEST(PlanCli, RefusesBadLayouts) {
   r = test::run_meshtrain("plan --model tiny --cluster nowhere --gpus 8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown cluster 'nowhere'"), std::string::npos) << r.output;
+}
+
+TEST(PlanCli, JsonIsScriptableWhenNothingFits) {
+  // plan: nothing fits -> exit 2, and stdout still holds a JSON object with the reasons
+  // (it used to be empty, the reasons only as text on stderr).
+  const auto r = test::run_command("sh -c '" + std::string(MT_BINARY) +
+                                   " plan --model llama3-405b --cluster dgx-a100 --gpus 8 "
+                                   "--batch 8 --json 2>/dev/null'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_TRUE(j["layouts"].empty());
+  EXPECT_EQ(j["fit"], 0);
+  EXPECT_TRUE(j["dropped"].contains("out of memory")) << j["dropped"];
+  EXPECT_NE(j["error"].get<std::string>().find("no layout of llama3-405b"), std::string::npos);
+  // simulate shows a layout that does not fit (exit 0, as its text says DOES NOT FIT) and
+  // says so: fits, against the HBM per GPU (the dgx-a100's 80 GiB).
+  const std::string sim = "simulate --model gpt2-1.5b --cluster dgx-a100 --gpus 1 --batch 64";
+  auto big = run_json(sim + " --json")["layouts"][0];
+  EXPECT_EQ(big["fits"], false);
+  EXPECT_EQ(big["hbm_bytes_per_gpu"].get<double>(), 80.0 * (1 << 30));
+  EXPECT_GT(big["memory_bytes_per_gpu"]["total"].get<double>(), 80.0 * (1 << 30));
+  EXPECT_NE(test::run_meshtrain(sim).output.find("DOES NOT FIT"), std::string::npos);
+  EXPECT_EQ(run_json(sim + " --microbatch 1 --recompute full --json")["layouts"][0]["fits"], true);
+}
+
+TEST(PlanCli, SaysWhatDividesWhenNothingDoes) {
+  // No pins, nothing divides (batch 3 over 16 GPUs): not "fits ... with these pins", but the
+  // divisibility that failed and a job that works.
+  expect_refused("plan --model gpt2-124m --cluster dgx-a100 --gpus 16 --batch 3",
+                 "no layout of gpt2-124m divides 16 GPUs and batch 3 (mostly: batch 3 is not "
+                 "divisible by dp 16 x microbatch 1); --batch 4 would work");
+  const auto r =
+      test::run_meshtrain("plan --model gpt2-124m --cluster dgx-a100 --gpus 16 --batch 3");
+  EXPECT_EQ(r.output.find("these pins"), std::string::npos) << r.output;
+  // With pins it says so.
+  expect_refused("plan --model gpt2-1.5b --cluster dgx-a100 --gpus 16 --batch 64 --tp 2",
+                 "divides 16 GPUs and batch 64 with these pins (mostly: tp 2 does not divide "
+                 "n_head 25");
+  // Memory is memory.
+  expect_refused("plan --model llama3-405b --cluster dgx-a100 --gpus 8 --batch 8",
+                 "no layout of llama3-405b fits in the memory of 8 x A100-SXM4-80GB");
+}
+
+TEST(PlanCli, RefusesZeroAndNegativeLayoutValues) {
+  // Before the checks a 0 divided (Floating point exception, exit 136) and a negative value
+  // went into the search ("tp -2 does not divide n_head 25").
+  const std::string job = "--model gpt2-1.5b --cluster dgx-a100 --gpus 16 --batch 64";
+  for (const char* cmd : {"plan", "simulate"}) {
+    SCOPED_TRACE(cmd);
+    for (const char* flag :
+         {"--tp", "--pp", "--cp", "--dp", "--microbatch", "--microbatches", "--virtual-stages"})
+      for (int v : {0, -2})
+        expect_refused(fmt::format("{} {} {} {}", cmd, job, flag, v),
+                       fmt::format("{} {} must be at least 1", flag, v));
+    expect_refused(fmt::format("{} {} --zero 4", cmd, job), "--zero 4 is not a ZeRO stage");
+  }
+}
+
+TEST(PlanCli, RefusesContradictoryFlags) {
+  const std::string job = "--model gpt2-124m --cluster dgx-a100 --gpus 16 --batch 64";
+  for (const char* cmd : {"plan", "simulate"}) {
+    SCOPED_TRACE(cmd);
+    // 64 over dp 16 in 4 microbatches is microbatch 1, not 2 (both used to run mb 1).
+    expect_refused(fmt::format("{} {} --microbatch 2 --microbatches 4 --dp 16", cmd, job),
+                   "--microbatch 2 contradicts --microbatches 4");
+    // Interleaving needs a pipeline to interleave over.
+    expect_refused(fmt::format("{} {} --virtual-stages 2 --pp 1", cmd, job),
+                   "--virtual-stages 2 needs --pp 2 or more");
+  }
+  expect_refused("simulate " + job + " --virtual-stages 2", "virtual stages 2 need pp 2 or more");
+  // Consistent values are fine.
+  EXPECT_EQ(
+      run_json(
+          "plan " + job +
+          " --microbatch 1 --microbatches 4 --dp 16 --top 1 --json")["layouts"][0]["microbatch"],
+      1);
+  // --megatron-2021 has none of ZeRO, SP (and so userbuffers), selective recomputation or
+  // zero-bubble schedules.
+  for (const char* pin :
+       {"--zero 1", "--sp", "--tp-comm-overlap", "--recompute selective", "--schedule zb1"})
+    expect_refused(fmt::format("plan {} --megatron-2021 {}", job, pin), "--megatron-2021 has no");
+}
+
+TEST(PlanCli, RefusesImpossibleGqaShapes) {
+  // llama3-8b has 8 key/value heads; --n-head keeps them, so it must be a multiple of 8.
+  const std::string job = "--model llama3-8b --cluster dgx-h100 --gpus 8 --batch 8";
+  expect_refused("plan " + job + " --n-head 4", "--n-head 4 is not a multiple of llama3-8b's 8");
+  expect_refused("simulate " + job + " --n-head 12 --d-model 3072",
+                 "--n-head 12 is not a multiple of llama3-8b's 8");
+  auto j = run_json("plan " + job + " --n-head 16 --top 1 --json");
+  EXPECT_EQ(j["job"]["model"]["n_head"], 16);
+  EXPECT_EQ(j["job"]["model"]["n_kv_head"], 8);
+}
+
+TEST(PlanCli, HelpListsEveryPresetAndTheDefaults) {
+  for (const char* cmd : {"plan", "simulate"}) {
+    const auto r = test::run_meshtrain(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const char* preset : {"tiny", "gpt2-1.5b", "megatron-1t", "gpt3-175b", "llama3-405b",
+                               "dgx-h100 (default)", "(default: --gpus)"})
+      EXPECT_NE(r.output.find(preset), std::string::npos) << cmd << ": " << preset;
+  }
 }
 
 TEST(PlanCli, SixteenThousandGpusUnderFiveSeconds) {

@@ -273,6 +273,53 @@ TEST(PlanSearch, InterleavesUnevenLayerCountsBeyondMegatron2021) {
   EXPECT_EQ(uneven_interleaved(search(j, pins, 50)), 0);
 }
 
+Job job_of(const char* model, const char* cluster, int64_t gpus, int64_t batch) {
+  Job j;
+  j.model = model_preset(model);
+  j.cluster = cluster_preset(cluster);
+  j.gpus = gpus;
+  j.batch = batch;
+  j.seq = j.model.seq;
+  return j;
+}
+
+TEST(PlanSearch, CoversEveryPipelineDepthAndMicrobatchSize) {
+  // Depths that neither divide n_layer nor are powers of two, and microbatch sizes that are
+  // not powers of two, were never tried: these jobs found nothing, or a slower layout.
+  struct Case {
+    const char* model;
+    const char* cluster;
+    int64_t gpus, batch;
+    int pp;  // a depth the search must now find (the only ones that divide the job)
+  };
+  const Case cases[] = {{"megatron-18b", "dgx-a100", 96, 512, 3},  // 40 layers; pp 3: dp 16
+                        {"llama3-8b", "dgx-h100", 12, 64, 3},      // 32 layers
+                        {"llama3-8b", "dgx-h100", 13, 64, 13}};    // 13 GPUs: pp 13 or dp 13
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} on {}", c.model, c.gpus));
+    const SearchResult s = search(job_of(c.model, c.cluster, c.gpus, c.batch), SearchPins{}, 50);
+    ASSERT_FALSE(s.top.empty());
+    bool found = false;
+    for (const Estimate& e : s.top) found |= e.layout.pp == c.pp;
+    EXPECT_TRUE(found);
+  }
+  // GPT-2 124M, batch 24 on 8 GPUs: 3 sequences per replica, one microbatch of 3 is faster
+  // than three of 1 (the best before).
+  const Job j = job_of("gpt2-124m", "dgx-h100", 8, 24);
+  const SearchResult s = search(j, SearchPins{}, 1);
+  ASSERT_EQ(s.top.size(), 1u);
+  EXPECT_EQ(s.top[0].layout.microbatch, 3);
+  SearchPins mb1;
+  mb1.microbatch = 1;
+  EXPECT_LT(s.top[0].step_time_s, search(j, mb1, 1).top.at(0).step_time_s);
+  // Megatron-LM 2021 needed pp | n_layer: 40 layers on 96 GPUs at batch 512 have no layout.
+  SearchPins old;
+  old.megatron_2021 = true;
+  const SearchResult none = search(job_of("megatron-18b", "dgx-a100", 96, 512), old, 1);
+  EXPECT_TRUE(none.top.empty());
+  EXPECT_EQ(none.fit, 0);
+}
+
 // Distinct (T, P) pairs of a search, best first, with the best estimate of each.
 std::vector<Estimate> best_per_tp_pp(const SearchResult& s) {
   std::vector<Estimate> out;

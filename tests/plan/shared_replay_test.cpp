@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 
 #include "plan/pipeline.h"
 #include "plan/plan_test_util.h"
@@ -96,12 +97,17 @@ TEST(SharedReplay, ThisHostPipelinesAbsorbTheirBubble) {
   l.microbatch = 2;
   l.schedule = "1f1b";
   const Estimate e = estimate(j, l);
-  // Floor: the eight ranks' work on two cores, i.e. a rank's chunks at 1/8 of the host.
-  EXPECT_GE(e.pipeline_s, e.forward_s + e.backward_s - 1e-12);
+  // Floor: the eight ranks' work on two cores, i.e. the average rank's work at 1/8 of the
+  // host. (The busiest rank's work at that rate, forward_s + backward_s, is no floor: it
+  // runs faster while the others idle.)
+  const double mean_busy =
+      std::accumulate(e.replay.busy_s.begin(), e.replay.busy_s.end(), 0.0) / l.pp;
+  EXPECT_GE(e.pipeline_s, mean_busy - 1e-12);
+  EXPECT_LE(mean_busy, e.forward_s + e.backward_s);
   // With dedicated cores 1F1B idles (P - 1) / (m + P - 1) = 3/7 of the pipeline; sharing
   // gives that time to the busy ranks, so little is left.
   EXPECT_LT(e.bubble_fraction, 0.10);
-  EXPECT_LT(e.pipeline_s, 1.1 * (e.forward_s + e.backward_s) + 8 * e.pp_comm_s);
+  EXPECT_LT(e.pipeline_s, 1.1 * mean_busy + 8 * e.pp_comm_s);
   // The search replays it the same way.
   SearchPins pins;
   pins.dp = 2;
