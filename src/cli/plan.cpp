@@ -298,7 +298,7 @@ void check_trainable(const plan::Job& j) {
 // carry the rest of the layout (the pipeline: pp, microbatches, schedule, virtual stages,
 // the layers per chunk).
 nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
-                            const std::optional<std::string>& preset, std::string* flags) {
+                            const std::optional<std::string>& preset) {
   const plan::Layout& l = e.layout;
   nlohmann::json c;
   if (preset) {
@@ -321,15 +321,15 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   c["sp"] = l.sp;
   c["zero"] = l.zero;
   c["recompute"] = plan::recompute_name(l.recompute);
-  std::string f;
   if (l.pp > 1) {
-    f += fmt::format(" --pp {} --microbatches {} --schedule {}", l.pp, e.microbatches, l.schedule);
-    if (l.virtual_stages > 1) f += fmt::format(" --virtual-stages {}", l.virtual_stages);
+    c["pp"] = l.pp;
+    c["microbatches"] = e.microbatches;
+    c["schedule"] = l.schedule;
+    c["virtual_stages"] = l.virtual_stages;
     // The split the plan assumed (train's own by default; Megatron's even one under
     // --megatron-2021), so that the run is the layout that was planned.
-    f += fmt::format(" --pp-layers {}", fmt::join(plan::chunk_layers(j, l), ","));
+    c["pp_layers"] = fmt::format("{}", fmt::join(plan::chunk_layers(j, l), ","));
   }
-  *flags = f;
   return c;
 }
 
@@ -458,10 +458,9 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
     }
     std::ofstream out(*emit);
     if (!out) fail("--emit-config: cannot write '{}'", *emit);
-    std::string flags;
-    out << train_config(j, s.top.front(), preset, &flags).dump(2) << "\n";
-    std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s%s\n", emit->c_str(),
-                 emit->c_str(), flags.c_str());
+    out << train_config(j, s.top.front(), preset).dump(2) << "\n";
+    std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s --data FILE\n",
+                 emit->c_str(), emit->c_str());
   }
   if (f.json) std::printf("%s\n", plan_json(j, s, "").dump(2).c_str());
 }

@@ -292,12 +292,19 @@ TEST(PlanCli, PlanAndSimulateSplitTheLayersAsTrainDoes) {
       "2 --dtype f32 --pp-layers 5,3 --emit-config " +
       cfg);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("--pp-layers 5,3"), std::string::npos) << r.output;
+  auto config = [&] { return nlohmann::json::parse(std::ifstream(cfg)); };
+  EXPECT_EQ(config()["pp_layers"], "5,3") << config();
+  EXPECT_EQ(config()["pp"], 2) << config();
   r = test::run_meshtrain(
       "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
       "2 --dtype f32 --pp 2 --megatron-2021 --emit-config " +
       cfg);
-  EXPECT_NE(r.output.find("--pp-layers 4,4"), std::string::npos) << r.output;
+  EXPECT_EQ(config()["pp_layers"], "4,4") << config();
+  // train runs the emitted pipeline as planned, from the config alone.
+  r = test::run_meshtrain("train --config " + cfg + " --steps 1 --threads 1 --peak-gflops 100 " +
+                          "--data " + test::demo_tokens(dir));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layers per chunk 4,4"), std::string::npos) << r.output;
   auto j = run_json(
       "plan --model tiny --n-layer 8 --vocab 50257 --seq 32 --batch 8 --cluster dgx-a100 --gpus "
       "2 --dtype f32 --pp-layers 5,3 --top 5 --json");
