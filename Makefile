@@ -27,6 +27,7 @@ test: build
 # Byte-level text assembled from the licence texts every Debian system ships
 # (/usr/share/common-licenses, package base-files): no download needed.
 data/demo.bin: | build
+	@mkdir -p $(@D)
 	$(MT) prepare $(DEMO_TEXT) -o $@
 
 demo: build data/demo.bin

@@ -22,6 +22,7 @@
 #include "kernels/kernels.h"
 #include "kernels/peak.h"
 #include "plan/hardware.h"
+#include "train/output_paths.h"
 
 namespace mt::cli {
 
@@ -231,7 +232,9 @@ void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& li
                            c.gpu.hbm_bytes_per_s / 1e9, c.gpu.gemm.eff_max, c.gpu.gemm.d0,
                            comm::backend_name(backend), measured)
                    .c_str());
-  std::filesystem::create_directories(std::filesystem::path(out_path).parent_path());
+  // (a bare file name has no folder to make)
+  if (const auto dir = std::filesystem::path(out_path).parent_path(); !dir.empty())
+    std::filesystem::create_directories(dir);
   std::ofstream out(out_path);
   if (!out) fail_run("calibrate: cannot write '{}'", out_path);
   out << plan::to_json(c).dump(2) << "\n";
@@ -242,6 +245,10 @@ void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& li
 // mpirun, every process runs this): rank 0 measures the host while the others wait, then
 // all time MPI's all_reduce, and rank 0 writes the preset.
 void run_calibrate(const std::string& out_path, bool quick, const std::string& backend_flag) {
+  // Before minutes of measuring: the preset's folder is made now, and must be writable.
+  const std::filesystem::path dir = std::filesystem::path(out_path).parent_path();
+  if (!dir.empty()) train::check_output_dir(dir.string(), "--out");
+  train::check_output_file(out_path, "--out");
   comm::LaunchOptions lo;
   lo.backend = comm::parse_backend(backend_flag);
   lo.timeout_s = 300;

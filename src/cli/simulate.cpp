@@ -32,11 +32,14 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
   l.recompute = plan::parse_recompute(f.recompute.value_or("none"));
   l.sp = f.sp;
   l.microbatch = f.microbatch.value_or(std::max<int64_t>(1, j.batch / l.dp));
-  if (f.microbatches) {
-    if (*f.microbatches < 1 || j.batch % (int64_t(l.dp) * *f.microbatches) != 0)
-      fail("--microbatches {} does not divide --batch {} over dp {}", *f.microbatches, j.batch,
-           l.dp);
-    l.microbatch = j.batch / (int64_t(l.dp) * *f.microbatches);
+  // As train: a pipeline without --microbatch or --microbatches runs --pp microbatches.
+  std::optional<int64_t> microbatches = f.microbatches;
+  if (!microbatches && l.pp > 1 && !f.microbatch) microbatches = l.pp;
+  if (microbatches) {
+    if (*microbatches < 1 || j.batch % (int64_t(l.dp) * *microbatches) != 0)
+      fail("--microbatches {}{} does not divide --batch {} over dp {}", *microbatches,
+           f.microbatches ? "" : " (the default: --pp)", j.batch, l.dp);
+    l.microbatch = j.batch / (int64_t(l.dp) * *microbatches);
     if (f.microbatch && *f.microbatch != l.microbatch)
       fail(
           "--microbatch {} contradicts --microbatches {}: batch {} over dp {} in {} microbatches "

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/train_flags.h"
+#include "comm/mpi.h"
 #include "core/error.h"
 #include "train/trainer.h"
 
@@ -72,7 +73,19 @@ void register_train(CLI::App& app) {
                   "auto (newest valid in --checkpoint-dir, or from scratch) or a checkpoint");
   cmd->add_option("--max-restarts", f->max_restarts,
                   "restart a failed run from the newest checkpoint up to N times (local backend)");
-  cmd->callback([f] { train::run_training(to_options(*f)); });
+  cmd->callback([f] {
+    const train::TrainOptions o = to_options(*f);
+    // Under mpirun every process would run the whole local job, even a 1-rank one, and all
+    // of them write the same files (run_training refuses it for jobs of several ranks; a
+    // program may run a 1-rank reference under mpirun on purpose, the command line not).
+    if (o.backend == "local" && comm::mpi_env_world_size() > 1)
+      fail(
+          "--backend local under mpirun: each of the {} processes would run the whole job by "
+          "itself (use --backend mpi or auto under mpirun, or run without mpirun for rank "
+          "threads)",
+          comm::mpi_env_world_size());
+    train::run_training(o);
+  });
 }
 
 }  // namespace mt::cli

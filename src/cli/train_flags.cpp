@@ -1,5 +1,7 @@
 #include "cli/train_flags.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 namespace mt::cli {
@@ -27,20 +29,28 @@ const std::vector<std::string>& train_command_config_keys() {
 void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--config", config, "JSON file with any of the fields below (flags win)");
   model.add_to(cmd);
-  cmd.add_option("--batch", batch, "global batch, in sequences");
+  const train::TrainOptions d;  // the defaults, named in the help
+  cmd.add_option("--batch", batch, fmt::format("global batch, in sequences (default {})", d.batch));
   cmd.add_option("--microbatch", microbatch,
                  "sequences per forward/backward (gradient accumulation)");
-  cmd.add_option("--steps", steps, "optimizer steps");
-  cmd.add_option("--lr", lr, "peak learning rate");
-  cmd.add_option("--min-lr-ratio", min_lr_ratio, "cosine decays to this fraction of --lr");
+  cmd.add_option("--steps", steps,
+                 fmt::format("optimizer steps (default {}; verify: 20)", d.steps));
+  cmd.add_option("--lr", lr, fmt::format("peak learning rate (default {})", d.lr));
+  cmd.add_option(
+      "--min-lr-ratio", min_lr_ratio,
+      fmt::format("cosine decays to this fraction of --lr (default {})", d.min_lr_ratio));
   cmd.add_option("--warmup", warmup, "linear warmup steps (default 5% of --steps)");
-  cmd.add_option("--weight-decay", weight_decay, "AdamW weight decay on matrices");
-  cmd.add_option("--grad-clip", grad_clip, "global gradient-norm clip (0: off)");
-  cmd.add_option("--seed", seed, "seed of initialisation and randomness");
+  cmd.add_option("--weight-decay", weight_decay,
+                 fmt::format("AdamW weight decay on matrices (default {})", d.adamw.weight_decay));
+  cmd.add_option("--grad-clip", grad_clip,
+                 fmt::format("global gradient-norm clip (0: off; default {})", d.grad_clip));
+  cmd.add_option("--seed", seed,
+                 fmt::format("seed of initialisation and randomness (default {})", d.seed));
   cmd.add_option("--data", data, "training tokens (llm.c format, `meshtrain prepare`)");
   cmd.add_option("--val-data", val_data, "held-out tokens (default: last 5% of --data)");
   cmd.add_option("--eval-every", eval_every, "validation loss every N steps (and at the end)");
-  cmd.add_option("--eval-batches", eval_batches, "microbatches per validation");
+  cmd.add_option("--eval-batches", eval_batches,
+                 fmt::format("microbatches per validation (default {})", d.eval_batches));
   cmd.add_option("--threads", threads,
                  "intra-op threads per rank (default: cores / ranks on the host)");
   cmd.add_option("--dp", dp, "data-parallel ranks (local: threads; under mpirun: -np)");
@@ -81,7 +91,8 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "where each rank computes: cpu, or cuda (one GPU per rank: rank r on GPU r mod "
                  "the host's GPUs; docs/cuda.md)");
   cmd.add_option("--comm-timeout", comm_timeout,
-                 "seconds a collective may wait before the job aborts");
+                 fmt::format("seconds a collective may wait before the job aborts (default {})",
+                             d.comm_timeout_s));
 }
 
 train::TrainOptions TrainFlags::to_options() const {

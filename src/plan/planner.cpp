@@ -343,8 +343,10 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
         "reduce-scatters with the GEMMs)");
   if (l.zero < 0 || l.zero > 3) return fmt::format("zero stage {} (choose 0..3)", l.zero);
   if (l.zero >= 2 && l.pp > 1)
-    return fmt::format("zero {} with pp {} (ZeRO-2/3 shard gradients per microbatch; use 0-1)",
-                       l.zero, l.pp);
+    return fmt::format(
+        "zero {} with pp {} is not modelled by the planner (train runs it; Megatron-LM and "
+        "DeepSpeed pair pipelines with ZeRO 0-1: use 0-1)",
+        l.zero, l.pp);
   return std::nullopt;
 }
 

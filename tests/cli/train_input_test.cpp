@@ -87,6 +87,10 @@ TEST_F(TrainInput, RefusesTheLocalBackendUnderMpirunWithSeveralRanks) {
   EXPECT_NE(r.output.find("--backend local under mpirun: each of the 2 processes"),
             std::string::npos)
       << r.output;
+  // A job of one rank too: two processes would still write the same files.
+  const test::RunResult one = test::run_command("OMPI_COMM_WORLD_SIZE=2 " + std::string(MT_BINARY) +
+                                                " " + run("--steps 3 --backend local"));
+  EXPECT_EQ(one.exit_code, 2) << one.output;
 }
 
 TEST_F(TrainInput, ConfigTakesEveryRunFieldAndRefusesWrongTypesByKey) {

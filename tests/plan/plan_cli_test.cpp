@@ -502,3 +502,19 @@ TEST(PlanCli, SixteenThousandGpusUnderFiveSeconds) {
 
 }  // namespace
 }  // namespace mt
+
+namespace mt {
+namespace {
+
+// simulate, like train, runs a pipeline in --pp microbatches when neither --microbatch nor
+// --microbatches is given (it used to take batch / dp: one microbatch, refused for pp > 1).
+TEST(PlanCli, SimulateDefaultsToPpMicrobatchesAsTrainDoes) {
+  const auto j =
+      run_json("simulate --model gpt2-124m --cluster dgx-a100 --gpus 8 --batch 64 --pp 2 --json");
+  ASSERT_FALSE(j["layouts"].empty()) << j;
+  EXPECT_EQ(j["layouts"][0]["dp"], 4);
+  EXPECT_EQ(j["layouts"][0]["microbatch"], 8);  // 64 / (dp 4 x pp 2)
+}
+
+}  // namespace
+}  // namespace mt
