@@ -285,6 +285,12 @@ MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& d
   return mb;
 }
 
+// A tp group is tp consecutive ranks: inside one node when tp divides a node's GPUs, or
+// when the whole job is one node.
+static bool tp_fits_nodes(const Job& j, int tp) {
+  return j.cluster.gpus_per_node % tp == 0 || j.gpus <= j.cluster.gpus_per_node;
+}
+
 std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
   const int64_t world = int64_t(l.dp) * l.tp * l.pp * l.cp;
@@ -293,10 +299,16 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
                        l.cp, world, j.gpus);
   if (l.tp > j.cluster.gpus_per_node)
     return fmt::format("tp {} exceeds the {} GPUs of a node", l.tp, j.cluster.gpus_per_node);
+  if (!tp_fits_nodes(j, l.tp))
+    return fmt::format(
+        "tp {} does not divide the {} GPUs of a node: tp groups of consecutive ranks would "
+        "straddle two nodes (choose a divisor of {})",
+        l.tp, j.cluster.gpus_per_node, j.cluster.gpus_per_node);
   if (m.n_head % l.tp != 0) {
     std::string ok;
     for (int t = 1; t <= j.cluster.gpus_per_node && t <= m.n_head; ++t)
-      if (m.n_head % t == 0) ok += (ok.empty() ? "" : ", ") + std::to_string(t);
+      if (m.n_head % t == 0 && tp_fits_nodes(j, t))
+        ok += (ok.empty() ? "" : ", ") + std::to_string(t);
     return fmt::format("tp {} does not divide n_head {} (choose one of {})", l.tp, m.n_head, ok);
   }
   if (m.n_kv_head % l.tp != 0 && l.tp % m.n_kv_head != 0)
@@ -767,7 +779,9 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
     if (res.dropped[reason]++ == 0) res.example[reason] = example;
   };
   std::vector<int> tps, pps;
-  for (int t = 1; t <= j.cluster.gpus_per_node; t *= 2) tps.push_back(t);
+  // T within a node (Narayanan et al.): every tp that keeps its groups inside one.
+  for (int t = 1; t <= std::min<int64_t>(j.cluster.gpus_per_node, j.gpus); ++t)
+    if (tp_fits_nodes(j, t)) tps.push_back(t);
   // Stages: every count that divides the GPUs and leaves each stage a layer (our partition
   // splits any n_layer >= pp, unevenly where it must); Megatron-LM 2021 needed pp | n_layer.
   for (int64_t p = 1; p <= std::min(m.n_layer, j.gpus); ++p)

@@ -371,9 +371,19 @@ TEST(PlanCli, SoftwareSwitchesReachTheLayout) {
 TEST(PlanCli, RefusesBadLayouts) {
   auto r = test::run_meshtrain("simulate --model gpt2-124m --cluster dgx-a100 --gpus 8 --tp 5");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  r = test::run_meshtrain("simulate --model gpt2-124m --cluster dgx-a100 --gpus 40 --tp 5");
+  r = test::run_meshtrain("simulate --model gpt2-124m --cluster dgx-a100 --gpus 40 --tp 8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("does not divide n_head 12"), std::string::npos) << r.output;
+  // gpt2-1.5b's 25 heads over tp 5: on 16 GPUs of 8-GPU nodes, groups of ranks 5-9 and
+  // 15-19 would straddle nodes; on one node of 8 (tp 5 ≤ 8 and the job is one node) not.
+  r = test::run_meshtrain(
+      "simulate --model gpt2-1.5b --cluster dgx-a100 --gpus 10 --batch 16 --tp 5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("tp 5 does not divide the 8 GPUs of a node"), std::string::npos)
+      << r.output;
+  r = test::run_meshtrain(
+      "simulate --model gpt2-1.5b --cluster dgx-a100 --gpus 5 --batch 16 --tp 5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   r = test::run_meshtrain("plan --model gpt9 --cluster dgx-a100 --gpus 8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown model 'gpt9'"), std::string::npos) << r.output;
