@@ -1041,9 +1041,7 @@ void check_resumable(const Index& idx, const TrainOptions& target) {
           "keeps --batch {}, and every dp rank takes batch / dp samples): choose a --dp among {}",
           o.dp, idx.batch, idx.dir, idx.batch, divisors_text(idx.batch));
   } else {  // an index without its batch: check the layout alone, with a batch it divides
-    const int m =
-        o.pipeline.pp > 1 && o.pipeline.microbatches > 0 ? o.pipeline.microbatches : o.pipeline.pp;
-    o.batch = std::max(o.dp, 1) * std::max(m, 1);
+    o.batch = std::max(o.dp, 1) * std::max(o.microbatch_count(), 1);
     o.microbatch = 0;
   }
   if (o.data.empty()) o.data = idx.dir;  // validate() wants data; a resume names its own
@@ -1067,7 +1065,7 @@ int write_resharded(const Index& idx, const GlobalState& st, const TrainOptions&
     const PipelineOptions& po = o.pipeline;
     sched = std::make_unique<parallel::pp::Schedule>(
         parallel::pp::build_schedule(parallel::pp::parse_schedule_kind(po.schedule), P,
-                                     po.microbatches > 0 ? po.microbatches : P, po.virtual_stages));
+                                     o.microbatch_count(), po.virtual_stages));
     part = std::make_unique<parallel::pp::Partition>(make_partition(o, sched->num_chunks()));
   }
   std::map<std::string, size_t> by_name;
