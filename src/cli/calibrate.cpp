@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "comm/launch.h"
+#include "comm/mpi.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "kernels/peak.h"
@@ -245,10 +246,13 @@ void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& li
 // mpirun, every process runs this): rank 0 measures the host while the others wait, then
 // all time MPI's all_reduce, and rank 0 writes the preset.
 void run_calibrate(const std::string& out_path, bool quick, const std::string& backend_flag) {
-  // Before minutes of measuring: the preset's folder is made now, and must be writable.
-  const std::filesystem::path dir = std::filesystem::path(out_path).parent_path();
-  if (!dir.empty()) train::check_output_dir(dir.string(), "--out");
-  train::check_output_file(out_path, "--out");
+  // Before minutes of measuring: the preset's folder is made now, and must be writable (on
+  // rank 0's node, which writes it).
+  if (comm::mpi_env_world_rank() == 0) {
+    const std::filesystem::path dir = std::filesystem::path(out_path).parent_path();
+    if (!dir.empty()) train::check_output_dir(dir.string(), "--out");
+    train::check_output_file(out_path, "--out");
+  }
   comm::LaunchOptions lo;
   lo.backend = comm::parse_backend(backend_flag);
   lo.timeout_s = 300;

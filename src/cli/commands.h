@@ -9,10 +9,10 @@ void register_train(CLI::App& app);
 void register_verify(CLI::App& app);  // verify.cpp: a layout against the single-rank oracle
 void register_eval(CLI::App& app);
 void register_prepare(CLI::App& app);
-void register_plan(CLI::App& app);       // plan.cpp
-void register_simulate(CLI::App& app);   // simulate.cpp
-void register_calibrate(CLI::App& app);  // calibrate.cpp
-void register_schedule(CLI::App& app);  // pipeline schedules: print and verify
+void register_plan(CLI::App& app);        // plan.cpp
+void register_simulate(CLI::App& app);    // simulate.cpp
+void register_calibrate(CLI::App& app);   // calibrate.cpp
+void register_schedule(CLI::App& app);    // pipeline schedules: print and verify
 void register_checkpoint(CLI::App& app);  // checkpoint.cpp: inspect, reshard, export
 // `meshtrain bench NAME`: each benchmark of meshtrain itself prints a table, or with
 // --json one JSON document.

@@ -3,10 +3,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 
+#include "core/error.h"
 #include "model/config.h"
 
 namespace mt::cli {
@@ -34,7 +38,16 @@ T config_value(const nlohmann::json& j, const char* key);
 template <class T, class Flag>
 void take_config(const nlohmann::json& j, const char* key, T& field, const Flag& flag) {
   if (j.contains(key)) field = config_value<T>(j, key);
-  if (flag) field = static_cast<T>(*flag);
+  if (!flag) return;
+  using V = std::decay_t<decltype(*flag)>;
+  if constexpr (std::is_integral_v<T> && std::is_integral_v<V> && !std::is_same_v<T, bool>) {
+    if (!std::in_range<T>(*flag)) {
+      std::string name = key;
+      std::replace(name.begin(), name.end(), '_', '-');
+      fail("--{} {} is out of range", name, *flag);
+    }
+  }
+  field = static_cast<T>(*flag);
 }
 
 }  // namespace mt::cli

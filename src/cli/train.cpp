@@ -1,6 +1,7 @@
 // `meshtrain train`: a preset or a JSON config, every field overridable by a flag.
 #include <cmath>
 #include <memory>
+#include <string_view>
 
 #include "cli/commands.h"
 #include "cli/train_flags.h"
@@ -46,7 +47,8 @@ train::TrainOptions to_options(const TrainCommandFlags& f) {
     take_config(j, "resume", o.resume, f.resume);
     take_config(j, "max_restarts", o.max_restarts, f.max_restarts);
   } catch (const Error& e) {
-    if (f.run.config.empty()) throw;
+    // A config value's error names its key; a flag's names the flag, without the file.
+    if (f.run.config.empty() || std::string_view(e.what()).rfind("config key", 0) != 0) throw;
     fail("{} (config file '{}')", e.what(), f.run.config);
   }
   return o;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <string_view>
+
 #include "core/error.h"
 
 namespace mt::cli {
@@ -146,7 +148,8 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "pp_exchanges", o.pipeline.exchanges, pp_exchanges);
     take_config(j, "pp_layers", o.pipeline.layers, pp_layers);
   } catch (const Error& e) {
-    if (config.empty()) throw;
+    // A config value's error names its key; a flag's names the flag, without the file.
+    if (config.empty() || std::string_view(e.what()).rfind("config key", 0) != 0) throw;
     fail("{} (config file '{}')", e.what(), config);
   }
 }

@@ -23,6 +23,12 @@ int mpi_env_world_size() {
   return 0;
 }
 
+int mpi_env_world_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
 namespace {
 
 constexpr int kTagRequest = 1;

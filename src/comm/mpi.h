@@ -16,6 +16,8 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world
                 const std::string& world_name = "world");
 // mpirun's world size from the environment, or 0.
 int mpi_env_world_size();
+// This process's rank under mpirun from the environment, or 0 outside mpirun.
+int mpi_env_world_rank();
 
 // A reduce-scatter (and so an all-reduce) receives the n ranks' copies of its piece in rounds
 // of at most this many bytes from each rank, reducing each round in rank order: its scratch

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
@@ -31,9 +32,14 @@ std::vector<std::string> rows_through(const std::string& path, int64_t step) {
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at) {
   if (path.empty()) return;
+  // Only a regular file is read back and rewritten: /dev/stdout or a pipe is appended to.
+  std::error_code ec;
+  const bool regular = std::filesystem::is_regular_file(path, ec);
   const std::vector<std::string> kept =
-      resumed_at > 0 ? rows_through(path, resumed_at) : std::vector<std::string>{};
-  if (kept.empty()) {
+      resumed_at > 0 && regular ? rows_through(path, resumed_at) : std::vector<std::string>{};
+  if (!regular && std::filesystem::exists(path, ec)) {
+    file_ = std::fopen(path.c_str(), "a");
+  } else if (kept.empty()) {
     file_ = std::fopen(path.c_str(), "w");
   } else {
     // The kept rows replace the file whole (a crash now leaves the old file, not half of it).

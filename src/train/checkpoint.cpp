@@ -1040,6 +1040,18 @@ void check_resumable(const Index& idx, const TrainOptions& target) {
           "--dp {} does not divide the batch {} that checkpoint '{}' was trained with (a resume "
           "keeps --batch {}, and every dp rank takes batch / dp samples): choose a --dp among {}",
           o.dp, idx.batch, idx.dir, idx.batch, divisors_text(idx.batch));
+    // The microbatch count is the resumed run's choice, not the checkpoint's: without
+    // --microbatches, check with the smallest count a pipeline of this batch can run.
+    const PipelineOptions& po = o.pipeline;
+    if (po.pp > 1 && po.microbatches == 0 && o.microbatch == 0) {
+      const int64_t per_replica = idx.batch / std::max(o.dp, 1);
+      const bool interleaved = po.schedule == "interleaved";
+      for (int64_t m = po.pp; m <= per_replica; ++m)
+        if (per_replica % m == 0 && (!interleaved || m % po.pp == 0)) {
+          o.pipeline.microbatches = static_cast<int>(m);
+          break;
+        }
+    }
   } else {  // an index without its batch: check the layout alone, with a batch it divides
     o.batch = std::max(o.dp, 1) * std::max(o.microbatch_count(), 1);
     o.microbatch = 0;

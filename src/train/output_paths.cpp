@@ -13,11 +13,18 @@ namespace fs = std::filesystem;
 
 void check_output_file(const std::string& path, const char* flag) {
   if (path.empty()) return;
-  if (fs::is_directory(path))
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
     fail("{} '{}' is a folder: name a file in it, e.g. {}/out", flag, path, path);
+  // An existing file (or /dev/null, /dev/stdout) is written in place: it, not its folder,
+  // must be writable.
+  if (fs::exists(path, ec)) {
+    if (::access(path.c_str(), W_OK) != 0)
+      fail("{} '{}' exists and is not writable (choose a path you can write)", flag, path);
+    return;
+  }
   const fs::path parent = fs::path(path).parent_path();
   const std::string folder = parent.empty() ? "." : parent.string();
-  std::error_code ec;
   if (!fs::is_directory(folder, ec))
     fail("{} '{}': the folder '{}' does not exist (create it first, e.g. mkdir -p {})", flag, path,
          folder, folder);

@@ -101,12 +101,6 @@ void check_batch_split(const TrainOptions& o) {
           "--microbatch {} and --microbatches {} disagree: --batch {} / --dp {} = {} sequences "
           "per replica (give one of the two)",
           o.microbatch, po.microbatches, o.batch, o.dp, per_replica);
-    if (po.pp > 1 && po.microbatches == 0 && o.microbatch * po.pp != per_replica)
-      fail(
-          "--microbatch {} disagrees with --batch {} / (--dp {} x --microbatches {}) = {} (the "
-          "pipeline runs --microbatches, default --pp, per step: give --microbatches {} or "
-          "leave --microbatch out)",
-          o.microbatch, o.batch, o.dp, m, per_replica / m, per_replica / o.microbatch);
     if (per_replica % o.microbatch != 0) {
       if (o.dp == 1)
         fail("--microbatch {} does not divide --batch {} (choose a divisor of {})", o.microbatch,
@@ -116,6 +110,12 @@ void check_batch_split(const TrainOptions& o) {
           "a multiple of {}, or change --dp / --microbatch)",
           o.batch, o.dp, o.microbatch, o.dp * o.microbatch, o.dp * o.microbatch);
     }
+    if (po.pp > 1 && po.microbatches == 0 && o.microbatch * po.pp != per_replica)
+      fail(
+          "--microbatch {} disagrees with --batch {} / (--dp {} x --microbatches {}) = {} (the "
+          "pipeline runs --microbatches, default --pp, per step: give --microbatches {} or "
+          "leave --microbatch out)",
+          o.microbatch, o.batch, o.dp, m, per_replica / m, per_replica / o.microbatch);
   }
 }
 
@@ -801,9 +801,13 @@ TrainResult run_training(const TrainOptions& o) {
     parallel::pp::verify_or_throw(*sched);
     part = std::make_unique<parallel::pp::Partition>(make_partition(o, sched->num_chunks()));
   }
-  check_output_file(o.metrics, "--metrics");
-  check_output_file(o.export_path, "--export");
-  check_output_file(o.pipeline.trace, "--trace");
+  // Rank 0 writes these (on its own node: another node need not have the folder); every
+  // process writes its checkpoint shards.
+  if (comm::mpi_env_world_rank() == 0) {
+    check_output_file(o.metrics, "--metrics");
+    check_output_file(o.export_path, "--export");
+    check_output_file(o.pipeline.trace, "--trace");
+  }
   check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
   const Splits data = make_splits(o);  // read-only, shared by the rank threads
   // --max-restarts (local backend; under mpirun a supervisor restarts the job): a run that

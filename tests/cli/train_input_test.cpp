@@ -21,8 +21,8 @@ class TrainInput : public ::testing::Test {
   static std::string* data_;
   // A small run; `threads` and `peak` are flags of their own so that a test can give them.
   static std::string run(const std::string& extra, const std::string& threads = "1",
-                         const std::string& peak = "100") {
-    return "train --model tiny --n-layer 2 --seq 32 --batch 4 --threads " + threads +
+                         const std::string& peak = "100", const std::string& batch = "4") {
+    return "train --model tiny --n-layer 2 --seq 32 --batch " + batch + " --threads " + threads +
            " --peak-gflops " + peak + " --data " + *data_ + " " + extra;
   }
   static std::string path(const std::string& name) { return (*dir_ / name).string(); }
@@ -152,6 +152,36 @@ TEST_F(TrainInput, ResumeContinuesTheMetricsFileAndRefusesACheckpointPastSteps) 
   EXPECT_NE(r.output.find("nothing left to train"), std::string::npos) << r.output;
   EXPECT_EQ(metric_steps(metrics), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
   expect_refused(base + " --resume auto --steps 3", "is at step 7, past --steps 3");
+}
+
+// A code review's findings (2026-11-24), each a command that went wrong.
+TEST_F(TrainInput, StdoutMetricsOnResumeFlagRangesAndReshardWithoutMicrobatches) {
+  // A resumed run's metrics on stdout: appended to, not read back (that waited forever).
+  const std::string ck = path("ck_stdout");
+  std::filesystem::remove_all(ck);
+  ASSERT_EQ(test::run_meshtrain(run("--steps 2 --checkpoint-dir " + ck)).exit_code, 0);
+  const test::RunResult out = test::run_command(
+      "timeout 60 " + std::string(MT_BINARY) + " " +
+      run("--steps 3 --checkpoint-dir " + ck + " --resume auto --metrics /dev/stdout"));
+  EXPECT_EQ(out.exit_code, 0) << out.output;
+  EXPECT_NE(out.output.find("{\"comm_bytes\""), std::string::npos) << out.output;
+  // The suggested fix is one train accepts: a microbatch that does not divide is named.
+  expect_refused(run("--steps 3 --pp 2 --microbatch 3", "1", "100", "8"),
+                 "--microbatch 3 does not divide --batch 8");
+  // A flag's error does not blame the config file; a flag out of its field's range is refused.
+  const std::string cfg = path("plain.json");
+  std::ofstream(cfg) << R"({"steps": 2})";
+  const test::RunResult w = test::run_meshtrain(run("--config " + cfg + " --warmup -2"));
+  EXPECT_EQ(w.exit_code, 2) << w.output;
+  EXPECT_EQ(w.output.find("(config file"), std::string::npos) << w.output;
+  expect_refused(run("--steps 3 --seed -1"), "--seed -1 is out of range");
+  // reshard without --microbatches: the count is the resumed run's choice (3 of 3 sequences).
+  const std::string ck3 = path("ck_mb3"), out3 = path("ck_mb3_out");
+  const test::RunResult t3 = test::run_meshtrain(
+      run("--steps 1 --pp 2 --microbatches 3 --checkpoint-dir " + ck3, "1", "100", "3"));
+  ASSERT_EQ(t3.exit_code, 0) << t3.output;
+  const test::RunResult rs = test::run_meshtrain("reshard " + ck3 + " --out " + out3);
+  EXPECT_EQ(rs.exit_code, 0) << rs.output;
 }
 
 TEST_F(TrainInput, WarnsWhenTheDataIsSmallerThanTheBatch) {

@@ -371,19 +371,25 @@ TEST(PipelinePartition, BalancedSplitIsTheFullScans) {
   // (equal layers), on GPT costs and on uneven ones.
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(1.0, 100.0);
-  for (int trial = 0; trial < 300; ++trial) {
+  for (int trial = 0; trial < 400; ++trial) {
     const int L = 1 + trial % 40;
     std::vector<double> cost(static_cast<size_t>(L), 24.0 * 768 * 768 + 4.0 * 1024 * 768);
-    if (trial % 3 == 1)
+    if (trial % 4 == 1)
       for (double& x : cost) x = u(rng);
-    if (trial % 3 == 2)
-      for (double& x : cost) x = std::round(u(rng) / 20);  // ties galore
+    if (trial % 4 == 2)  // ties galore, every layer dear enough for the fast path
+      for (double& x : cost) x = 1 + std::round(u(rng) / 20);
+    if (trial % 4 == 3)  // mixed magnitudes, some layers below the sums' rounding
+      for (double& x : cost) x = u(rng) < 30 ? 1e-8 : u(rng) < 60 ? 1.0 : 1e9;
     const double first = trial % 2 ? u(rng) : 0.0, last = trial % 5 ? u(rng) * 30 : 0.0;
     for (int chunks = 1; chunks <= L; ++chunks)
       ASSERT_EQ(balanced_partition(cost, first, last, chunks).layers,
                 full_scan_partition(cost, first, last, chunks))
           << "L " << L << " chunks " << chunks << " trial " << trial;
   }
+  // The review's case: 1e-8 layers among 1e9 ones with large extras.
+  const std::vector<double> mixed = {4e9, 1e-8, 1e-8, 1e9, 1e-8, 4e9};
+  EXPECT_EQ(balanced_partition(mixed, 43452.1, 37837.6, 2).layers,
+            full_scan_partition(mixed, 43452.1, 37837.6, 2));
   const auto gpt = gpt_chunk_costs(500, 768, 1024, 50304);
   for (int chunks : {2, 3, 7, 16, 64, 128})
     EXPECT_EQ(balanced_partition(gpt.layer, gpt.first_extra, gpt.last_extra, chunks).layers,
