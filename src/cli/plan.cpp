@@ -283,12 +283,16 @@ namespace {
 // config for a different job. Checked before the search.
 void check_trainable(const plan::Job& j) {
   const plan::ModelSpec& m = j.model;
-  if (m.n_kv_head != m.n_head || m.swiglu || !m.learned_pos)
+  std::vector<std::string> lacks;
+  if (m.n_kv_head != m.n_head)
+    lacks.push_back(fmt::format("grouped-query attention with {} key/value heads", m.n_kv_head));
+  if (m.swiglu) lacks.push_back("SwiGLU");
+  if (!m.learned_pos) lacks.push_back("rotary positions");
+  if (!lacks.empty())
     fail(
-        "--emit-config: train cannot build {} (grouped-query attention with {} key/value heads, "
-        "SwiGLU, rotary positions): it builds GPT-2-style models; drop --emit-config, or plan "
-        "a GPT shape (tiny, gpt2-*, megatron-*, gpt3-175b)",
-        m.name, m.n_kv_head);
+        "--emit-config: train cannot build {} ({}): it builds GPT-2-style models; drop "
+        "--emit-config, or plan a GPT shape (tiny, gpt2-*, megatron-*, gpt3-175b)",
+        m.name, fmt::join(lacks, ", "));
   if (j.dtype != "f32" && j.dtype != "bf16")
     fail("--emit-config: train runs f32 or bf16, not --dtype {}; plan with --dtype bf16 (or f32)",
          j.dtype);
