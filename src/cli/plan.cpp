@@ -325,6 +325,10 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   c["sp"] = l.sp;
   c["zero"] = l.zero;
   c["recompute"] = plan::recompute_name(l.recompute);
+  // The planned hardware: a GPU per rank (NCCL between them), or this host's CPU ranks.
+  const bool gpus = j.cluster.compute_units == 0;
+  c["device"] = gpus ? "cuda" : "cpu";
+  if (gpus && j.gpus > 1) c["backend"] = "nccl";
   if (l.pp > 1) {
     c["pp"] = l.pp;
     c["microbatches"] = e.microbatches;

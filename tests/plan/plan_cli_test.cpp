@@ -104,11 +104,13 @@ TEST(PlanCli, EmitConfigIsATrainConfig) {
   EXPECT_EQ(c["sp"], true);
   EXPECT_EQ(c["dtype"], "bf16");
   EXPECT_EQ(c["recompute"], "selective");
+  EXPECT_EQ(c["device"], "cuda");  // the planned GPUs, one per rank, over NCCL
+  EXPECT_EQ(c["backend"], "nccl");
   // `train` reads it (the config reader refuses an unknown key before any work) and runs
-  // that layout.
+  // that layout; here on this host's CPU (flags win over the config).
   const std::string data = test::demo_tokens(dir);
   auto t = test::run_meshtrain("train --config " + cfg + " --data " + data +
-                               " --steps 1 --peak-gflops 100");
+                               " --steps 1 --peak-gflops 100 --device cpu --backend local");
   EXPECT_EQ(t.exit_code, 0) << t.output;
   for (const char* said : {"dtype bf16", "tp 2 with sequence parallelism", "recompute selective"})
     EXPECT_NE(t.output.find(said), std::string::npos) << said << "\n" << t.output;
@@ -301,7 +303,8 @@ TEST(PlanCli, PlanAndSimulateSplitTheLayersAsTrainDoes) {
       cfg);
   EXPECT_EQ(config()["pp_layers"], "4,4") << config();
   // train runs the emitted pipeline as planned, from the config alone.
-  r = test::run_meshtrain("train --config " + cfg + " --steps 1 --threads 1 --peak-gflops 100 " +
+  r = test::run_meshtrain("train --config " + cfg +
+                          " --steps 1 --threads 1 --peak-gflops 100 --device cpu --backend local " +
                           "--data " + test::demo_tokens(dir));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("layers per chunk 4,4"), std::string::npos) << r.output;
