@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/output_paths.h"
 #include "train/token_file.h"
 
 namespace mt::cli {
@@ -22,13 +23,7 @@ namespace fs = std::filesystem;
 // Refuses, before anything is read or written, an output that cannot be written or that is
 // one of the inputs (the tokens would replace the text), and inputs that are not files.
 void check_paths(const std::vector<std::string>& inputs, const std::string& output) {
-  if (fs::is_directory(output))
-    fail("-o '{}' is a directory: name the token file to write (e.g. -o {}/data.bin)", output,
-         fs::path(output).string());
-  const fs::path parent = fs::path(output).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent))
-    fail("cannot write '{}': directory '{}' does not exist (create it first)", output,
-         parent.string());
+  train::check_output_file(output, "-o");  // a file, in a folder that exists and is writable
   for (const std::string& path : inputs) {
     if (fs::is_directory(path))
       fail("text file '{}' is a directory: name the files in it (e.g. {}/*.txt)", path, path);

@@ -5,7 +5,6 @@
 
 #include "cli/commands.h"
 #include "cli/train_flags.h"
-#include "comm/mpi.h"
 #include "core/error.h"
 #include "train/trainer.h"
 
@@ -77,15 +76,8 @@ void register_train(CLI::App& app) {
                   "restart a failed run from the newest checkpoint up to N times (local backend)");
   cmd->callback([f] {
     const train::TrainOptions o = to_options(*f);
-    // Under mpirun every process would run the whole local job, even a 1-rank one, and all
-    // of them write the same files (run_training refuses it for jobs of several ranks; a
-    // program may run a 1-rank reference under mpirun on purpose, the command line not).
-    if (o.backend == "local" && comm::mpi_env_world_size() > 1)
-      fail(
-          "--backend local under mpirun: each of the {} processes would run the whole job by "
-          "itself (use --backend mpi or auto under mpirun, or run without mpirun for rank "
-          "threads)",
-          comm::mpi_env_world_size());
+    // Any local job under mpirun, even of one rank: every process writes the same files.
+    if (o.backend == "local") train::refuse_local_backend_under_mpirun();
     train::run_training(o);
   });
 }

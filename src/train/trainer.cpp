@@ -522,8 +522,15 @@ void run_rank(Shared& sh, comm::Group& world) {
   }
   int64_t allocations_after_step1 = 0;
   auto bytes_of = [](comm::Group& g) { return g.recorder().bytes_of_group(g.name()).recv_bytes; };
-  int64_t dp_before = bytes_of(dp), tp_before = bytes_of(tp_group), pp_before = bytes_of(ppg);
-  int64_t dp_sent_before = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
+  // This rank's byte counters over each mesh dimension; a step's traffic is the difference.
+  struct Bytes {
+    int64_t dp, dp_sent, tp, pp;
+  };
+  auto bytes_now = [&] {
+    return Bytes{bytes_of(dp), dp.recorder().bytes_of_group(dp.name()).sent_bytes,
+                 bytes_of(tp_group), bytes_of(ppg)};
+  };
+  Bytes before = bytes_now();
   const double run_t0 = now_s();
   for (int64_t step = start_step; step < o.steps; ++step) {
     const double t0 = now_s();
@@ -573,21 +580,17 @@ void run_rank(Shared& sh, comm::Group& world) {
     const double dt = now_s() - t0;
     // Bytes this rank received in the step over each mesh dimension (the optimizer's
     // all-gather included); gathered with the peak bytes and the compute time below.
-    const int64_t dp_now = bytes_of(dp), tp_now = bytes_of(tp_group), pp_now = bytes_of(ppg);
-    const int64_t dp_sent_now = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
-    rec.step_recv_bytes.push_back(dp_now - dp_before);
-    rec.step_sent_bytes.push_back(dp_sent_now - dp_sent_before);
-    rec.step_tp_recv_bytes.push_back(tp_now - tp_before);
-    rec.step_pp_recv_bytes.push_back(pp_now - pp_before);
+    const Bytes now = bytes_now();
+    rec.step_recv_bytes.push_back(now.dp - before.dp);
+    rec.step_sent_bytes.push_back(now.dp_sent - before.dp_sent);
+    rec.step_tp_recv_bytes.push_back(now.tp - before.tp);
+    rec.step_pp_recv_bytes.push_back(now.pp - before.pp);
     // One gather per step: each rank's peak bytes, bytes per dimension and compute time
     // (ns): the worst peak and the job's sums, exact.
     const std::vector<int64_t> ranks = gather_int64(
-        scalars, {tracker.snapshot().total_peak_bytes, dp_now - dp_before, tp_now - tp_before,
-                  pp_now - pp_before, static_cast<int64_t>(compute * 1e9)});
-    dp_before = dp_now;
-    dp_sent_before = dp_sent_now;
-    tp_before = tp_now;
-    pp_before = pp_now;
+        scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp, now.tp - before.tp,
+                  now.pp - before.pp, static_cast<int64_t>(compute * 1e9)});
+    before = now;
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
     } else {
@@ -643,10 +646,7 @@ void run_rank(Shared& sh, comm::Group& world) {
       val_losses.emplace_back(r.step, vl);
       row["val_loss"] = vl;
       // The validation's traffic (pipeline activations) is not the next step's.
-      dp_before = bytes_of(dp);
-      dp_sent_before = dp.recorder().bytes_of_group(dp.name()).sent_bytes;
-      tp_before = bytes_of(tp_group);
-      pp_before = bytes_of(ppg);
+      before = bytes_now();
     }
     if (metrics) metrics->write(row);
     if (talk) {
@@ -760,6 +760,16 @@ void run_rank(Shared& sh, comm::Group& world) {
 
 }  // namespace
 
+void refuse_local_backend_under_mpirun() {
+  // mpirun starts one process per rank; the local backend would make each of them a whole
+  // job of rank threads, all writing the same checkpoints and files.
+  if (comm::mpi_env_world_size() > 1)
+    fail(
+        "--backend local under mpirun: each of the {} processes would run the whole job by "
+        "itself (use --backend mpi or auto under mpirun, or run without mpirun for rank threads)",
+        comm::mpi_env_world_size());
+}
+
 TrainResult run_training(const TrainOptions& o) {
   o.validate();
   comm::LaunchOptions lo;
@@ -767,13 +777,8 @@ TrainResult run_training(const TrainOptions& o) {
   const comm::BackendKind kind = comm::resolve_backend(lo);
   lo.world_size = o.world_size();  // (under mpirun: checked against -np below)
   lo.timeout_s = o.comm_timeout_s;
-  // mpirun starts one process per rank; the local backend would make each of them a whole
-  // job of rank threads, all writing the same checkpoints and files.
-  if (kind == comm::BackendKind::kLocal && o.world_size() > 1 && comm::mpi_env_world_size() > 1)
-    fail(
-        "--backend local under mpirun: each of the {} processes would run the whole job by "
-        "itself (use --backend mpi or auto under mpirun, or run without mpirun for rank threads)",
-        comm::mpi_env_world_size());
+  // (A program may run a 1-rank local reference under mpirun on purpose: the tests' oracle.)
+  if (kind == comm::BackendKind::kLocal && o.world_size() > 1) refuse_local_backend_under_mpirun();
   const int world = comm::launch_world_size(lo);
   if (world != o.world_size())
     fail("mpirun started {} processes but --pp {} x --dp {} x --tp {} is {} (run mpirun -np {})",

@@ -121,5 +121,8 @@ struct TrainResult {
 };
 
 TrainResult run_training(const TrainOptions& opts);
+// Refuses (exit 2) when mpirun started several processes: with the local backend each would
+// run the whole job. run_training calls it for local jobs of several ranks; `train` for any.
+void refuse_local_backend_under_mpirun();
 
 }  // namespace mt::train

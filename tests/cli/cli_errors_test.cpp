@@ -118,10 +118,10 @@ TEST_F(CliErrors, PrepareRefusesBadPathsAndWritesNothing) {
                  "cannot read text file '/nonexistent.txt': No such file or directory");
   nothing_written(out);
   expect_refused("prepare " + txt.string() + " -o " + dir_->string(), 2,
-                 "-o '" + dir_->string() + "' is a directory");
+                 "-o '" + dir_->string() + "' is a folder");
   nothing_written(*dir_ / "nowhere" / "p.bin");
   expect_refused("prepare " + txt.string() + " -o " + (*dir_ / "nowhere" / "p.bin").string(), 2,
-                 "directory '" + (*dir_ / "nowhere").string() + "' does not exist");
+                 "the folder '" + (*dir_ / "nowhere").string() + "' does not exist");
 }
 
 // --backend mpi runs one process per rank: started without mpirun it says so and how to

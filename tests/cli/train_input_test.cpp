@@ -184,6 +184,22 @@ TEST_F(TrainInput, StdoutMetricsOnResumeFlagRangesAndReshardWithoutMicrobatches)
   EXPECT_EQ(rs.exit_code, 0) << rs.output;
 }
 
+// A step's bytes are its own: the validation after step 2 (pipeline activations) is not
+// counted in step 3's pp_bytes, so every step of the pipeline moves the same bytes.
+TEST_F(TrainInput, ValidationTrafficIsNotTheNextStepsBytes) {
+  const std::string metrics = path("eval_bytes.jsonl");
+  const test::RunResult r =
+      test::run_meshtrain(run("--steps 4 --pp 2 --eval-every 2 --metrics " + metrics));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(metrics);
+  std::vector<double> pp;
+  for (std::string line; std::getline(in, line);)
+    pp.push_back(nlohmann::json::parse(line).at("pp_bytes").get<double>());
+  ASSERT_EQ(pp.size(), 4u);
+  EXPECT_GT(pp[0], 0);
+  for (double b : pp) EXPECT_EQ(b, pp[0]);
+}
+
 TEST_F(TrainInput, WarnsWhenTheDataIsSmallerThanTheBatch) {
   const std::string small = path("small.bin");
   train::write_token_file(small, std::vector<uint16_t>(100, 7));  // 3 sequences of 32
