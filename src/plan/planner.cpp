@@ -722,11 +722,10 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
-  // The most adds of any pipeline rank: its chunks' parameters, once per backward.
+  // The busiest rank's adds, as its forward_s and backward_s: its chunks' parameters, once
+  // per backward.
   const double adds = double(p.microbatches - (p.accum_first_free ? 1 : 0));
-  for (int r = 0; r < l.pp && p.accum_per_param_s > 0; ++r)
-    e.grad_accum_s =
-        std::max(e.grad_accum_s, adds * stage_params(j, l, p.split, r) * p.accum_per_param_s);
+  e.grad_accum_s = adds * stage_params(j, l, p.split, int(r)) * p.accum_per_param_s;
 }
 
 }  // namespace

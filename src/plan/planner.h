@@ -105,8 +105,8 @@ struct Estimate {
   // adds and weight gradients included); tp_comm_s and cp_comm_s the exposed collectives of
   // its layers.
   // cp_comm_s: ring attention's transfers not hidden behind the attention compute.
-  // grad_accum_s: the unfused gradient accumulation's adds (Layout::grad_accum_fusion off),
-  // the most any pipeline rank does (inside its backward actions).
+  // grad_accum_s: the busiest rank's unfused gradient accumulation adds
+  // (Layout::grad_accum_fusion off; inside its backward actions).
   // embedding_sync_s: the tied embedding's gradient summed by the first and the last stage
   // after the flush (pipelines only; part of the step, not hidden).
   double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,

@@ -187,11 +187,42 @@ TEST(PlanTime, UnfusedGradientAccumulationAddsEveryMicrobatchsGradient) {
     const double first = layers * block + m.embedding_params_per_tp(8);
     const double last = layers * block + m.head_params_per_tp(8) + double(m.vocab) * m.d_model / 8;
     ASSERT_EQ(unfused.microbatches, 12);
-    EXPECT_NEAR(unfused.grad_accum_s, 12 * std::max(first, last) * 6 / hbm, 1e-9);
+    // The busiest rank's: the last, with the head's GEMMs (the first holds the position
+    // embedding too, so more parameters).
+    ASSERT_EQ(unfused.busiest_rank, 1);
+    EXPECT_NEAR(unfused.grad_accum_s, 12 * last * 6 / hbm, 1e-9);
     // 1F1B's critical path runs through at least one stage's 12 backwards.
     EXPECT_GE(unfused.step_time_s - fused.step_time_s,
               12 * std::min(first, last) * 6 / hbm * (1 - 1e-9));
   }
+}
+
+// time_s.grad_accum is the busiest rank's adds, like its forward and backward: with
+// --pp-layers 8,4 on gpt2-124m the first stage holds the most parameters (8 blocks and the
+// embedding) but the last, with the LM head's GEMMs (~5 blocks' worth), computes the most.
+TEST(PlanTime, GradientAccumulationIsTheBusiestRanks) {
+  Job j;
+  j.model = model_preset("gpt2-124m");
+  j.cluster = cluster_preset("dgx-a100");
+  j.gpus = 2;
+  j.batch = 16;
+  j.seq = 1024;
+  j.dtype = "fp16";
+  Layout l;
+  l.pp = 2;
+  l.microbatch = 2;
+  l.pp_layers = {8, 4};
+  l.grad_accum_fusion = false;
+  const Estimate e = estimate(j, l);
+  const ModelSpec& m = j.model;
+  const double block = m.block_params_per_tp(1);
+  const double first = 8 * block + m.embedding_params_per_tp(1);
+  const double last = 4 * block + m.head_params_per_tp(1) + double(m.vocab) * m.d_model;
+  ASSERT_GT(first, last);  // so the most parameters would be the wrong rank's
+  ASSERT_EQ(e.busiest_rank, 1);
+  ASSERT_EQ(e.microbatches, 8);
+  const double hbm = 2.039e12 * 0.7;
+  EXPECT_NEAR(e.grad_accum_s, 8 * last * 6 / hbm, 1e-9 * e.grad_accum_s);
 }
 
 // Narayanan et al. 2021 Figures 13-15 plot 64-GPU sweeps without a table; the model must at
