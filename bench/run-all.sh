@@ -12,4 +12,5 @@ run "$MT" bench peak
 run "$root/bench/vs-pytorch" "$MT"
 [ -x "$root/bench/comm" ] && run "$root/bench/comm" "$MT"
 [ -x "$root/bench/dp" ] && run "$root/bench/dp" "$MT"
+run "$root/bench/plan" "$build"
 echo "results: $root/bench/results/" >&2

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -497,20 +496,16 @@ TEST(PlanCli, HelpListsEveryPresetAndTheDefaults) {
   }
 }
 
-TEST(PlanCli, SixteenThousandGpusUnderFiveSeconds) {
-  const auto t0 = std::chrono::steady_clock::now();
+// The issue's own command, through the binary users run (its time: bench/plan).
+TEST(PlanCli, SixteenThousandGpusSearch) {
   auto j = run_json(
       "plan --model llama3-405b --cluster dgx-h100 --gpus 16384 --batch 2048 "
       "--seq 8192 --json");
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(j["layouts"].empty());
-  // The bar, process start included, for the binary users run: an optimised build
-  // without a sanitizer (under TSan in Debug the same search takes ~6 s).
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  EXPECT_LT(s, 5.0);
-#else
-  fmt::print("{:.2f} s (Debug or sanitizer build: the 5 s bar is for the Release build)\n", s);
-#endif
+  EXPECT_EQ(j["considered"], 8616);
+  EXPECT_EQ(j["fit"], 53);
+  EXPECT_LE(j["replayed"].get<int>(), 53);
+  EXPECT_EQ(j["layouts"][0]["tp"], 8);
 }
 
 }  // namespace
