@@ -45,6 +45,9 @@ void PlanFlags::add_to(CLI::App& app) {
                "weight gradients written to a temporary and added into the accumulation buffer "
                "by a separate kernel every microbatch (Megatron-LM 2021, PyTorch autograd "
                "accumulation) instead of accumulated by the GEMM");
+  app.add_flag("--no-dropout", no_dropout,
+               "train without dropout (mixed precision: no masks through HBM nor kept; the "
+               "GPT presets have it, the llama3 presets do not, our f32 runtime never)");
   app.add_option("--microbatch", microbatch, "sequences per microbatch");
   app.add_option("--microbatches", microbatches,
                  "microbatches per step and pipeline (instead of --microbatch)");
@@ -122,6 +125,7 @@ plan::Job PlanFlags::job() const {
   take(m.seq, model.seq);
   if (model.no_bias && m.bias) m.bias = false, custom = true;
   if (model.untied && m.tied) m.tied = false, custom = true;
+  if (no_dropout && m.dropout) m.dropout = false, custom = true;
   if (custom) m.name = name + " (modified)";
   if (m.n_layer < 1 || m.n_head < 1 || m.d_model < 1 || m.d_ff < 1 || m.vocab < 1 || m.seq < 1)
     fail(
@@ -236,8 +240,8 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"step_gradients_f32", m.step_gradients_f32},
             {"total", m.total()}}},
           // simulate shows a layout over the HBM too (exit 0): this says so for scripts.
-          {"hbm_bytes_per_gpu", j.cluster.gpu.hbm_bytes},
-          {"fits", m.total() <= j.cluster.gpu.hbm_bytes},
+          {"hbm_bytes_per_gpu", plan::memory_per_rank(j)},
+          {"fits", m.total() <= plan::memory_per_rank(j)},
           {"worst_stage", e.worst_stage},
           {"busiest_rank", e.busiest_rank},
           {"in_flight", e.in_flight},
@@ -431,7 +435,9 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
               bool megatron_2021) {
   f.check();
   if (megatron_2021) check_megatron_2021(f);
-  const plan::Job j = f.job();
+  plan::Job j = f.job();
+  // A config for `meshtrain train`: planned as our runtime runs it, not as Megatron-LM would.
+  j.our_runtime = emit.has_value();
   if (emit) check_trainable(j);
   plan::SearchPins pins = f.pins();
   pins.megatron_2021 = megatron_2021;

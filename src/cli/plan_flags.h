@@ -26,6 +26,7 @@ struct PlanFlags {
   bool tp_comm_overlap = false;
   bool unfused_attention = false;
   bool unfused_grad_accum = false;
+  bool no_dropout = false;
   bool json = false;
 
   void add_to(CLI::App& app);

@@ -143,7 +143,8 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
       "{:.3f} GB: peak {:.3f} GB of {:.1f} GB{}\n",
       e.worst_stage, e.in_flight, m.parameters / gb, m.gradients / gb, m.optimizer / gb,
       m.activations / gb, m.communication / gb, m.step_gradients_f32 / gb, m.total() / gb,
-      j.cluster.gpu.hbm_bytes / gb, m.total() > j.cluster.gpu.hbm_bytes ? "  (DOES NOT FIT)" : "");
+      plan::memory_per_rank(j) / gb,
+      m.total() > plan::memory_per_rank(j) ? "  (DOES NOT FIT)" : "");
   text += fmt::format(
       "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + tied embedding sync "
       "{:.4g} s + exposed dp {:.4g} s + optimizer {:.4g} s\n"

@@ -172,6 +172,8 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
 
 ClusterSpec ClusterSpec::for_job(int64_t ranks) const {
   ClusterSpec c = *this;
+  // A shared host's ranks share its memory as they share its cores: each fits in its part.
+  if (compute_units > 0 && ranks > 1) c.gpu.hbm_bytes /= double(ranks);
   if (host_links.empty()) return c;
   const HostLink* lo = &host_links.front();
   const HostLink* hi = &host_links.back();

@@ -56,7 +56,8 @@ struct ClusterSpec {
   // this-host: the all-reduce's α and bus bandwidth by the job's rank count (ascending).
   std::vector<HostLink> host_links;
   // The cluster as a job of `ranks` ranks sees it: with host_links, the links are those
-  // measured at that rank count (linear between measured counts, the nearest beyond them).
+  // measured at that rank count (linear between measured counts, the nearest beyond them);
+  // on a shared host (compute_units > 0) each rank's memory is 1/ranks of the host's.
   ClusterSpec for_job(int64_t ranks) const;
 };
 

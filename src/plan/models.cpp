@@ -36,6 +36,7 @@ ModelSpec llama(const char* name, int64_t layers, int64_t hidden, int64_t ffn, i
   m.swiglu = true;
   m.tied = false;
   m.bias = false;
+  m.dropout = false;
   m.learned_pos = false;
   return m;
 }

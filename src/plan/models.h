@@ -21,6 +21,10 @@ struct ModelSpec {
   bool swiglu = false;  // 3 MLP matrices (gate, up, down) instead of 2
   bool tied = true;     // LM head shares the embedding
   bool bias = true;
+  // Attention and hidden dropout (GPT / Megatron recipes: masks and outputs through HBM,
+  // kept for backward); Llama-style recipes train without. Our runtime has no dropout: a job
+  // it runs (plan::runs_our_runtime) ignores this.
+  bool dropout = true;
   bool learned_pos = true;  // position embedding table (GPT) vs rotary (Llama)
 
   int64_t head_dim() const { return d_model / n_head; }

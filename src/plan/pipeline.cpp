@@ -17,12 +17,12 @@ PipeSchedule make_schedule(const std::string& name, int P, int v, int m, pp::Low
   return pp::build_schedule(pp::parse_schedule_kind(name), P, m, v, lowering);
 }
 
-// Microbatch activation buffers a pipeline rank holds: the schedule's peak, plus the one
-// the runtime's executor keeps for a receive posted while a released buffer's last send is
-// in flight (src/train/pipeline_stage.cpp allocates peak + 1 before the first step).
-std::vector<int> max_in_flight(const PipeSchedule& s) {
+// Microbatch activation buffers a pipeline rank holds: the schedule's peak, plus (spare_set)
+// the one our runtime's executor keeps for a receive posted while a released buffer's last
+// send is in flight (src/train/pipeline_stage.cpp allocates peak + 1 before the first step).
+std::vector<int> max_in_flight(const PipeSchedule& s, bool spare_set) {
   std::vector<int> v = pp::peak_in_flight(s);
-  if (s.pp > 1)
+  if (s.pp > 1 && spare_set)
     for (int& x : v) x += 1;
   return v;
 }

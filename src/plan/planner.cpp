@@ -19,6 +19,11 @@ namespace mt::plan {
 namespace {
 
 bool mixed(const Job& j) { return j.dtype != "f32"; }
+// Our runtime's executor keeps a spare receive set (measured to the byte in f32);
+// Megatron-LM's receives into p2p tensors (docs/planner.md).
+bool spare_set(const Job& j) { return runs_our_runtime(j); }
+// Dropout's masks and outputs: Megatron-LM's GPT recipes; our runtime has none.
+bool dropout(const Job& j) { return j.model.dropout && !runs_our_runtime(j); }
 double weight_bytes(const Job& j) { return mixed(j) ? 2 : 4; }
 // Gradients as kept and reduced: fp16 in fp16 (the ZeRO paper's 2Ψ), bf16 in fp32 (Megatron-LM
 // forces accumulate_allreduce_grads_in_fp32 for bf16: "bfloat16 requires gradient accumulation
@@ -88,13 +93,13 @@ double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
     const double att = rc == Recompute::kNone ? a / t * S : 0.0;
     return 4.0 * s * b * ((4 * h + 4) / rows + (4 * h + 2 * F) / t + att);
   }
-  const bool dropout = m.bias;  // GPT presets train with dropout; Llama-style do not
+  const bool drop = dropout(j);
   if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
-  double replicated = s * b * h * (4 + 2 + 2 + (dropout ? 2 : 0));
+  double replicated = s * b * h * (4 + 2 + 2 + (drop ? 2 : 0));
   double divided = s * b * (2 * h + 4 * kv + 2 * h) + s * b * F * (m.swiglu ? 8 : 4);
   // Unfused: the probabilities (2 bytes), with dropout also its mask (1) and output (2).
   double core = 0;
-  if (rc == Recompute::kNone && !l.fused_attention) core = (dropout ? 5.0 : 2.0) * a * s * S * b;
+  if (rc == Recompute::kNone && !l.fused_attention) core = (drop ? 5.0 : 2.0) * a * s * S * b;
   return (l.sp ? replicated / t : replicated) + divided / t + core / t;
 }
 
@@ -130,7 +135,7 @@ double hier_collective(const Job& j, double bytes, int n, int per_node, double f
   if (n <= 1) return 0;
   per_node = std::clamp(per_node, 1, n);
   if (per_node >= n) return ring_time(bytes, n, factor, c.intra_bytes_per_s, c.intra_latency_s);
-  const int nodes = n / per_node;
+  const int nodes = (n + per_node - 1) / per_node;  // a partly filled last node is a node too
   double t = 0;
   if (per_node > 1) {
     // reduce-scatter in the node, the inter-node step on 1/per_node, all-gather in the node
@@ -179,13 +184,14 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   f += mlp_out;         // MLP out
   // Memory-bound kernels (bytes per token, docs/planner.md): layer norms, residual
   // dropout-adds, activation function, softmax (+ dropout) over the attention scores.
-  const bool dropout = m.bias;
-  const double rep = (dropout ? 22.0 : 16.0) * h * wb / 2;
+  // Our runtime has no dropout; in f32 its bias adds move those bytes (as measured).
+  const bool drop = dropout(j);
+  const double rep = (drop || (!mixed(j) && m.bias) ? 22.0 : 16.0) * h * wb / 2;
   const double act = (m.swiglu ? 6.0 : 4.0) * F * wb / 2;
   // Softmax over the T×T scores: unfused, mixed precision reads the scores and writes the
   // probabilities (+ dropout's mask and output); f32 is our runtime; fused: none.
   double soft = 16.0 * a * S;
-  if (mixed(j)) soft = l.fused_attention ? 0.0 : (dropout ? 9.0 : 4.0) * a * S;
+  if (mixed(j)) soft = l.fused_attention ? 0.0 : (drop ? 9.0 : 4.0) * a * S;
   double elem = n * ((l.sp ? rep / t : rep) + act / t + soft / t) / hbm;
   const double fwd_compute = f + elem + g.kernel_overhead_s;
   const double bwd_compute = 2 * f + 2 * elem + g.kernel_overhead_s;
@@ -335,6 +341,11 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
     return fmt::format("batch {} is not divisible by dp {} x microbatch {}", j.batch, l.dp,
                        l.microbatch);
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
+  if (mbs > kMaxMicrobatches)
+    return fmt::format(
+        "{} microbatches per step and pipeline: more than the planner replays ({}); give a "
+        "--microbatch of at least {} (or check --batch: it counts sequences, not tokens)",
+        mbs, kMaxMicrobatches, (mbs * l.microbatch + kMaxMicrobatches - 1) / kMaxMicrobatches);
   if (mbs < l.pp)
     return fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp);
   if (l.virtual_stages > 1 && mbs % l.pp != 0)
@@ -349,6 +360,12 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
   if (l.virtual_stages == 1 && l.schedule == "interleaved")
     return std::string("--schedule interleaved needs --virtual-stages >= 2");
   if (l.sp && l.tp == 1) return std::string("sp needs tp > 1");
+  // As train refuses it (trainer.cpp): no software we model runs the two together.
+  if (l.schedule == "zb1" && l.pp > 1 && l.recompute == Recompute::kFull)
+    return std::string(
+        "zb1 with full recomputation: the W pass needs a block's activations after later "
+        "blocks' recomputation reused them (use --recompute selective or none, or another "
+        "schedule)");
   if (l.tp_comm_overlap && l.tp > 1 && !l.sp)
     return std::string(
         "--tp-comm-overlap needs --sp (it overlaps SP's all-gathers and "
@@ -360,6 +377,16 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
         "DeepSpeed pair pipelines with ZeRO 0-1: use 0-1)",
         l.zero, l.pp);
   return std::nullopt;
+}
+
+bool runs_our_runtime(const Job& j) {
+  return !mixed(j) || j.our_runtime || j.cluster.compute_units > 0;
+}
+
+Layout as_run(const Job& j, Layout l) {
+  if (l.pp == 1 && l.schedule != "interleaved") l.schedule = "1f1b";
+  if (runs_our_runtime(j)) l.fused_attention = false;
+  return l;
 }
 
 void set_software(Layout& l, Software s) {
@@ -411,7 +438,7 @@ std::vector<int> chunk_layers(const Job& j, const Layout& l) {
 MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int* in_flight) {
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
   PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
-  return memory_with_flight(j, l, max_in_flight(sched), worst_stage, in_flight);
+  return memory_with_flight(j, l, max_in_flight(sched, spare_set(j)), worst_stage, in_flight);
 }
 
 MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<int>& flight,
@@ -432,8 +459,9 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
     if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
       act += layer_activation_bytes(j, l, Recompute::kNone);
     if (mixed(j)) {
-      if (r == 0) act += flight[r] * s * b * h * 3 / (l.sp ? t : 1);  // embedding out + mask
-      if (r == l.pp - 1) act += 4 * s * b * V / t + 2 * s * b * h;    // f32 logits, final norm
+      if (r == 0)  // embedding output (+ dropout's mask)
+        act += flight[r] * s * b * h * (dropout(j) ? 3 : 2) / (l.sp ? t : 1);
+      if (r == l.pp - 1) act += 4 * s * b * V / t + 2 * s * b * h;  // f32 logits, final norm
     } else {
       // Our runtime (docs/flops.md, train/pipeline_stage.cpp): one activation set per
       // microbatch held (with pipelining the stage's pool, flight[r] buffers), each with the
@@ -730,10 +758,11 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
 
 }  // namespace
 
-Estimate estimate(const Job& job, const Layout& l, bool keep_spans) {
+Estimate estimate(const Job& job, const Layout& given, bool keep_spans) {
   Job j = job;
   j.cluster = job.cluster.for_job(job.gpus);
-  if (auto why = invalid_reason(j, l)) fail("layout refused: {}", *why);
+  if (auto why = invalid_reason(j, given)) fail("layout refused: {}", *why);
+  const Layout l = as_run(j, given);
   Estimate e;
   e.layout = l;
   e.memory = memory_per_gpu(j, l, &e.worst_stage, &e.in_flight);
@@ -760,10 +789,14 @@ bool better(const Estimate& a, const Estimate& b) {
 std::vector<int64_t> microbatch_sizes(int64_t batch, int dp) {
   if (batch % dp != 0) return {1};
   const int64_t per_replica = batch / dp;
-  std::vector<int64_t> out;
-  for (int64_t b = 1; b <= per_replica; ++b)
-    if (per_replica % b == 0) out.push_back(b);
-  return out;
+  std::vector<int64_t> low, high;  // divisors up to and beyond the square root
+  for (int64_t b = 1; b * b <= per_replica; ++b)
+    if (per_replica % b == 0) {
+      low.push_back(b);
+      if (b * b != per_replica) high.push_back(per_replica / b);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 }  // namespace
@@ -860,6 +893,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.pp_layers = pins.pp_layers;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                 if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
+                l = as_run(j, l);
                 if (dp * cp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0
                 ++res.considered;
                 if (auto why = invalid_reason(j, l)) {
@@ -880,7 +914,8 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 auto it = flights.find(key);
                 if (it == flights.end())
                   it = flights
-                           .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb))))
+                           .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
+                                                       spare_set(j)))
                            .first;
                 c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
                 if (c.mem.total() > hbm) {

@@ -74,7 +74,15 @@ struct Job {
   int64_t batch = 1;  // global batch, sequences
   int64_t seq = 0;
   std::string dtype = "bf16";  // bf16 / fp16 (mixed precision), f32 (our CPU runtime)
+  // Run by `meshtrain train` (plan --emit-config) rather than Megatron-LM, whose executor
+  // mixed precision models otherwise: see runs_our_runtime.
+  bool our_runtime = false;
 };
+
+// Whose executor runs the job: ours for f32, on a shared host (this-host) and for an
+// emitted config — no dropout, attention unfused (the CUDA backend's fused kernel is
+// opt-in), a spare activation set per pipeline rank; Megatron-LM's otherwise.
+bool runs_our_runtime(const Job& j);
 
 struct MemoryBytes {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, communication = 0;
@@ -117,6 +125,20 @@ struct Estimate {
   int busiest_rank = 0;  // pipeline rank
   ReplayResult replay;   // spans kept when asked
 };
+
+// The layout as the job runs it. Without a pipeline (pp 1) train accumulates the
+// microbatches one after another whatever --schedule says: "1f1b" (one microbatch's
+// activations held; a zb1 pin does not split the backward; interleaved is left for
+// invalid_reason to refuse). Our runtime's attention is unfused (runs_our_runtime).
+Layout as_run(const Job& j, Layout l);
+
+// The memory a rank may use: its GPU's, or its share of a shared host's (ClusterSpec::for_job).
+inline double memory_per_rank(const Job& j) { return j.cluster.for_job(j.gpus).gpu.hbm_bytes; }
+
+// The most microbatches per step and pipeline a layout may have: the replay walks every one
+// (a batch of millions of sequences, say a token count given as --batch, would take minutes
+// and gigabytes to plan; no real job accumulates that many).
+inline constexpr int64_t kMaxMicrobatches = 16384;
 
 // Refuses a layout that cannot run, with the reason (divisibility, T beyond a node, ...).
 std::optional<std::string> invalid_reason(const Job& job, const Layout& l);
