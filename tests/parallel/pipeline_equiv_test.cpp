@@ -70,9 +70,13 @@ TEST(PipelineEquivDp, PipelineTimesDataParallel) {
 // the sends and receives differently: the same compute in the same order, so bitwise the
 // same losses as the per-action lists, and no more activation buffers.
 TEST(PipelineEquivExchanges, BatchedExchangesTrainBitwiseTheSame) {
-  for (const auto& [P, m, v] : {std::tuple{4, 8, 2}, std::tuple{2, 4, 2}, std::tuple{2, 2, 4}}) {
-    SCOPED_TRACE(testing::Message() << "interleaved pp " << P << " m " << m << " v " << v);
-    TrainOptions o = test::pp_options(P, m, "interleaved", v, 6);
+  // ZB-H1's batched lists also move sends (after a W: BatchedZbH1KeepsItsBubble).
+  for (const auto& [S, P, m, v] :
+       {std::tuple{"interleaved", 4, 8, 2}, std::tuple{"interleaved", 2, 4, 2},
+        std::tuple{"interleaved", 2, 2, 4}, std::tuple{"zb1", 4, 8, 1}, std::tuple{"zb1", 2, 8, 1},
+        std::tuple{"zb1", 4, 16, 1}}) {
+    SCOPED_TRACE(testing::Message() << S << " pp " << P << " m " << m << " v " << v);
+    TrainOptions o = test::pp_options(P, m, S, v, 6);
     o.pipeline.exchanges = "per-action";
     const TrainResult a = run_training(o);
     o.pipeline.exchanges = "batched";

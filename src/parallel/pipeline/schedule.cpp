@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "parallel/pipeline/replay.h"
 
 namespace mt::parallel::pp {
 
@@ -223,6 +224,94 @@ Schedule lower_communication(ScheduleKind kind, int pp, int microbatches, int vi
   return s;
 }
 
+namespace {
+
+// ZB-H1's exchanges for blocking point-to-point (Lowering::kBatched). One action per step
+// does not pair ZB-H1's exchanges: a W between a backward-input and the next forward splits
+// 1F1B's send_backward_recv_forward in two, {sg} | W | {ra}, and the neighbour's
+// send_forward_recv_backward {sa, rg} then needs both halves — it waits for this rank's W
+// (the W sits on the neighbour's critical path), every cycle, so the bubble grows with the
+// microbatches (pp 8, m 32: 133 against 1F1B's 117 and 103 asynchronously). As zero-bubble's
+// implementation does (sail-sg/zero-bubble-pipeline-parallelism: communication placed by its
+// time in the schedule's own timeline, the send and its receive at the same time), each
+// message meets where the asynchronous replay (unit costs, F = I = W = 1) has it: the
+// receive right before its consumer, which starts at time T there, and the send after the
+// producer rank's last compute that ends by T (so after the producer and never later than
+// the consumer needs it). Every exchange then holds messages that meet at one time on both
+// sides, so the lock-step replay is the asynchronous one (3m + p − 1, tested for pp ≤ 8,
+// m ≤ 8·pp); in the steady state a rank runs I, W, {sg, ra}, F, {sa, rg}: 1F1B's paired
+// exchanges with the W before the exchange instead of inside it. Only sends move, by at
+// most one compute action and never past the W of their own microbatch (the buffer they
+// read is still held); receives stay where the per-action lists have them.
+Schedule timed_exchanges(ScheduleKind kind, int pp, int m,
+                         const std::vector<std::vector<Action>>& order) {
+  const Schedule async =
+      lower_communication(kind, pp, m, 1, Lowering::kPerAction, one_per_step(order));
+  const Timeline t = replay(async, unit_costs(1, 2, 1, 1, 0));
+  // start / end of each rank's compute actions, in order.
+  std::vector<std::vector<double>> start(static_cast<size_t>(pp)), end(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r)
+    for (const Interval& iv : t.ranks[r])
+      if (async.ranks[r][static_cast<size_t>(iv.action)].is_compute()) {
+        start[r].push_back(iv.start);
+        end[r].push_back(iv.end);
+      }
+  // Where each rank's forward and backward(-input) of each microbatch sit in its order.
+  std::vector<std::vector<size_t>> fwd_at(static_cast<size_t>(pp)), bwd_at(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    fwd_at[r].assign(static_cast<size_t>(m), 0);
+    bwd_at[r].assign(static_cast<size_t>(m), 0);
+    for (size_t i = 0; i < order[r].size(); ++i) {
+      const Action& a = order[r][i];
+      if (a.kind == ActionKind::kForward) fwd_at[r][a.microbatch] = i;
+      if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput)
+        bwd_at[r][a.microbatch] = i;
+    }
+  }
+  // sends[r][i]: the sends after compute i − 1 of rank r (i = 0 .. n); recvs[r][i]: the
+  // receives before compute i.
+  std::vector<std::vector<std::vector<Action>>> sends(static_cast<size_t>(pp)),
+      recvs(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    sends[r].resize(order[r].size() + 1);
+    recvs[r].resize(order[r].size());
+  }
+  for (int r = 0; r < pp; ++r)
+    for (size_t i = 0; i < order[r].size(); ++i) {
+      const Action& a = order[r][i];
+      const bool fwd = a.kind == ActionKind::kForward;
+      const bool bwd = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
+      const int from = fwd ? r - 1 : r + 1;  // the producer's rank
+      if (!(fwd || bwd) || from < 0 || from >= pp) continue;
+      recvs[r][i].push_back(
+          {fwd ? ActionKind::kRecvAct : ActionKind::kRecvGrad, a.microbatch, r, from});
+      size_t j = (fwd ? fwd_at : bwd_at)[from][a.microbatch];  // its producer (F, or B / I)
+      while (j + 1 < order[from].size() && end[from][j + 1] <= start[r][i]) ++j;
+      sends[from][j + 1].push_back(
+          {fwd ? ActionKind::kSendAct : ActionKind::kSendGrad, a.microbatch, from, r});
+    }
+  Schedule s;
+  s.kind = kind;
+  s.lowering = Lowering::kBatched;
+  s.pp = pp;
+  s.microbatches = m;
+  s.ranks.resize(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    auto& list = s.ranks[r];
+    // An exchange: the sends first, as lower_communication has them (the executor issues
+    // them before it waits on the receives, so a grouping backend runs them as one group).
+    for (size_t i = 0; i < order[r].size(); ++i) {
+      list.insert(list.end(), sends[r][i].begin(), sends[r][i].end());
+      list.insert(list.end(), recvs[r][i].begin(), recvs[r][i].end());
+      list.push_back(order[r][i]);
+    }
+    list.insert(list.end(), sends[r].back().begin(), sends[r].back().end());
+  }
+  return s;
+}
+
+}  // namespace
+
 Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
                         Lowering lowering) {
   check_schedule_args(kind, pp, microbatches, virtual_stages);
@@ -238,6 +327,8 @@ Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual
       steps = interleaved_steps(pp, microbatches, virtual_stages);
       break;
     case ScheduleKind::kZbH1:
+      if (lowering == Lowering::kBatched)
+        return timed_exchanges(kind, pp, microbatches, zb_h1_order(pp, microbatches));
       steps = one_per_step(zb_h1_order(pp, microbatches));
       break;
   }

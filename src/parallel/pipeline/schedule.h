@@ -64,7 +64,11 @@ enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved1F1B, kZbH1 };
 //        schedule hangs (pp 2, v 2, 4 microbatches: rank 0 sends a gradient that rank 1
 //        receives only after an exchange of its own whose gradient rank 0 receives only in its
 //        next exchange), the batched one never does (tested over a range of pp, v, m). For
-//        GPipe, 1F1B and ZB-H1 both lowerings give the same lists.
+//        GPipe and 1F1B both lowerings give the same lists. ZB-H1's exchanges meet where its
+//        asynchronous timeline (unit costs) has each message: the receive before its
+//        consumer, the send after the producer rank's last compute that ends by then (a W
+//        goes before 1F1B's send_backward_recv_forward, not inside it), so lock-step it keeps
+//        the asynchronous makespan 3m + pp − 1 (docs/pipeline.md).
 enum class Lowering : uint8_t { kPerAction, kBatched };
 
 struct Schedule {
