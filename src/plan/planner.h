@@ -118,8 +118,11 @@ struct Estimate {
   ReplayResult replay;   // spans kept when asked
 };
 
-// Refuses a layout that cannot run, with the reason (divisibility, T beyond a node, ...).
-std::optional<std::string> invalid_reason(const Job& job, const Layout& l);
+// Refuses a layout that cannot run, with the reason (divisibility, T beyond a node, ...);
+// `kind`, when given, gets the reason's kind: a fixed text, without the layout's numbers,
+// that the search counts its drops under (SearchResult::dropped).
+std::optional<std::string> invalid_reason(const Job& job, const Layout& l,
+                                          std::string* kind = nullptr);
 MemoryBytes memory_per_gpu(const Job& job, const Layout& l, int* worst_stage = nullptr,
                            int* in_flight = nullptr);
 // The same, with the per-rank microbatch-chunks in flight of the layout's schedule given.
