@@ -20,6 +20,11 @@ void PlanFlags::add_to(CLI::App& app) {
   // train's help lists the presets train can build; the planner has the published ones too.
   app.get_option("--model")->description(
       fmt::format("preset (default tiny): {}", fmt::join(plan::model_preset_names(), ", ")));
+  // Unlike train (4 x d_model), the planner keeps a preset's MLP ratio: llama3-8b's 14336 /
+  // 4096 stays 3.5 at any --d-model.
+  app.get_option("--d-ff")->description(
+      "MLP width (default: the preset's d_ff, scaled with --d-model by the preset's d_ff / "
+      "d_model ratio)");
   app.add_option("--cluster", cluster,
                  "dgx-a100, dgx-h100 (default), hgx-b200, this-host (meshtrain calibrate) or a "
                  "JSON file");
@@ -62,10 +67,16 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_flag("--json", json, "print JSON on stdout (the table goes to stderr)");
 }
 
-void PlanFlags::check() const {
+void PlanFlags::check(bool megatron_2021) const {
   auto at_least = [](const char* flag, const auto& value, int64_t min) {
     if (value && *value < min) fail("{} {} must be at least {}", flag, *value, min);
   };
+  at_least("--n-layer", model.n_layer, 1);
+  at_least("--n-head", model.n_head, 1);
+  at_least("--d-model", model.d_model, 1);
+  at_least("--d-ff", model.d_ff, 1);
+  at_least("--vocab", model.vocab, 1);
+  at_least("--seq", model.seq, 1);
   at_least("--dp", dp, 1);
   at_least("--tp", tp, 1);
   at_least("--pp", pp, 1);
@@ -80,6 +91,77 @@ void PlanFlags::check() const {
         "--virtual-stages {} needs --pp 2 or more (interleaving splits each pipeline rank's "
         "layers into chunks); with --pp 1 drop --virtual-stages",
         *virtual_stages);
+  if (schedule == "interleaved" && virtual_stages && *virtual_stages == 1)
+    fail(
+        "--schedule interleaved needs --virtual-stages 2 or more (it interleaves each pipeline "
+        "rank's chunks); with one chunk per rank use --schedule 1f1b");
+  if (sp && no_sp) fail("--sp and --no-sp contradict each other");
+  if (tp_comm_overlap && no_sp) fail("--tp-comm-overlap needs sequence parallelism: drop --no-sp");
+  if (megatron_2021) check_megatron_2021();
+}
+
+// --megatron-2021 models only what that software had: a flag for something it lacked is a
+// contradiction, not a wish to honour silently (plan would search without it, simulate
+// would label it 2021's).
+void PlanFlags::check_megatron_2021() const {
+  if (zero && *zero > 0)
+    fail(
+        "--megatron-2021 has no ZeRO (Megatron-LM's distributed optimizer came later): drop "
+        "--zero {} or --megatron-2021",
+        *zero);
+  if (sp || tp_comm_overlap)
+    fail(
+        "--megatron-2021 has no sequence parallelism (Korthikanti et al. 2022): drop {} or "
+        "--megatron-2021",
+        sp ? "--sp" : "--tp-comm-overlap");
+  if (recompute == "selective")
+    fail(
+        "--megatron-2021 has no selective recomputation (Korthikanti et al. 2022): use "
+        "--recompute none or full, or drop --megatron-2021");
+  if (schedule == "zb1")
+    fail(
+        "--megatron-2021 has no zero-bubble schedule (Qi et al. 2023): use --schedule gpipe, "
+        "1f1b or interleaved, or drop --megatron-2021");
+  const bool interleaved = schedule == "interleaved" || (virtual_stages && *virtual_stages > 1);
+  if (interleaved && pp && *pp <= 2)
+    fail(
+        "--megatron-2021 interleaves only with more than 2 pipeline stages (\"pipeline-model-"
+        "parallel size should be greater than 2 with interleaved schedule\"), not --pp {}: use "
+        "--pp 3 or more, drop {}, or drop --megatron-2021",
+        *pp, schedule == "interleaved" ? "--schedule interleaved" : "--virtual-stages");
+}
+
+// Pins that no layout of the job can honour together, named before any search (plan would
+// otherwise report whichever divisibility failed most often). Each check takes the largest
+// value the other pins leave a dimension (for simulate, whose unset flags are 1, the value).
+void PlanFlags::check_pins(const plan::Job& j) const {
+  const int64_t t = tp.value_or(1), p = pp.value_or(1), c = cp.value_or(1), d = dp.value_or(1);
+  // "--gpus 8 with --tp 8 leaves dp x cp 1": the GPUs, the pins that use them, what is left.
+  auto leaves = [&](const char* dim, int64_t left) {
+    std::string with;
+    for (auto [flag, value] : {std::pair{"--dp", dp}, {"--tp", tp}, {"--pp", pp}, {"--cp", cp}})
+      if (value) with += fmt::format("{} {} {}", with.empty() ? " with" : " x", flag, *value);
+    return fmt::format("--gpus {}{} leaves {} {}", j.gpus, with, dim, left);
+  };
+  // ZeRO shards the states over the data-parallel ranks (and CP's, which hold the same).
+  const int64_t shards = dp ? d * c : j.gpus / (t * p);
+  if (zero && *zero > 0 && shards <= 1)
+    fail(
+        "--zero {} needs more than one data-parallel rank to shard over, but {}: drop --zero "
+        "(over one rank it is --zero 0) or leave GPUs for dp",
+        *zero, leaves("dp x cp", shards));
+  const int64_t max_tp = tp ? t : j.gpus / (d * p * c);
+  if (sp && max_tp <= 1)
+    fail(
+        "--sp splits activations over the tensor-parallel group, but {}: give --tp 2 or more, "
+        "or drop --sp",
+        leaves("tp", max_tp));
+  const int64_t max_pp = pp ? p : j.gpus / (d * t * c);
+  if (schedule == "interleaved" && max_pp < 2)
+    fail(
+        "--schedule interleaved needs a pipeline of 2 or more stages, but {}: give --pp 2 or "
+        "more, or use --schedule 1f1b",
+        leaves("pp", max_pp));
 }
 
 namespace {
@@ -167,10 +249,8 @@ plan::SearchPins PlanFlags::pins() const {
   p.schedule = schedule;
   if (pp_layers) p.pp_layers = parallel::pp::parse_layer_counts(*pp_layers);
   if (recompute) p.recompute = plan::parse_recompute(*recompute);
-  if (sp && no_sp) fail("--sp and --no-sp contradict each other");
   if (sp) p.sp = true;
   if (no_sp) p.sp = false;
-  if (tp_comm_overlap && no_sp) fail("--tp-comm-overlap needs sequence parallelism: drop --no-sp");
   p.tp_comm_overlap = tp_comm_overlap;
   if (unfused_attention) p.fused_attention = false;
   if (unfused_grad_accum) p.grad_accum_fusion = false;
@@ -201,8 +281,29 @@ nlohmann::json job_json(const plan::Job& j) {
           {"dtype", j.dtype}};
 }
 
+std::string params_text(double n) {
+  if (n >= 1e12) return fmt::format("{:.3g}T", n / 1e12);
+  if (n >= 1e9) return fmt::format("{:.3g}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.3g}M", n / 1e6);
+  return fmt::format("{:.3g}K", n / 1e3);
+}
+
+plan::Layout effective_software(const plan::Job& j, const plan::Layout& l) {
+  plan::Layout e = l;
+  // A shared host's collectives and sends are copies by the cores that compute: nothing
+  // overlaps there (planner.cpp: comm_uses_compute).
+  const bool gpus = j.cluster.compute_units == 0;
+  e.dp_overlap = l.dp_overlap && gpus;
+  e.tp_overlap = l.tp_overlap && gpus && l.tp > 1 && l.schedule != "zb1";
+  e.tp_comm_overlap = l.tp_comm_overlap && gpus && l.tp > 1;
+  e.pp_overlap = l.pp_overlap && gpus && l.pp > 1 && l.schedule == "interleaved";
+  e.fused_attention = l.fused_attention && !plan::runs_our_runtime(j);  // ours is unfused
+  return e;
+}
+
 nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
   const plan::Layout& l = e.layout;
+  const plan::Layout sw = effective_software(j, l);
   const plan::MemoryBytes& m = e.memory;
   return {{"dp", l.dp},
           {"tp", l.tp},
@@ -217,14 +318,14 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"sp", l.sp},
           {"schedule", l.schedule},
           {"software",
-           {{"dp_overlap", l.dp_overlap},
-            {"tp_overlap", l.tp_overlap},
-            {"tp_comm_overlap", l.tp_comm_overlap},
-            {"pp_overlap", l.pp_overlap},
-            {"fused_attention", l.fused_attention},
-            {"grad_accum_fusion", l.grad_accum_fusion},
-            {"torch_ddp", l.torch_ddp},
-            {"even_layers", l.even_layers}}},
+           {{"dp_overlap", sw.dp_overlap},
+            {"tp_overlap", sw.tp_overlap},
+            {"tp_comm_overlap", sw.tp_comm_overlap},
+            {"pp_overlap", sw.pp_overlap},
+            {"fused_attention", sw.fused_attention},
+            {"grad_accum_fusion", sw.grad_accum_fusion},
+            {"torch_ddp", sw.torch_ddp},
+            {"even_layers", sw.even_layers}}},
           {"step_time_s", e.step_time_s},
           {"tokens_per_s", e.tokens_per_s},
           {"tflops_per_gpu", e.tflops_per_gpu},
@@ -261,22 +362,26 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
 
 std::string estimate_table(const std::vector<plan::Estimate>& rows) {
   std::string out = fmt::format(
-      "{:>3} {:>5} {:>3} {:>4} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} {:>6} {:>6} "
-      "{:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} (GB per GPU)\n",
-      "#", "dp", "tp", "pp", "v", "mb", "zero", "recompute", "sp", "step_s", "tokens/s", "TFLOPs",
-      "MFU", "bubble", "sched", "params", "grads", "optim", "activ", "comm", "total");
+      "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} {:>6} "
+      "{:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} (GB per GPU; total = params + "
+      "grads + optim + max(activ + comm, f32grad), f32grad: the optimizer step's fp32 "
+      "gradients)\n",
+      "#", "dp", "tp", "pp", "cp", "v", "mb", "zero", "recompute", "sp", "step_s", "tokens/s",
+      "TFLOPs", "MFU", "bubble", "sched", "params", "grads", "optim", "activ", "comm", "f32grad",
+      "total");
   int i = 0;
   for (const auto& e : rows) {
     const auto& l = e.layout;
     const auto& m = e.memory;
     out += fmt::format(
-        "{:>3} {:>5} {:>3} {:>4} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.1f} "
-        "{:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f}\n",
-        ++i, l.dp, l.tp, l.pp, l.virtual_stages, l.microbatch, l.zero,
+        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.1f} "
+        "{:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>7.2f} "
+        "{:>6.2f}\n",
+        ++i, l.dp, l.tp, l.pp, l.cp, l.virtual_stages, l.microbatch, l.zero,
         plan::recompute_name(l.recompute), l.sp ? "on" : "off", e.step_time_s, e.tokens_per_s,
         e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / 1e9,
         m.gradients / 1e9, m.optimizer / 1e9, m.activations / 1e9, m.communication / 1e9,
-        m.total() / 1e9);
+        m.step_gradients_f32 / 1e9, m.total() / 1e9);
   }
   return out;
 }
@@ -285,7 +390,7 @@ namespace {
 
 // `train` builds GPT-2-style models in f32 or bf16: a plan of anything else would emit a
 // config for a different job. Checked before the search.
-void check_trainable(const plan::Job& j) {
+void check_trainable(const plan::Job& j, const PlanFlags& f) {
   const plan::ModelSpec& m = j.model;
   std::vector<std::string> lacks;
   if (m.n_kv_head != m.n_head)
@@ -300,6 +405,12 @@ void check_trainable(const plan::Job& j) {
   if (j.dtype != "f32" && j.dtype != "bf16")
     fail("--emit-config: train runs f32 or bf16, not --dtype {}; plan with --dtype bf16 (or f32)",
          j.dtype);
+  // The config would have no cp key and so dp x tp x pp = half (a cp-th) of the planned ranks.
+  if (f.cp && *f.cp > 1)
+    fail(
+        "--emit-config: train has no context parallelism yet, so it cannot run --cp {}; drop "
+        "--cp to plan a layout train runs, or drop --emit-config",
+        *f.cp);
 }
 
 // A run config for `meshtrain train` (only keys its --config accepts) and the flags that
@@ -345,29 +456,6 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   return c;
 }
 
-// --megatron-2021 searches only what that software had: a pin of something it lacked is a
-// contradiction, not a wish to honour silently.
-void check_megatron_2021(const PlanFlags& f) {
-  if (f.zero && *f.zero > 0)
-    fail(
-        "--megatron-2021 has no ZeRO (Megatron-LM's distributed optimizer came later): drop "
-        "--zero {} or --megatron-2021",
-        *f.zero);
-  if (f.sp || f.tp_comm_overlap)
-    fail(
-        "--megatron-2021 has no sequence parallelism (Korthikanti et al. 2022): drop {} or "
-        "--megatron-2021",
-        f.sp ? "--sp" : "--tp-comm-overlap");
-  if (f.recompute == "selective")
-    fail(
-        "--megatron-2021 has no selective recomputation (Korthikanti et al. 2022): use "
-        "--recompute none or full, or drop --megatron-2021");
-  if (f.schedule == "zb1")
-    fail(
-        "--megatron-2021 has no zero-bubble schedule (Qi et al. 2023): use --schedule gpipe, "
-        "1f1b or interleaved, or drop --megatron-2021");
-}
-
 // Whether some layout passed every divisibility check (memory aside).
 bool divisible(const plan::SearchResult& s) {
   return s.fit > 0 || s.dropped.count("out of memory");
@@ -397,19 +485,20 @@ std::string what_would_divide(const plan::Job& j, const plan::SearchPins& pins) 
 
 // Why the search found nothing: memory, or (no layout even divides the job) the most common
 // divisibility failure and a job that would divide.
+// `see`: where the reasons are ("'dropped' above" in the text, "'dropped'" in the JSON).
 std::string no_layout_message(const plan::Job& j, const plan::SearchPins& pins,
-                              const plan::SearchResult& s, bool pinned) {
+                              const plan::SearchResult& s, bool pinned, const std::string& see) {
   const std::string with_pins = pinned ? " with these pins" : "";
   if (divisible(s))
-    return fmt::format("no layout of {} fits in the memory of {} x {}{} (see 'dropped' above)",
-                       j.model.name, j.gpus, j.cluster.gpu.name, with_pins);
+    return fmt::format("no layout of {} fits in the memory of {} x {}{} (see {})", j.model.name,
+                       j.gpus, j.cluster.gpu.name, with_pins, see);
   auto most = std::max_element(s.dropped.begin(), s.dropped.end(),
                                [](const auto& a, const auto& b) { return a.second < b.second; });
   std::string msg = fmt::format("no layout of {} divides {} GPUs and batch {}{}", j.model.name,
                                 j.gpus, j.batch, with_pins);
   if (most != s.dropped.end()) msg += fmt::format(" (mostly: {})", s.example.at(most->first));
   const std::string fix = what_would_divide(j, pins);
-  msg += fix.empty() ? "; see 'dropped' above" : fmt::format("; {} would work", fix);
+  msg += fix.empty() ? "; see " + see : fmt::format("; {} would work", fix);
   return msg;
 }
 
@@ -433,22 +522,22 @@ nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
 
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
               bool megatron_2021) {
-  f.check();
-  if (megatron_2021) check_megatron_2021(f);
+  f.check(megatron_2021);
   plan::Job j = f.job();
+  f.check_pins(j);
   // A config for `meshtrain train`: planned as our runtime runs it, not as Megatron-LM would.
   j.our_runtime = emit.has_value();
-  if (emit) check_trainable(j);
+  if (emit) check_trainable(j, f);
   plan::SearchPins pins = f.pins();
   pins.megatron_2021 = megatron_2021;
   const plan::SearchResult s = plan::search(j, pins, top);
   FILE* human = f.json ? stderr : stdout;
   std::fprintf(human, "%s\n",
-               fmt::format("plan: {} ({:.3g}B parameters) on {} x {} ({}), batch {} x seq {}, "
+               fmt::format("plan: {} ({} parameters) on {} x {} ({}), batch {} x seq {}, "
                            "{}: {} layouts, {} fit in memory, {} replayed, {:.2f} s",
-                           j.model.name, j.model.total_params() / 1e9, j.gpus, j.cluster.gpu.name,
-                           j.cluster.name, j.batch, j.seq, j.dtype, s.considered, s.fit, s.replayed,
-                           s.search_s)
+                           j.model.name, params_text(j.model.total_params()), j.gpus,
+                           j.cluster.gpu.name, j.cluster.name, j.batch, j.seq, j.dtype,
+                           s.considered, s.fit, s.replayed, s.search_s)
                    .c_str());
   std::fprintf(human, "%s", estimate_table(s.top).c_str());
   if (!s.dropped.empty()) {
@@ -459,9 +548,12 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
           fmt::format("  {:>7}  {}  (e.g. {})", count, reason, s.example.at(reason)).c_str());
   }
   if (s.top.empty()) {
-    const std::string why = no_layout_message(j, pins, s, f.pins_any());
+    const std::string why = no_layout_message(j, pins, s, f.pins_any(), "'dropped' above");
     // Scripts read stdout: the reasons as JSON there too, with the exit code of bad input.
-    if (f.json) std::printf("%s\n", plan_json(j, s, why).dump(2).c_str());
+    if (f.json) {
+      const std::string error = no_layout_message(j, pins, s, f.pins_any(), "'dropped'");
+      std::printf("%s\n", plan_json(j, s, error).dump(2).c_str());
+    }
     fail("{}", why);
   }
   if (emit) {

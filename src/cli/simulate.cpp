@@ -110,26 +110,28 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
 }
 
 void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
-  f.check();
+  f.check(megatron_2021);
   const plan::Job j = f.job();
+  f.check_pins(j);
   const plan::Layout l = layout_of(f, j, megatron_2021);
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
   const auto& m = e.memory;
   const double gb = 1e9;
   std::string text =
-      fmt::format("simulate: {} ({:.3g}B parameters) on {} x {} ({}), batch {} x seq {}, {}\n",
-                  j.model.name, j.model.total_params() / 1e9, j.gpus, j.cluster.gpu.name,
+      fmt::format("simulate: {} ({} parameters) on {} x {} ({}), batch {} x seq {}, {}\n",
+                  j.model.name, params_text(j.model.total_params()), j.gpus, j.cluster.gpu.name,
                   j.cluster.name, j.batch, j.seq, j.dtype);
   text += estimate_table({e});
   auto yes = [](bool b) { return b ? "yes" : "no"; };
+  const plan::Layout sw = effective_software(j, l);  // as --json reports them
   text += fmt::format(
       "software: {} (DP reduction overlapped {}, backward TP beside weight gradients {}, "
       "userbuffers TP overlap {}, p2p overlapped {}, fused attention {}, gradient "
       "accumulation in the GEMMs {})\n",
-      megatron_2021 ? "Megatron-LM 2021" : "today's Megatron-Core", yes(l.dp_overlap),
-      yes(l.tp_overlap), yes(l.tp_comm_overlap), yes(l.pp_overlap && l.schedule == "interleaved"),
-      yes(l.fused_attention && j.dtype != "f32"), yes(l.grad_accum_fusion));
+      megatron_2021 ? "Megatron-LM 2021" : "today's Megatron-Core", yes(sw.dp_overlap),
+      yes(sw.tp_overlap), yes(sw.tp_comm_overlap), yes(sw.pp_overlap), yes(sw.fused_attention),
+      yes(sw.grad_accum_fusion));
   if (l.pp > 1)
     text += fmt::format(
         "layers per pipeline chunk: {}{}\n", fmt::join(plan::chunk_layers(j, l), ","),

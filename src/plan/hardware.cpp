@@ -3,7 +3,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -105,19 +108,28 @@ ClusterSpec cluster_preset(const std::string& name) {
   if (name == "dgx-h100") return dgx("dgx-h100", h100_sxm(), 360e9, 45e9);
   if (name == "hgx-b200") return dgx("hgx-b200", b200(), 720e9, 45e9);
   std::string path = name == "this-host" ? this_host_path() : name;
-  std::ifstream in(path);
-  if (!in) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
     if (name == "this-host")
       fail("--cluster this-host: no calibration at {} (run `meshtrain calibrate` first)", path);
     fail("unknown cluster '{}' (choose one of {}, or give a JSON file)", name,
          fmt::join(cluster_preset_names(), ", "));
   }
-  nlohmann::json j;
+  if (std::filesystem::is_directory(path, ec))
+    fail("--cluster '{}' is a folder: give a cluster JSON file (as `meshtrain calibrate` writes)",
+         path);
+  std::ifstream in(path);
+  if (!in)
+    fail("--cluster: cannot read cluster file '{}': {} (check its permissions)", path,
+         std::strerror(errno));
   try {
-    j = nlohmann::json::parse(in);
-    return cluster_from_json(j);
+    return cluster_from_json(nlohmann::json::parse(in));
   } catch (const nlohmann::json::exception& e) {
     fail("cluster file '{}' is not a valid cluster spec: {}", path, e.what());
+  } catch (const Error& e) {
+    fail("cluster file '{}': {}", path, e.what());
+  } catch (const std::exception& e) {  // a read error (std::ios_base::failure)
+    fail("--cluster: cannot read cluster file '{}': {}", path, e.what());
   }
 }
 
@@ -166,8 +178,45 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
                               h.at("bytes_per_s").get<double>()});
   std::sort(c.host_links.begin(), c.host_links.end(),
             [](const HostLink& a, const HostLink& b) { return a.ranks < b.ranks; });
-  if (c.gpus_per_node < 1) fail("cluster '{}': gpus_per_node must be at least 1", c.name);
+  validate(c);
   return c;
+}
+
+void validate(const ClusterSpec& c) {
+  // Each rate divides a cost and each size bounds memory: 0 would make the step "inf" and
+  // MFU NaN. Latencies, overheads, d0 (calibrate may fit 0), max_nodes (0: unlimited) and
+  // compute_units (0: a GPU per rank) may be 0.
+  auto check = [&](const char* field, double v, bool zero_ok, const char* what) {
+    if (!(v > 0 || (zero_ok && v == 0)))
+      fail("{} is {}; it must be {} ({}): fix the file (or rerun `meshtrain calibrate`)", field, v,
+           zero_ok ? "0 or more" : "positive", what);
+  };
+  check("gpu.peak_flops_bf16", c.gpu.peak_flops_bf16, false, "dense FLOP/s, e.g. 3.12e14");
+  check("gpu.peak_flops_f32", c.gpu.peak_flops_f32, false, "dense FLOP/s, e.g. 1.95e13");
+  check("gpu.hbm_bytes", c.gpu.hbm_bytes, false, "memory per GPU in bytes");
+  check("gpu.hbm_bytes_per_s", c.gpu.hbm_bytes_per_s, false, "memory bandwidth, bytes/s");
+  check("gpu.hbm_efficiency", c.gpu.hbm_efficiency, false, "achieved fraction, up to 1");
+  check("gpu.gemm_eff_max", c.gpu.gemm.eff_max, false, "achieved fraction, up to 1");
+  check("gpu.gemm_d0", c.gpu.gemm.d0, true, "GEMM dimension");
+  check("gpu.kernel_overhead_s", c.gpu.kernel_overhead_s, true, "seconds");
+  // Achieved fractions of a peak (calibrate's fit reaches 1.0 by summing 0.01 steps).
+  for (auto [field, v] : {std::pair{"gpu.hbm_efficiency", c.gpu.hbm_efficiency},
+                          {"gpu.gemm_eff_max", c.gpu.gemm.eff_max}})
+    if (v > 1 + 1e-6)
+      fail("{} is {}; it must be at most 1 (an achieved fraction of the peak): fix the file", field,
+           v);
+  check("gpus_per_node", c.gpus_per_node, false, "an integer, at least 1");
+  check("max_nodes", double(c.max_nodes), true, "0: unlimited");
+  check("intra_bytes_per_s", c.intra_bytes_per_s, false, "bytes/s per GPU within a node");
+  check("intra_latency_s", c.intra_latency_s, true, "seconds");
+  check("inter_bytes_per_s", c.inter_bytes_per_s, false, "bytes/s per GPU between nodes");
+  check("inter_latency_s", c.inter_latency_s, true, "seconds");
+  check("compute_units", c.compute_units, true, "cores shared by the ranks; 0: a GPU each");
+  for (const HostLink& h : c.host_links) {
+    check("host_links[].ranks", h.ranks, false, "rank count");
+    check("host_links[].latency_s", h.latency_s, true, "seconds");
+    check("host_links[].bytes_per_s", h.bytes_per_s, false, "all-reduce bus bandwidth, bytes/s");
+  }
 }
 
 ClusterSpec ClusterSpec::for_job(int64_t ranks) const {

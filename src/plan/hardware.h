@@ -64,7 +64,11 @@ struct ClusterSpec {
 ClusterSpec cluster_preset(const std::string& name);  // preset name or JSON file path
 std::vector<std::string> cluster_preset_names();
 nlohmann::json to_json(const ClusterSpec& c);
+// Reads to_json's format and validates it.
 ClusterSpec cluster_from_json(const nlohmann::json& j);
+// Refuses a spec whose numbers the model cannot use (a rate or size <= 0, a negative
+// latency, an efficiency above 1), naming the field and the fix.
+void validate(const ClusterSpec& c);
 // Where `meshtrain calibrate` writes the this-host preset.
 std::string this_host_path();
 

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -297,85 +296,121 @@ static bool tp_fits_nodes(const Job& j, int tp) {
   return j.cluster.gpus_per_node % tp == 0 || j.gpus <= j.cluster.gpus_per_node;
 }
 
-std::optional<std::string> invalid_reason(const Job& j, const Layout& l) {
+std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::string* kind) {
+  // The message (with this layout's numbers) and, for the search's counts, its kind: a fixed
+  // text that every layout refused for the same reason shares.
+  auto refuse = [kind](const char* k, std::string message) {
+    if (kind) *kind = k;
+    return std::optional<std::string>(std::move(message));
+  };
   const ModelSpec& m = j.model;
   const int64_t world = int64_t(l.dp) * l.tp * l.pp * l.cp;
   if (world != j.gpus)
-    return fmt::format("dp {} x tp {} x pp {} x cp {} = {} is not --gpus {}", l.dp, l.tp, l.pp,
-                       l.cp, world, j.gpus);
+    return refuse("dp x tp x pp x cp is not the GPU count",
+                  fmt::format("dp {} x tp {} x pp {} x cp {} = {} is not --gpus {}", l.dp, l.tp,
+                              l.pp, l.cp, world, j.gpus));
   if (l.tp > j.cluster.gpus_per_node)
-    return fmt::format("tp {} exceeds the {} GPUs of a node", l.tp, j.cluster.gpus_per_node);
+    return refuse("tp exceeds a node", fmt::format("tp {} exceeds the {} GPUs of a node", l.tp,
+                                                   j.cluster.gpus_per_node));
   if (!tp_fits_nodes(j, l.tp))
-    return fmt::format(
-        "tp {} does not divide the {} GPUs of a node: tp groups of consecutive ranks would "
-        "straddle two nodes (choose a divisor of {})",
-        l.tp, j.cluster.gpus_per_node, j.cluster.gpus_per_node);
+    return refuse(
+        "tp does not divide a node",
+        fmt::format(
+            "tp {} does not divide the {} GPUs of a node: tp groups of consecutive ranks would "
+            "straddle two nodes (choose a divisor of {})",
+            l.tp, j.cluster.gpus_per_node, j.cluster.gpus_per_node));
   if (m.n_head % l.tp != 0) {
     std::string ok;
     for (int t = 1; t <= j.cluster.gpus_per_node && t <= m.n_head; ++t)
       if (m.n_head % t == 0 && tp_fits_nodes(j, t))
         ok += (ok.empty() ? "" : ", ") + std::to_string(t);
-    return fmt::format("tp {} does not divide n_head {} (choose one of {})", l.tp, m.n_head, ok);
+    return refuse(
+        "tp does not divide n_head",
+        fmt::format("tp {} does not divide n_head {} (choose one of {})", l.tp, m.n_head, ok));
   }
   if (m.n_kv_head % l.tp != 0 && l.tp % m.n_kv_head != 0)
-    return fmt::format("tp {} does not divide n_kv_head {}", l.tp, m.n_kv_head);
-  if (m.d_ff % l.tp != 0) return fmt::format("tp {} does not divide d_ff {}", l.tp, m.d_ff);
+    return refuse("tp and n_kv_head do not divide each other",
+                  fmt::format("tp {} does not divide n_kv_head {}", l.tp, m.n_kv_head));
+  if (m.d_ff % l.tp != 0)
+    return refuse("tp does not divide d_ff",
+                  fmt::format("tp {} does not divide d_ff {}", l.tp, m.d_ff));
   if (m.n_layer < int64_t(l.pp) * l.virtual_stages)
-    return fmt::format("pp {} x virtual stages {} exceeds n_layer {}", l.pp, l.virtual_stages,
-                       m.n_layer);
+    return refuse("more pipeline chunks than layers",
+                  fmt::format("pp {} x virtual stages {} exceeds n_layer {}", l.pp,
+                              l.virtual_stages, m.n_layer));
   if (!l.pp_layers.empty()) {
     const int64_t chunks = int64_t(l.pp) * l.virtual_stages;
     int64_t sum = 0;
     for (int n : l.pp_layers) sum += n;
     if (int64_t(l.pp_layers.size()) != chunks)
-      return fmt::format("--pp-layers has {} entries but pp {} x virtual stages {} = {} chunks",
-                         l.pp_layers.size(), l.pp, l.virtual_stages, chunks);
+      return refuse(
+          "--pp-layers has another chunk count",
+          fmt::format("--pp-layers has {} entries but pp {} x virtual stages {} = {} chunks",
+                      l.pp_layers.size(), l.pp, l.virtual_stages, chunks));
     if (*std::min_element(l.pp_layers.begin(), l.pp_layers.end()) < 1)
-      return std::string("--pp-layers: every chunk needs at least one layer");
+      return refuse("--pp-layers has an empty chunk",
+                    std::string("--pp-layers: every chunk needs at least one layer"));
     if (sum != m.n_layer)
-      return fmt::format("--pp-layers covers {} layers but n_layer is {}", sum, m.n_layer);
+      return refuse("--pp-layers does not cover n_layer",
+                    fmt::format("--pp-layers covers {} layers but n_layer is {}", sum, m.n_layer));
   }
   if (l.cp > 1 && j.seq % (2 * l.cp) != 0)
-    return fmt::format("cp {} does not divide seq {} in 2·cp chunks", l.cp, j.seq);
+    return refuse("cp does not split seq into chunks",
+                  fmt::format("cp {} does not divide seq {} in 2·cp chunks", l.cp, j.seq));
   if (j.batch % (int64_t(l.dp) * l.microbatch) != 0)
-    return fmt::format("batch {} is not divisible by dp {} x microbatch {}", j.batch, l.dp,
-                       l.microbatch);
+    return refuse("batch not divisible by dp x microbatch",
+                  fmt::format("batch {} is not divisible by dp {} x microbatch {}", j.batch, l.dp,
+                              l.microbatch));
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
   if (mbs > kMaxMicrobatches)
-    return fmt::format(
-        "{} microbatches per step and pipeline: more than the planner replays ({}); give a "
-        "--microbatch of at least {} (or check --batch: it counts sequences, not tokens)",
-        mbs, kMaxMicrobatches, (mbs * l.microbatch + kMaxMicrobatches - 1) / kMaxMicrobatches);
+    return refuse(
+        "more microbatches than the planner replays",
+        fmt::format(
+            "{} microbatches per step and pipeline: more than the planner replays ({}); give a "
+            "--microbatch of at least {} (or check --batch: it counts sequences, not tokens)",
+            mbs, kMaxMicrobatches, (mbs * l.microbatch + kMaxMicrobatches - 1) / kMaxMicrobatches));
   if (mbs < l.pp)
-    return fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp);
+    return refuse(
+        "fewer microbatches than pipeline stages",
+        fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp));
   if (l.virtual_stages > 1 && mbs % l.pp != 0)
-    return fmt::format("interleaved: {} microbatches is not a multiple of pp {}", mbs, l.pp);
+    return refuse(
+        "interleaved: microbatches not a multiple of pp",
+        fmt::format("interleaved: {} microbatches is not a multiple of pp {}", mbs, l.pp));
   if (l.virtual_stages > 1 && l.pp < 2)
-    return fmt::format(
-        "virtual stages {} need pp 2 or more (interleaving splits each pipeline rank's layers "
-        "into chunks)",
-        l.virtual_stages);
+    return refuse(
+        "virtual stages need a pipeline",
+        fmt::format(
+            "virtual stages {} need pp 2 or more (interleaving splits each pipeline rank's layers "
+            "into chunks)",
+            l.virtual_stages));
   if (l.virtual_stages > 1 && l.schedule != "interleaved")
-    return fmt::format("virtual stages {} need --schedule interleaved", l.virtual_stages);
+    return refuse("virtual stages need the interleaved schedule",
+                  fmt::format("virtual stages {} need --schedule interleaved", l.virtual_stages));
   if (l.virtual_stages == 1 && l.schedule == "interleaved")
-    return std::string("--schedule interleaved needs --virtual-stages >= 2");
-  if (l.sp && l.tp == 1) return std::string("sp needs tp > 1");
+    return refuse("interleaved schedule needs virtual stages",
+                  std::string("--schedule interleaved needs --virtual-stages >= 2"));
+  if (l.sp && l.tp == 1)
+    return refuse("sp needs tensor parallelism", std::string("sp needs tp > 1"));
   // As train refuses it (trainer.cpp): no software we model runs the two together.
   if (l.schedule == "zb1" && l.pp > 1 && l.recompute == Recompute::kFull)
-    return std::string(
-        "zb1 with full recomputation: the W pass needs a block's activations after later "
-        "blocks' recomputation reused them (use --recompute selective or none, or another "
-        "schedule)");
+    return refuse("zb1 with full recomputation (train refuses it)",
+                  std::string("zb1 with full recomputation: the W pass needs a block's "
+                              "activations after later blocks' recomputation reused them (use "
+                              "--recompute selective or none, or another schedule)"));
   if (l.tp_comm_overlap && l.tp > 1 && !l.sp)
-    return std::string(
-        "--tp-comm-overlap needs --sp (it overlaps SP's all-gathers and "
-        "reduce-scatters with the GEMMs)");
-  if (l.zero < 0 || l.zero > 3) return fmt::format("zero stage {} (choose 0..3)", l.zero);
+    return refuse("--tp-comm-overlap needs sp",
+                  std::string("--tp-comm-overlap needs --sp (it overlaps SP's all-gathers and "
+                              "reduce-scatters with the GEMMs)"));
+  if (l.zero < 0 || l.zero > 3)
+    return refuse("no such ZeRO stage", fmt::format("zero stage {} (choose 0..3)", l.zero));
   if (l.zero >= 2 && l.pp > 1)
-    return fmt::format(
-        "zero {} with pp {} is not modelled by the planner (train runs it; Megatron-LM and "
-        "DeepSpeed pair pipelines with ZeRO 0-1: use 0-1)",
-        l.zero, l.pp);
+    return refuse(
+        "ZeRO gradient sharding with pipelining is not modelled",
+        fmt::format(
+            "zero {} with pp {} is not modelled by the planner (train runs it; Megatron-LM and "
+            "DeepSpeed pair pipelines with ZeRO 0-1: use 0-1)",
+            l.zero, l.pp));
   return std::nullopt;
 }
 
@@ -840,14 +875,19 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
   for (int t : tps)
     for (int pp : pps) {
       const int64_t tpc = int64_t(t) * pp * cp;
+      // A (tp, pp) that does not divide the GPUs has no dp to enumerate the rest over: it
+      // counts as one layout considered and dropped.
       if (j.gpus % tpc != 0) {
+        ++res.considered;
         note("gpus not divisible by tp x pp x cp",
              fmt::format("tp {} pp {}: {} % {} != 0", t, pp, j.gpus, tpc));
         continue;
       }
       const int dp = static_cast<int>(j.gpus / tpc);
       if (pins.dp && *pins.dp != dp) {
-        note("pinned --dp", fmt::format("tp {} pp {} gives dp {}", t, pp, dp));
+        ++res.considered;
+        note("tp x pp x cp leaves another dp than --dp",
+             fmt::format("tp {} pp {} gives dp {}, not --dp {}", t, pp, dp, *pins.dp));
         continue;
       }
       // Virtual stages: those that split the layers evenly; beyond Megatron-LM 2021 also
@@ -892,19 +932,23 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
                 l.pp_layers = pins.pp_layers;
                 l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
-                if (l.schedule == "interleaved" && v == 1 && !pins.virtual_stages) continue;
                 l = as_run(j, l);
-                if (dp * cp == 1 && z > 0) continue;  // ZeRO over one rank is stage 0
                 ++res.considered;
-                if (auto why = invalid_reason(j, l)) {
-                  // The reason with its numbers replaced by N counts as one kind.
-                  std::string key;
-                  for (char ch : *why)
-                    if (!std::isdigit(static_cast<unsigned char>(ch)))
-                      key += ch;
-                    else if (key.empty() || key.back() != 'N')
-                      key += 'N';
-                  note(key, *why);
+                std::string kind;
+                std::optional<std::string> why = invalid_reason(j, l, &kind);
+                // Valid, but a layout the search has already (ZeRO over one rank is stage 0)
+                // or one that Megatron-LM 2021 could not run (a pinned --virtual-stages).
+                if (!why && dp * cp == 1 && z > 0) {
+                  kind = "ZeRO over a single data-parallel rank (no ZeRO's layout again)";
+                  why = fmt::format("tp {} pp {} dp {} cp {} zero {}: nothing to shard over", t, pp,
+                                    dp, cp, z);
+                }
+                if (!why && pins.megatron_2021 && v > 1 && pp <= 2) {
+                  kind = "Megatron-LM 2021 interleaves only with pp > 2";
+                  why = fmt::format("pp {} virtual stages {}", pp, v);
+                }
+                if (why) {
+                  note(kind.empty() ? *why : kind, *why);
                   continue;
                 }
                 Cand c;

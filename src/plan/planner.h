@@ -140,8 +140,11 @@ inline double memory_per_rank(const Job& j) { return j.cluster.for_job(j.gpus).g
 // and gigabytes to plan; no real job accumulates that many).
 inline constexpr int64_t kMaxMicrobatches = 16384;
 
-// Refuses a layout that cannot run, with the reason (divisibility, T beyond a node, ...).
-std::optional<std::string> invalid_reason(const Job& job, const Layout& l);
+// Refuses a layout that cannot run, with the reason (divisibility, T beyond a node, ...);
+// `kind`, when given, gets the reason's kind: a fixed text, without the layout's numbers,
+// that the search counts its drops under (SearchResult::dropped).
+std::optional<std::string> invalid_reason(const Job& job, const Layout& l,
+                                          std::string* kind = nullptr);
 MemoryBytes memory_per_gpu(const Job& job, const Layout& l, int* worst_stage = nullptr,
                            int* in_flight = nullptr);
 // The same, with the per-rank microbatch-chunks in flight of the layout's schedule given.
