@@ -210,6 +210,11 @@ plan::ClusterSpec measure_host(bool quick, int cores, int threads,
       mi.ignore(256, '\n');
     }
     c.gpu.hbm_bytes = kb * 1024;
+    // The planner refuses a host without memory: say so here, not when the file is read.
+    if (c.gpu.hbm_bytes <= 0)
+      fail(
+          "calibrate: cannot read MemTotal from /proc/meminfo (the host's memory, which its "
+          "ranks share); run it where /proc is mounted");
   }
   return c;
 }

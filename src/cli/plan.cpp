@@ -132,9 +132,10 @@ void PlanFlags::check_megatron_2021() const {
 }
 
 // Pins that no layout of the job can honour together, named before any search (plan would
-// otherwise report whichever divisibility failed most often). Each check takes the largest
-// value the other pins leave a dimension (for simulate, whose unset flags are 1, the value).
-void PlanFlags::check_pins(const plan::Job& j) const {
+// otherwise report whichever divisibility failed most often). For plan (search) each check
+// takes the largest value the other pins leave a dimension; for simulate an unset --tp,
+// --pp or --cp is 1 (and --dp what the others leave), as simulate runs it.
+void PlanFlags::check_pins(const plan::Job& j, bool search) const {
   const int64_t t = tp.value_or(1), p = pp.value_or(1), c = cp.value_or(1), d = dp.value_or(1);
   // "--gpus 8 with --tp 8 leaves dp x cp 1": the GPUs, the pins that use them, what is left.
   auto leaves = [&](const char* dim, int64_t left) {
@@ -150,18 +151,25 @@ void PlanFlags::check_pins(const plan::Job& j) const {
         "--zero {} needs more than one data-parallel rank to shard over, but {}: drop --zero "
         "(over one rank it is --zero 0) or leave GPUs for dp",
         *zero, leaves("dp x cp", shards));
-  const int64_t max_tp = tp ? t : j.gpus / (d * p * c);
+  const int64_t max_tp = tp || !search ? t : j.gpus / (d * p * c);
   if (sp && max_tp <= 1)
     fail(
         "--sp splits activations over the tensor-parallel group, but {}: give --tp 2 or more, "
         "or drop --sp",
         leaves("tp", max_tp));
-  const int64_t max_pp = pp ? p : j.gpus / (d * t * c);
+  const int64_t max_pp = pp || !search ? p : j.gpus / (d * t * c);
   if (schedule == "interleaved" && max_pp < 2)
     fail(
         "--schedule interleaved needs a pipeline of 2 or more stages, but {}: give --pp 2 or "
         "more, or use --schedule 1f1b",
         leaves("pp", max_pp));
+  // As train refuses it (and plan::invalid_reason): with a pipeline, zb1's W pass would read
+  // activations that full recomputation has reused. Without one the schedule does not apply.
+  if (schedule == "zb1" && recompute == "full" && max_pp >= 2)
+    fail(
+        "--schedule zb1 with --recompute full: the W pass needs a block's activations after "
+        "later blocks' recomputation reused them (train refuses the pair): use --recompute "
+        "selective or none, or another schedule");
 }
 
 namespace {
@@ -288,22 +296,8 @@ std::string params_text(double n) {
   return fmt::format("{:.3g}K", n / 1e3);
 }
 
-plan::Layout effective_software(const plan::Job& j, const plan::Layout& l) {
-  plan::Layout e = l;
-  // A shared host's collectives and sends are copies by the cores that compute: nothing
-  // overlaps there (planner.cpp: comm_uses_compute).
-  const bool gpus = j.cluster.compute_units == 0;
-  e.dp_overlap = l.dp_overlap && gpus;
-  e.tp_overlap = l.tp_overlap && gpus && l.tp > 1 && l.schedule != "zb1";
-  e.tp_comm_overlap = l.tp_comm_overlap && gpus && l.tp > 1;
-  e.pp_overlap = l.pp_overlap && gpus && l.pp > 1 && l.schedule == "interleaved";
-  e.fused_attention = l.fused_attention && !plan::runs_our_runtime(j);  // ours is unfused
-  return e;
-}
-
 nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
   const plan::Layout& l = e.layout;
-  const plan::Layout sw = effective_software(j, l);
   const plan::MemoryBytes& m = e.memory;
   return {{"dp", l.dp},
           {"tp", l.tp},
@@ -318,14 +312,14 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"sp", l.sp},
           {"schedule", l.schedule},
           {"software",
-           {{"dp_overlap", sw.dp_overlap},
-            {"tp_overlap", sw.tp_overlap},
-            {"tp_comm_overlap", sw.tp_comm_overlap},
-            {"pp_overlap", sw.pp_overlap},
-            {"fused_attention", sw.fused_attention},
-            {"grad_accum_fusion", sw.grad_accum_fusion},
-            {"torch_ddp", sw.torch_ddp},
-            {"even_layers", sw.even_layers}}},
+           {{"dp_overlap", l.dp_overlap},  // as they take effect (plan::as_run)
+            {"tp_overlap", l.tp_overlap},
+            {"tp_comm_overlap", l.tp_comm_overlap},
+            {"pp_overlap", l.pp_overlap},
+            {"fused_attention", l.fused_attention},
+            {"grad_accum_fusion", l.grad_accum_fusion},
+            {"torch_ddp", l.torch_ddp},
+            {"even_layers", l.even_layers}}},
           {"step_time_s", e.step_time_s},
           {"tokens_per_s", e.tokens_per_s},
           {"tflops_per_gpu", e.tflops_per_gpu},
@@ -524,7 +518,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
               bool megatron_2021) {
   f.check(megatron_2021);
   plan::Job j = f.job();
-  f.check_pins(j);
+  f.check_pins(j, /*search=*/true);
   // A config for `meshtrain train`: planned as our runtime runs it, not as Megatron-LM would.
   j.our_runtime = emit.has_value();
   if (emit) check_trainable(j, f);

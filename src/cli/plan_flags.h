@@ -37,16 +37,12 @@ struct PlanFlags {
   void check_megatron_2021() const;
   // Refuses pins that no layout of the job can honour together (--zero 1 where dp is 1,
   // --sp where tp is 1, --schedule interleaved where pp is 1), naming that contradiction.
-  void check_pins(const plan::Job& j) const;
+  void check_pins(const plan::Job& j, bool search) const;
   plan::Job job() const;
   plan::SearchPins pins() const;
   bool pins_any() const;  // a layout flag was given (plan: the search is narrowed)
 };
 
-// The layout's software switches as the model applied them (what plan's JSON and
-// simulate's text report): e.g. no fused attention in f32 (our CPU runtime), p2p overlap
-// only in an interleaved pipeline, no overlap at all on a shared host.
-plan::Layout effective_software(const plan::Job& job, const plan::Layout& l);
 // A parameter count for people: 842K, 124M, 1.5B, 1.01T.
 std::string params_text(double n);
 nlohmann::json estimate_json(const plan::Job& job, const plan::Estimate& e);

@@ -112,7 +112,7 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
 void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
   f.check(megatron_2021);
   const plan::Job j = f.job();
-  f.check_pins(j);
+  f.check_pins(j, /*search=*/false);
   const plan::Layout l = layout_of(f, j, megatron_2021);
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
@@ -124,14 +124,16 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
                   j.cluster.name, j.batch, j.seq, j.dtype);
   text += estimate_table({e});
   auto yes = [](bool b) { return b ? "yes" : "no"; };
-  const plan::Layout sw = effective_software(j, l);  // as --json reports them
+  const plan::Layout& sw = e.layout;  // the switches as they take effect (plan::as_run)
   text += fmt::format(
       "software: {} (DP reduction overlapped {}, backward TP beside weight gradients {}, "
       "userbuffers TP overlap {}, p2p overlapped {}, fused attention {}, gradient "
       "accumulation in the GEMMs {})\n",
-      megatron_2021 ? "Megatron-LM 2021" : "today's Megatron-Core", yes(sw.dp_overlap),
-      yes(sw.tp_overlap), yes(sw.tp_comm_overlap), yes(sw.pp_overlap), yes(sw.fused_attention),
-      yes(sw.grad_accum_fusion));
+      megatron_2021               ? "Megatron-LM 2021"
+      : plan::runs_our_runtime(j) ? "meshtrain's runtime"
+                                  : "today's Megatron-Core",
+      yes(sw.dp_overlap), yes(sw.tp_overlap), yes(sw.tp_comm_overlap), yes(sw.pp_overlap),
+      yes(sw.fused_attention), yes(sw.grad_accum_fusion));
   if (l.pp > 1)
     text += fmt::format(
         "layers per pipeline chunk: {}{}\n", fmt::join(plan::chunk_layers(j, l), ","),

@@ -151,6 +151,16 @@ nlohmann::json to_json(const ClusterSpec& c) {
           {"host_links", links}};
 }
 
+namespace {
+// A count read as one: 8.5 GPUs per node is refused, not truncated to 8.
+int64_t count(const nlohmann::json& v, const char* field) {
+  if (!v.is_number_integer())
+    fail("{} is {}; it must be a whole number: fix the file (or rerun `meshtrain calibrate`)",
+         field, v.dump());
+  return v.get<int64_t>();
+}
+}  // namespace
+
 ClusterSpec cluster_from_json(const nlohmann::json& j) {
   ClusterSpec c;
   c.name = j.at("name").get<std::string>();
@@ -164,18 +174,19 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.gpu.gemm.eff_max = g.value("gemm_eff_max", 0.75);
   c.gpu.gemm.d0 = g.value("gemm_d0", 48.0);
   c.gpu.kernel_overhead_s = g.value("kernel_overhead_s", 0.0);
-  c.gpus_per_node = j.at("gpus_per_node").get<int>();
-  c.max_nodes = j.value("max_nodes", int64_t{0});
+  c.gpus_per_node = int(count(j.at("gpus_per_node"), "gpus_per_node"));
+  c.max_nodes = j.contains("max_nodes") ? count(j.at("max_nodes"), "max_nodes") : 0;
   c.intra_bytes_per_s = j.at("intra_bytes_per_s").get<double>();
   c.intra_latency_s = j.value("intra_latency_s", 0.0);
   c.inter_bytes_per_s = j.at("inter_bytes_per_s").get<double>();
   c.inter_latency_s = j.value("inter_latency_s", 0.0);
-  c.compute_units = j.value("compute_units", 0);
+  c.compute_units =
+      j.contains("compute_units") ? int(count(j.at("compute_units"), "compute_units")) : 0;
   c.backend = j.value("backend", std::string());
   if (j.contains("host_links"))
     for (const auto& h : j.at("host_links"))
-      c.host_links.push_back({h.at("ranks").get<int>(), h.at("latency_s").get<double>(),
-                              h.at("bytes_per_s").get<double>()});
+      c.host_links.push_back({int(count(h.at("ranks"), "host_links.ranks")),
+                              h.at("latency_s").get<double>(), h.at("bytes_per_s").get<double>()});
   std::sort(c.host_links.begin(), c.host_links.end(),
             [](const HostLink& a, const HostLink& b) { return a.ranks < b.ranks; });
   validate(c);

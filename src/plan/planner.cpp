@@ -183,9 +183,9 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   f += mlp_out;         // MLP out
   // Memory-bound kernels (bytes per token, docs/planner.md): layer norms, residual
   // dropout-adds, activation function, softmax (+ dropout) over the attention scores.
-  // Our runtime has no dropout; in f32 its bias adds move those bytes (as measured).
+  // Our runtime has no dropout; its bias adds move those bytes (as measured in f32).
   const bool drop = dropout(j);
-  const double rep = (drop || (!mixed(j) && m.bias) ? 22.0 : 16.0) * h * wb / 2;
+  const double rep = (drop || (runs_our_runtime(j) && m.bias) ? 22.0 : 16.0) * h * wb / 2;
   const double act = (m.swiglu ? 6.0 : 4.0) * F * wb / 2;
   // Softmax over the T×T scores: unfused, mixed precision reads the scores and writes the
   // probabilities (+ dropout's mask and output); f32 is our runtime; fused: none.
@@ -420,7 +420,16 @@ bool runs_our_runtime(const Job& j) {
 
 Layout as_run(const Job& j, Layout l) {
   if (l.pp == 1 && l.schedule != "interleaved") l.schedule = "1f1b";
-  if (runs_our_runtime(j)) l.fused_attention = false;
+  // A shared host's collectives and sends are copies by the cores that compute: nothing
+  // overlaps there. Our runtime runs attention unfused and its TP collectives and pipeline
+  // exchanges blocking (parallel/tp.cpp; the batched exchanges on NCCL); its DP reduction
+  // overlaps the last backward.
+  const bool gpus = j.cluster.compute_units == 0, ours = runs_our_runtime(j);
+  l.dp_overlap = l.dp_overlap && gpus;
+  l.tp_overlap = l.tp_overlap && gpus && !ours && l.tp > 1 && l.schedule != "zb1";
+  l.tp_comm_overlap = l.tp_comm_overlap && gpus && !ours && l.tp > 1;
+  l.pp_overlap = l.pp_overlap && gpus && !ours && l.pp > 1 && l.schedule == "interleaved";
+  l.fused_attention = l.fused_attention && !ours;
   return l;
 }
 
@@ -524,7 +533,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
     // Communication buffers: p2p send/recv (2 each way; our runtime sends from and receives
     // into the pool's sets), ZeRO-3 gathered units (2 blocks), ZeRO-2 gradient pool (2 blocks).
     double comm = 0;
-    if (l.pp > 1 && mixed(j)) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
+    // (Our runtime receives into its activation sets: the spare one, above.)
+    if (l.pp > 1 && mixed(j) && !spare_set(j)) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
     if (mixed(j)) {
       const double block = m.block_params_per_tp(l.tp);
       if (l.zero >= 2) comm += 2 * block * gradient_bytes(j);  // gradient pool
@@ -900,6 +910,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
           if (m.n_layer % (int64_t(pp) * v) == 0 || (!pins.megatron_2021 && v <= 8))
             vs.push_back(v);
       if (pins.megatron_2021 && pp <= 2) vs = {1};
+      if (pins.schedule && *pins.schedule != "interleaved") vs = {1};  // only it interleaves
       if (pins.virtual_stages) vs = {*pins.virtual_stages};
       std::vector<int64_t> mbss = microbatch_sizes(j.batch, dp);
       if (pins.microbatch) mbss = {*pins.microbatch};

@@ -126,10 +126,13 @@ struct Estimate {
   ReplayResult replay;   // spans kept when asked
 };
 
-// The layout as the job runs it. Without a pipeline (pp 1) train accumulates the
-// microbatches one after another whatever --schedule says: "1f1b" (one microbatch's
-// activations held; a zb1 pin does not split the backward; interleaved is left for
-// invalid_reason to refuse). Our runtime's attention is unfused (runs_our_runtime).
+// The layout as the job runs it, what estimate() costs and reports. Without a pipeline
+// (pp 1) train accumulates the microbatches one after another whatever --schedule says:
+// "1f1b" (one microbatch's activations held; a zb1 pin does not split the backward;
+// interleaved is left for invalid_reason to refuse). The software switches as they take
+// effect: no overlap on a shared host, none of TP or the pipeline's and no fused attention
+// in our runtime (runs_our_runtime), TP overlap only with tp > 1 and not under zb1 (whose
+// weight gradients run later), p2p overlap only in an interleaved pipeline.
 Layout as_run(const Job& j, Layout l);
 
 // The memory a rank may use: its GPU's, or its share of a shared host's (ClusterSpec::for_job).

@@ -748,6 +748,11 @@ TEST(PlanCliReview, ClusterFilesAreValidated) {
     const std::string path = write("bad.json", bad);
     expect_refused("plan --cluster " + path + job, "cluster file '" + path + "': " + field);
   }
+  // A count that is not whole used to be truncated (8.5 GPUs per node planned as 8).
+  nlohmann::json half = good;
+  half["gpus_per_node"] = 8.5;
+  const std::string half_path = write("half.json", half);
+  expect_refused("plan --cluster " + half_path + job, "gpus_per_node is 8.5; it must be a whole");
   // A folder used to exit 1 with "basic_filebuf::underflow error reading the file".
   expect_refused("plan --cluster " + dir.string() + job, "is a folder: give a cluster JSON file");
 }
@@ -763,6 +768,48 @@ TEST(PlanCliReview, ShapesAndSizesAreReportedAsGiven) {
       "simulate --model megatron-1t --cluster dgx-a100 --gpus 3072 --batch 3072 --tp 8 --pp 64 "
       "--microbatch 1 --recompute full --dtype fp16");
   EXPECT_NE(r.output.find("megatron-1t (1.01T parameters)"), std::string::npos) << r.output;
+}
+
+// A code review's findings (2026-11-25): the pins plan cannot honour are named before the
+// search; simulate's unset --tp is 1; its software line is the JSON's (the layout as run:
+// pp 1 is gradient accumulation, so a zb1 pin there keeps the TP overlap); and a plan for
+// --emit-config costs our runtime's blocking TP and pipeline exchanges, not Megatron-Core's
+// overlaps.
+TEST(PlanCliReview, PinsAndSoftwareAsRun) {
+  expect_refused(
+      "plan --model megatron-1.7b --cluster dgx-a100 --gpus 16 --batch 64 --schedule zb1 "
+      "--recompute full --pp 4",
+      "--schedule zb1 with --recompute full");
+  expect_refused("simulate --gpus 8 --sp", "--sp splits activations over the tensor-parallel");
+  const auto zb = run_json(
+      "simulate --model megatron-7.5b --cluster dgx-a100 --gpus 8 --batch 64 --tp 2 "
+      "--schedule zb1 --json");
+  const auto one = run_json(
+      "simulate --model megatron-7.5b --cluster dgx-a100 --gpus 8 --batch 64 --tp 2 --json");
+  EXPECT_EQ(zb["layouts"][0]["schedule"], "1f1b");
+  EXPECT_TRUE(zb["layouts"][0]["software"]["tp_overlap"]);
+  EXPECT_EQ(zb["layouts"][0]["step_time_s"], one["layouts"][0]["step_time_s"]);
+  const auto r = test::run_meshtrain(
+      "simulate --model megatron-7.5b --cluster dgx-a100 --gpus 8 --batch 64 --tp 2 "
+      "--schedule zb1");
+  EXPECT_NE(r.output.find("backward TP beside weight gradients yes"), std::string::npos)
+      << r.output;
+
+  const auto dir = test::scratch_dir("plan-review-emit");
+  const auto emitted = run_json(
+      "plan --model megatron-3.6b --cluster dgx-a100 --gpus 16 --batch 64 --tp 4 --pp 4 "
+      "--emit-config " +
+      (dir / "c.json").string() + " --json");
+  const auto megatron = run_json(
+      "plan --model megatron-3.6b --cluster dgx-a100 --gpus 16 --batch 64 --tp 4 --pp 4 --json");
+  ASSERT_FALSE(emitted["layouts"].empty());
+  for (const auto& l : emitted["layouts"]) {
+    EXPECT_FALSE(l["software"]["tp_overlap"]) << l;
+    EXPECT_FALSE(l["software"]["pp_overlap"]) << l;
+    EXPECT_FALSE(l["software"]["fused_attention"]) << l;
+  }
+  EXPECT_GT(emitted["layouts"][0]["step_time_s"].get<double>(),
+            megatron["layouts"][0]["step_time_s"].get<double>());
 }
 
 }  // namespace
