@@ -81,7 +81,8 @@ struct Job {
 
 // Whose executor runs the job: ours for f32, on a shared host (this-host) and for an
 // emitted config — no dropout, attention unfused (the CUDA backend's fused kernel is
-// opt-in), a spare activation set per pipeline rank; Megatron-LM's otherwise.
+// opt-in), blocking TP collectives and pipeline exchanges, a spare activation set per
+// pipeline rank and no separate p2p buffers; Megatron-LM's otherwise (as_run).
 bool runs_our_runtime(const Job& j);
 
 struct MemoryBytes {
