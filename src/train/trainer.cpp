@@ -30,6 +30,7 @@
 #include "parallel/zero.h"
 #include "train/checkpoint.h"
 #include "train/hf_export.h"
+#include "train/host_share.h"
 #include "train/output_paths.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
@@ -238,14 +239,19 @@ int64_t first_sample(int64_t step, int64_t B, int d, int D, int64_t m, int64_t m
   return step * B + d * (B / D) + m * mb;
 }
 
+// The ranks whose threads share this host's cores: every rank thread of the local backend;
+// one process per rank (mpi, or nccl under mpirun) the ones mpirun put on this host.
+int ranks_on_host(const TrainOptions& o, comm::BackendKind backend) {
+  int on_host = o.world_size();
+  if (backend == comm::BackendKind::kMpi || comm::started_by_mpirun())
+    if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) on_host = std::atoi(s);
+  return std::max(1, on_host);
+}
+
 // Intra-op threads of one rank: cores on this host shared by the ranks on this host.
 int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
   if (o.threads > 0) return o.threads;
-  int on_host = o.world_size();
-  // One process per rank (mpi, or nccl under mpirun): the ranks on this host share its cores.
-  if (backend == comm::BackendKind::kMpi || comm::started_by_mpirun())
-    if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) on_host = std::atoi(s);
-  return std::max(1, kernels::host_cores() / std::max(1, on_host));
+  return std::max(1, kernels::host_cores() / ranks_on_host(o, backend));
 }
 
 // The mesh: --mesh-order names pp, dp and tp, slowest first (ep and cp have size 1 here).
@@ -402,7 +408,8 @@ struct Shared {
   const TrainOptions& o;
   const Splits& data;
   int threads;
-  const parallel::pp::Schedule* schedule;    // --pp > 1
+  double host_share;                       // of the CPU peak at `threads` threads (cpu_host_share)
+  const parallel::pp::Schedule* schedule;  // --pp > 1
   const parallel::pp::Partition* partition;  // --pp > 1
   std::mutex mu;
   TrainResult result;
@@ -467,9 +474,10 @@ void run_rank(Shared& sh, comm::Group& world) {
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
   const double flops_per_token = model::training_flops_per_token(o.model, T);
   const DType gemm_dtype = ro.bf16 ? DType::kBF16 : DType::kF32;
-  const double peak = o.peak_flops > 0    ? o.peak_flops
-                      : device::on_cuda() ? kernels::gpu_peak_flops(gemm_dtype)
-                                          : kernels::peak_flops(gemm_dtype, sh.threads);
+  const double peak = o.peak_flops > 0 ? o.peak_flops
+                      : device::on_cuda()
+                          ? kernels::gpu_peak_flops(gemm_dtype)
+                          : kernels::peak_flops(gemm_dtype, sh.threads) * sh.host_share;
   const Splits& data = sh.data;
 
   if (talk) {
@@ -819,7 +827,11 @@ TrainResult run_training(const TrainOptions& o) {
   // fails (a dead rank, a timeout) starts again from the newest checkpoint.
   TrainOptions run = o;
   for (int attempt = 0;; ++attempt) {
-    Shared sh{run, data, rank_threads(o, kind), sched.get(), part.get(), {}, {}};
+    const int threads = rank_threads(o, kind);
+    Shared sh{run,         data,
+              threads,     cpu_host_share(kernels::host_cores(), ranks_on_host(o, kind), threads),
+              sched.get(), part.get(),
+              {},          {}};
     try {
       comm::launch(lo, [&](comm::Group& w) { run_rank(sh, w); });
     } catch (const Error& e) {
