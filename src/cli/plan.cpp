@@ -50,6 +50,10 @@ void PlanFlags::add_to(CLI::App& app) {
                "weight gradients written to a temporary and added into the accumulation buffer "
                "by a separate kernel every microbatch (Megatron-LM 2021, PyTorch autograd "
                "accumulation) instead of accumulated by the GEMM");
+  app.add_flag("--meshtrain-runtime", meshtrain_runtime,
+               "as `meshtrain train` runs the job (no dropout, unfused attention, blocking TP "
+               "and pipeline exchanges) rather than Megatron-LM; implied by plan --emit-config, "
+               "by f32 and by a shared host");
   app.add_flag("--no-dropout", no_dropout,
                "train without dropout (mixed precision: no masks through HBM nor kept; the "
                "GPT presets have it, the llama3 presets do not, our f32 runtime never)");
@@ -235,6 +239,7 @@ plan::Job PlanFlags::job() const {
   j.batch = batch.value_or(j.gpus);
   if (j.batch < 1) fail("--batch {} must be at least 1", j.batch);
   j.dtype = dtype;
+  j.our_runtime = meshtrain_runtime;
   return j;
 }
 
@@ -520,7 +525,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
   plan::Job j = f.job();
   f.check_pins(j, /*search=*/true);
   // A config for `meshtrain train`: planned as our runtime runs it, not as Megatron-LM would.
-  j.our_runtime = emit.has_value();
+  if (emit) j.our_runtime = true;
   if (emit) check_trainable(j, f);
   plan::SearchPins pins = f.pins();
   pins.megatron_2021 = megatron_2021;

@@ -27,6 +27,7 @@ struct PlanFlags {
   bool unfused_attention = false;
   bool unfused_grad_accum = false;
   bool no_dropout = false;
+  bool meshtrain_runtime = false;  // Job::our_runtime
   bool json = false;
 
   void add_to(CLI::App& app);

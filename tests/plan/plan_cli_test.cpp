@@ -810,6 +810,21 @@ TEST(PlanCliReview, PinsAndSoftwareAsRun) {
   }
   EXPECT_GT(emitted["layouts"][0]["step_time_s"].get<double>(),
             megatron["layouts"][0]["step_time_s"].get<double>());
+  // simulate of the emitted layout asks for our runtime with --meshtrain-runtime.
+  const auto& best = emitted["layouts"][0];
+  const std::string layout = fmt::format(
+      " --dp {} --tp {} --pp {} --virtual-stages {} --schedule {} --microbatch {} --zero {} "
+      "--recompute {}{}",
+      best["dp"].get<int>(), best["tp"].get<int>(), best["pp"].get<int>(),
+      best["virtual_stages"].get<int>(), best["schedule"].get<std::string>(),
+      best["microbatch"].get<int>(), best["zero"].get<int>(), best["recompute"].get<std::string>(),
+      best["sp"].get<bool>() ? " --sp" : "");
+  const std::string job = "simulate --model megatron-3.6b --cluster dgx-a100 --gpus 16 --batch 64";
+  const auto ours = run_json(job + layout + " --meshtrain-runtime --json");
+  const auto theirs = run_json(job + layout + " --json");
+  EXPECT_EQ(ours["layouts"][0]["step_time_s"], best["step_time_s"]);
+  EXPECT_LT(theirs["layouts"][0]["step_time_s"].get<double>(),
+            ours["layouts"][0]["step_time_s"].get<double>());
 }
 
 }  // namespace
