@@ -25,6 +25,16 @@ Job a100_job(const std::string& model, int64_t gpus, int64_t batch, const std::s
   return j;
 }
 
+// GPT-3 175B as T 8 x P 16 x D 8, microbatch 1 (1,024 GPUs).
+Layout gpt3_t8_p16() {
+  Layout l;
+  l.tp = 8;
+  l.pp = 16;
+  l.dp = 8;
+  l.microbatch = 1;
+  return l;
+}
+
 // With pp 1, train accumulates the microbatches whatever --schedule says: gpipe there holds
 // one microbatch, not all of them, and zb1 does not switch the TP overlap off.
 TEST(PlanAsRun, ScheduleWithoutAPipelineIsGradientAccumulation) {
@@ -109,11 +119,7 @@ TEST(PlanAsRun, PartlyFilledNodesCountAsNodes) {
 // counted as communication); our runtime's executor one more (its spare receive set).
 TEST(PlanAsRun, MicrobatchesInFlightAreTheExecutors) {
   Job j = a100_job("gpt3-175b", 1024, 1536, "fp16");
-  Layout l;
-  l.tp = 8;
-  l.pp = 16;
-  l.dp = 8;
-  l.microbatch = 1;
+  Layout l = gpt3_t8_p16();
   l.recompute = Recompute::kFull;
   const Estimate mixed = estimate(j, l);
   EXPECT_EQ(mixed.worst_stage, 0);
@@ -130,11 +136,7 @@ TEST(PlanAsRun, MicrobatchesInFlightAreTheExecutors) {
 // for gpt3-175b); dropout is its own switch, off in the Llama presets.
 TEST(PlanAsRun, DropoutIsNotTheBiases) {
   Job j = a100_job("gpt3-175b", 1024, 1536, "bf16");
-  Layout l;
-  l.tp = 8;
-  l.pp = 16;
-  l.dp = 8;
-  l.microbatch = 1;
+  Layout l = gpt3_t8_p16();
   l.fused_attention = false;
   const Estimate with_bias = estimate(j, l);
   j.model.bias = false;
