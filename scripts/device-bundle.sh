@@ -78,6 +78,7 @@ if [ "$build_flag" = 1 ]; then
       die "no nvcc (the CUDA toolkit); use --cpu to check the packing without CUDA"
     cuda_flags=(-DMESHTRAIN_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
   fi
+  mkdir -p "$(dirname "$build_dir")"  # a fresh clone has no build/ for the configure log
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DMESHTRAIN_MARCH=$MARCH" \
     "${cuda_flags[@]}" >"$build_dir.configure.log" 2>&1 ||
     { tail -n 30 "$build_dir.configure.log" >&2; die "cmake configure failed ($build_dir.configure.log)"; }

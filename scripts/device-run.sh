@@ -7,7 +7,8 @@
 #   check            GPU and driver summary; where libcublasLt / libnccl were found; the
 #                    bundle's ldd; every bundled CUDA test (--gtest_brief), pass/fail each
 #   verify           meshtrain verify --device cuda against the CPU oracle: tiny bf16 50 steps,
-#                    tiny f32 20 steps, GPT-2 124M widths (2 layers, seq 256) bf16 10 steps
+#                    tiny f32 20 steps, GPT-2 124M widths (2 layers, seq 256) bf16 10 steps;
+#                    the 124M and tiny bf16 runs again with the fused attention (MESHTRAIN_FLASH)
 #   bench            bench/gpu/run.sh: meshtrain vs PyTorch eager / compile, 124M and 350M
 #   all              check verify bench (about 10 minutes: better two calls, docs/...)
 #   unpack           only unpack into $MT_BUNDLE (then run your own: /tmp/mt/mt PROGRAM ...)
@@ -177,26 +178,31 @@ stage_verify() {
     "${MT[@]}" prepare "${texts[@]}" -o "$data" >>"$log" 2>&1 ||
       { row verify "prepare data" "FAIL (verify.log)"; status=1; return; }
   fi
-  # name | flags
+  # name | environment (VAR=VALUE ..., or -) | flags. The fused attention is run both ways.
   local runs=(
-    "tiny bf16 50 steps|--model tiny --steps 50 --dtype bf16"
-    "tiny f32 20 steps|--model tiny --steps 20 --dtype f32"
-    "124M widths, 2 layers, seq 256, bf16, 10|--model gpt2-124m --n-layer 2 --seq 256 --batch 8 --steps 10 --dtype bf16"
+    "tiny bf16 50 steps|-|--model tiny --steps 50 --dtype bf16"
+    "tiny f32 20 steps|-|--model tiny --steps 20 --dtype f32"
+    "124M widths, 2 layers, seq 256, bf16, 10|MESHTRAIN_FLASH=0|--model gpt2-124m --n-layer 2 --seq 256 --batch 8 --steps 10 --dtype bf16"
+    "the same, fused flash attention|MESHTRAIN_FLASH=1|--model gpt2-124m --n-layer 2 --seq 256 --batch 8 --steps 10 --dtype bf16"
+    "tiny bf16 50 steps, fused flash attention|MESHTRAIN_FLASH=1|--model tiny --steps 50 --dtype bf16"
   )
-  local r name flags lim rc
+  local r name envs flags lim rc
   for r in "${runs[@]}"; do
     name=${r%%|*}
-    flags=${r#*|}
+    envs=${r#*|}
+    flags=${envs#*|}
+    envs=${envs%%|*}
+    [ "$envs" != - ] || envs=""
     lim=$(limit "$VERIFY_TIMEOUT")
     if [ "$lim" -lt 20 ]; then row verify "$name" "SKIPPED (deadline)"; continue; fi
     # shellcheck disable=SC2001
     [ -z "${VERIFY_STEPS:-}" ] || flags=$(echo "$flags" | sed "s/--steps [0-9]*/--steps $VERIFY_STEPS/")
     local dev="--device ${VERIFY_DEVICE:-cuda}"
     [ "${VERIFY_DEVICE:-cuda}" != none ] || dev=""
-    echo "--- verify $name: meshtrain verify $dev $flags (timeout ${lim}s)" | tee -a "$log"
+    echo "--- verify $name: ${envs:+$envs }meshtrain verify $dev $flags (timeout ${lim}s)" | tee -a "$log"
     local t0=$SECONDS
     # shellcheck disable=SC2086
-    timeout -k 5 "$lim" "${MT[@]}" verify $dev $flags --data "$data" --json \
+    env $envs timeout -k 5 "$lim" "${MT[@]}" verify $dev $flags --data "$data" --json \
       >"$OUT/verify.one.json" 2>"$OUT/verify.one.err"
     rc=$?
     cat "$OUT/verify.one.err" >>"$log"

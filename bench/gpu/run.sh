@@ -211,6 +211,8 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')
 [ -z "${MT_BUNDLE:-}" ] || commit=$(sed -n 's/^commit: *//p' "$MT_BUNDLE/MANIFEST.txt" 2>/dev/null || echo "$commit")
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 [ -n "$device" ] || device=$DEVICE
+# Which attention meshtrain ran: the fused kernel is chosen by the environment.
+device+="; meshtrain attention: $([ "${MESHTRAIN_FLASH:-}" = 1 ] && echo "fused flash (MESHTRAIN_FLASH=1)" || echo "naive (cuBLASLt + softmax)")"
 echo
 [ -z "$profiles" ] || { echo "meshtrain --profile (host-side scopes: see the note in docs/cuda-device-session.md):"; echo "$profiles"; }
 "$PY" "$REPORT" table "$jsonl" --md "$OUT/bench.md" --device "$device" --commit "$commit" \
