@@ -12,7 +12,7 @@
 #      halved until meshtrain fits; both sides run the batch meshtrain fits)
 #      BATCHES=64,32,16,8,4,2,1  STEPS=30 MT_WARMUP=5 (meshtrain steps; the first MT_WARMUP
 #      are not timed)  TORCH_STEPS=20 TORCH_WARMUP=5  PROFILE_SHAPES=124m PROFILE_STEPS=10
-#      ("" for no --profile run)  MODES="eager compile"  BENCH_BUDGET_S=540 (sub-runs that
+#      ("" for no --profile run)  MODES="eager compile"  MT_ATTENTION=auto|fused|naive  BENCH_BUDGET_S=540 (sub-runs that
 #      would not fit are skipped, so the table always prints)
 #      DEVICE=cuda (cpu: logic check with SHAPES=tiny)  MT_DEVICE_FLAG=1 (0: omit --device,
 #      for a meshtrain that has no --device yet)  PY=python3
@@ -32,6 +32,7 @@ TORCH_WARMUP=${TORCH_WARMUP:-5}
 PROFILE_SHAPES=${PROFILE_SHAPES-124m}
 PROFILE_STEPS=${PROFILE_STEPS:-10}
 MODES=${MODES:-eager compile}
+MT_ATTENTION=${MT_ATTENTION:-auto}
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-540}
 DEVICE=${DEVICE:-cuda}
 MT_DEVICE_FLAG=${MT_DEVICE_FLAG:-1}
@@ -138,7 +139,8 @@ mt_run() {
   [ "$lim" -gt 0 ] || { echo "skipped: bench budget" >"$log"; return 124; }
   local cmd=("${MT[@]}" train "${dev[@]}" --dtype bf16 --n-layer "$L" --n-head "$H"
              --d-model "$C" --vocab "$V" --seq "$T" --batch "$b" --microbatch "$b"
-             --steps "$steps" --data "$tokens" --eval-batches 1 "${pg[@]}" "$@")
+             --steps "$steps" --data "$tokens" --eval-batches 1 --attention "$MT_ATTENTION"
+             "${pg[@]}" "$@")
   echo "${cmd[*]}" >"$log"
   timeout -k 10 "$lim" "${cmd[@]}" >>"$log" 2>&1
 }
@@ -211,8 +213,9 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')
 [ -z "${MT_BUNDLE:-}" ] || commit=$(sed -n 's/^commit: *//p' "$MT_BUNDLE/MANIFEST.txt" 2>/dev/null || echo "$commit")
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 [ -n "$device" ] || device=$DEVICE
-# Which attention meshtrain ran: the fused kernel is chosen by the environment.
-device+="; meshtrain attention: $([ "${MESHTRAIN_FLASH:-}" = 1 ] && echo "fused flash (MESHTRAIN_FLASH=1)" || echo "naive (cuBLASLt + softmax)")"
+# Which attention kernel meshtrain ran (its start-up line names it).
+att=$(grep -m1 -o 'fused attention\|naive attention' "$work/meshtrain.log" 2>/dev/null)
+[ -z "$att" ] || device+="; meshtrain: $att (--attention $MT_ATTENTION)"
 echo
 [ -z "$profiles" ] || { echo "meshtrain --profile (host-side scopes: see the note in docs/cuda-device-session.md):"; echo "$profiles"; }
 "$PY" "$REPORT" table "$jsonl" --md "$OUT/bench.md" --device "$device" --commit "$commit" \

@@ -17,7 +17,7 @@ const std::vector<std::string> kConfigKeys = {
     "data",      "val_data",       "eval_every",   "eval_batches", "threads",    "dp",
     "zero",      "bucket_mb",      "backend",      "tp",           "sp",         "mesh_order",
     "recompute", "dtype",          "device",       "comm_timeout", "pp",         "microbatches",
-    "schedule",  "virtual_stages", "pp_exchanges", "pp_layers"};
+    "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",  "attention"};
 
 }  // namespace
 
@@ -92,6 +92,10 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--device", device,
                  "where each rank computes: cpu, or cuda (one GPU per rank: rank r on GPU r mod "
                  "the host's GPUs; docs/cuda.md)");
+  cmd.add_option("--attention", attention,
+                 "attention kernel on a GPU: auto (default: fused for --dtype bf16 where the "
+                 "kernel has the head dim, else naive), fused (flash-attention style, bf16 tensor "
+                 "cores, O(T) memory) or naive (f32 GEMMs and softmax over T x T; the CPU's)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));
@@ -140,6 +144,7 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "recompute", o.recompute, recompute);
     take_config(j, "dtype", o.dtype, dtype);
     take_config(j, "device", o.device, device);
+    take_config(j, "attention", o.attention, attention);
     take_config(j, "comm_timeout", o.comm_timeout_s, comm_timeout);
     take_config(j, "pp", o.pipeline.pp, pp);
     take_config(j, "microbatches", o.pipeline.microbatches, microbatches);

@@ -23,6 +23,9 @@
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"
+#if MESHTRAIN_CUDA
+#include "kernels/cuda/flash_attention.h"
+#endif
 
 namespace mt::kernels {
 namespace {
@@ -197,6 +200,37 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     detail::strided_matmul(B, NH, cols, hd, T - c0, 1.0f, vw.att_cols(att + c0 * T + c0),
                            vw.out_rows(dout + c0 * C), 0.0f, dqkv + 2 * C + c0 * C3, qkv_st);
   }
+}
+
+void set_fused_attention(bool on) {
+#if MESHTRAIN_CUDA
+  cuda::detail::set_flash_attention(on);
+#else
+  if (on) fail("--attention fused: this meshtrain was built without CUDA");
+#endif
+}
+
+bool fused_attention() {
+#if MESHTRAIN_CUDA
+  return cuda::detail::flash_attention_enabled();
+#else
+  return false;
+#endif
+}
+
+std::string fused_attention_unsupported(int64_t head_dim, int64_t T) {
+#if MESHTRAIN_CUDA
+  if (!cuda::detail::flash_attention_supports_head_dim(head_dim))
+    return "head dim " + std::to_string(head_dim) + " is not one of the fused kernel's 32, 64, 128";
+  if (T > cuda::detail::flash_attention_max_T())
+    return "seq " + std::to_string(T) + " exceeds the fused kernel's " +
+           std::to_string(cuda::detail::flash_attention_max_T());
+  return "";
+#else
+  (void)head_dim;
+  (void)T;
+  return "this meshtrain was built without CUDA";
+#endif
 }
 
 int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T) {

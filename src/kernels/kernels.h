@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -76,6 +77,14 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 // keep less.
 int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T);
 int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T);
+// The GPU's fused attention (flash-attention-2 style on bf16 tensor cores; it keeps B*NH*T
+// floats between forward and backward, not the probabilities): on or off for the calling
+// thread, off until set (the trainer sets it on each rank thread: --attention). The CPU
+// always runs the kernels above. `fused_attention_unsupported` is "" when this build can run
+// a head dim and sequence length fused, else the reason.
+void set_fused_attention(bool on);
+bool fused_attention();
+std::string fused_attention_unsupported(int64_t head_dim, int64_t T);
 
 // ---- fused softmax + cross-entropy over a (possibly padded) vocabulary ---------------
 // logits [n, Vp]; only the first V columns are real (the padding never changes the loss).

@@ -163,6 +163,21 @@ void TrainOptions::validate() const {
     fail(
         "--backend nccl moves GPU buffers between GPUs: add --device cuda (or use --backend "
         "local / mpi on the CPU)");
+  if (attention != "auto" && attention != "naive" && attention != "fused")
+    fail("--attention '{}' is not an attention kernel (choose auto, fused or naive)", attention);
+  if (attention == "fused") {
+    if (device != "cuda")
+      fail(
+          "--attention fused runs on a GPU (add --device cuda); the CPU computes attention "
+          "with the naive kernel");
+    if (dtype != "bf16")
+      fail(
+          "--attention fused computes on bf16 tensor cores: add --dtype bf16 (or use "
+          "--attention naive for f32)");
+    const std::string why =
+        kernels::fused_attention_unsupported(model.head_dim(), model.seq_len);
+    if (!why.empty()) fail("--attention fused: {} (use --attention naive)", why);
+  }
   if (device == "cuda") {
     if (!device::cuda_built())
       fail(
@@ -184,6 +199,13 @@ void TrainOptions::validate() const {
     fail("no training data: pass --data FILE.bin (make one with `meshtrain prepare`)");
   if (val_fraction < 0 || val_fraction >= 1)
     fail("validation fraction {} must be in [0, 1)", val_fraction);
+}
+
+bool TrainOptions::fused_attention() const {
+  if (device != "cuda" || attention == "naive") return false;
+  if (attention == "fused") return true;
+  return dtype == "bf16" &&
+         kernels::fused_attention_unsupported(model.head_dim(), model.seq_len).empty();
 }
 
 namespace {
@@ -420,10 +442,12 @@ void run_rank(Shared& sh, comm::Group& world) {
   mem::Tracker tracker;
   mem::ScopedTracker track(tracker);
   // Before the first allocation: tensors go to the thread's device.
-  if (o.device == "cuda")
+  if (o.device == "cuda") {
     device::use_cuda(gpu_of_rank(world.rank()));
-  else
+    kernels::set_fused_attention(o.fused_attention());  // before the buffers are sized
+  } else {
     device::use_cpu();  // under mpirun this is the main thread: nothing left from a GPU run
+  }
   kernels::set_threads(sh.threads);
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
@@ -481,9 +505,13 @@ void run_rank(Shared& sh, comm::Group& world) {
   const Splits& data = sh.data;
 
   if (talk) {
-    std::string layout = fmt::format("dtype {}{}; dp {} (ZeRO-{}, {} backend)", o.dtype,
-                                     ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "", D, o.zero,
-                                     world.backend_kind());
+    std::string layout = fmt::format(
+        "dtype {}{}{}; dp {} (ZeRO-{}, {} backend)", o.dtype,
+        ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "",
+        !device::on_cuda()     ? ""
+        : o.fused_attention() ? ", fused attention"
+                              : ", naive attention",
+        D, o.zero, world.backend_kind());
     if (o.tp > 1)
       layout += fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "");
     if (P > 1)

@@ -49,6 +49,11 @@ struct TrainOptions {
   // cpu, or cuda: each rank computes on a GPU (rank r on GPU r mod GPUs on its host;
   // docs/cuda.md). Buffers, kernels and the optimizer all live there.
   std::string device = "cpu";
+  // The attention kernel on a GPU: auto (fused for bf16 where the kernel has the head dim and
+  // sequence length, else naive), fused (flash-attention style on bf16 tensor cores, O(T)
+  // memory) or naive (GEMMs and a softmax over the T x T probabilities, in f32). The CPU
+  // runs the naive kernel.
+  std::string attention = "auto";
   bool quiet = false;              // no per-step lines (tests)
   bool keep_final_params = false;  // copy the final weights into TrainResult
   PipelineOptions pipeline;        // --pp > 1: train/pipeline_stage.h
@@ -74,6 +79,9 @@ struct TrainOptions {
   // Whether --export is possible for this layout: not yet for tp > 1 or pp > 1 on a GPU (the
   // shard gathers of export read tensors through the host).
   bool export_supported() const { return device != "cuda" || (tp == 1 && pipeline.pp == 1); }
+  // Whether the ranks run the fused attention (--attention resolved; validate() refuses a
+  // fused request that cannot run).
+  bool fused_attention() const;
 };
 
 struct StepRecord {

@@ -97,6 +97,7 @@ TrainOptions oracle_options(const TrainOptions& layout) {
   o.pipeline = PipelineOptions{};
   o.microbatch = layout.microbatch_size();  // each forward sees the same sequences
   o.device = "cpu";                         // the oracle: one CPU rank
+  o.attention = "naive";                    // the CPU's kernel
   return o;
 }
 
@@ -111,7 +112,8 @@ std::string describe_layout(const TrainOptions& o) {
   if (o.tp > 1) parts.push_back(fmt::format("tp {}{}", o.tp, o.sp ? " (sp)" : ""));
   std::string s = parts.empty() ? "1 rank" : parts[0];
   for (size_t i = 1; i < parts.size(); ++i) s += " x " + parts[i];
-  if (o.device != "cpu") s += " on " + o.device;
+  if (o.device != "cpu")
+    s += " on " + o.device + (o.fused_attention() ? " (fused attention)" : " (naive attention)");
   return s;
 }
 

@@ -299,11 +299,8 @@ TEST(CudaKernels, AttentionMatchesCpu) {
     attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s.B, s.T,
                        s.C, s.NH);
     OnGpu g;
-    // The plain path whatever MESHTRAIN_FLASH says (the fused one: cuda_flash_test).
+    // The plain path (a thread's default; the fused one: cuda_flash_test).
     cuda::detail::set_flash_attention(false);
-    struct Reset {
-      ~Reset() { cuda::detail::reset_flash_attention(); }
-    } reset;
     ASSERT_EQ(attention_stash_elems(s.B, s.NH, s.T), s.B * s.NH * s.T * s.T);
     ASSERT_EQ(attention_scratch_elems(s.B, s.NH, s.T), s.B * s.NH * s.T * s.T);
     Gpu<float> gqkv(qkv), gdout(dout);

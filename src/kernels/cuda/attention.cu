@@ -4,14 +4,11 @@
 // softmax kernel in between. att [B, NH, T, T] holds the probabilities, 0 above the
 // diagonal; backward's scratch holds dP and then dS, same shape.
 //
-// With MESHTRAIN_FLASH=1 (or detail::set_flash_attention(true)) the fused kernels of
-// flash_attention.cu run instead: att then holds the per-row log-sum-exp and scratch the
-// rows' D = sum(dO * O), B*NH*T floats each. The plain path stays the default (the GPU's
-// reference until the fused one has been proven on a GPU).
-#include <atomic>
+// When the calling thread has the fused path on (detail::set_flash_attention; the trainer's
+// --attention, default fused for bf16 on a GPU) the kernels of flash_attention.cu run
+// instead: att then holds the per-row log-sum-exp and scratch the rows' D = sum(dO * O),
+// B*NH*T floats each. The plain path is the f32 one and the fused one's reference.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/context.h"
@@ -22,21 +19,14 @@
 namespace mt::kernels::cuda {
 namespace detail {
 namespace {
-std::atomic<int> g_flash_override{-1};  // -1: the environment decides; 0 off; 1 on
+// Per thread, like the thread's device (core/device.h): verify's CPU oracle and its GPU
+// layout run in one process, and each rank thread holds the choice its buffers were sized for.
+thread_local bool t_flash = false;
 }  // namespace
 
-void set_flash_attention(bool on) { g_flash_override.store(on ? 1 : 0); }
-void reset_flash_attention() { g_flash_override.store(-1); }
+void set_flash_attention(bool on) { t_flash = on; }
 
-bool flash_attention_enabled() {
-  const int o = g_flash_override.load();
-  if (o >= 0) return o == 1;
-  static const bool env = [] {
-    const char* e = std::getenv("MESHTRAIN_FLASH");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return env;
-}
+bool flash_attention_enabled() { return t_flash; }
 }  // namespace detail
 
 namespace {

@@ -67,7 +67,7 @@ void check_flash_shape(const char* what, int64_t T, int64_t C, int64_t NH) {
   const int64_t hd = C / NH;
   if (!flash_attention_supports_head_dim(hd))
     fail_input(std::string(what) + ": head dim " + str(hd) + " (C=" + str(C) + ", NH=" + str(NH) +
-               ") is not one of the fused kernel's 32, 64, 128 (unset MESHTRAIN_FLASH for the "
+               ") is not one of the fused kernel's 32, 64, 128 (use --attention naive for the "
                "plain attention)");
   if (T > flash_attention_max_T())
     fail_input(std::string(what) + ": T=" + str(T) + " exceeds the fused kernel's " +

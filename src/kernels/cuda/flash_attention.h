@@ -1,8 +1,9 @@
-// Fused causal attention (flash-attention-2 style) on bf16 tensor cores: the opt-in path of
-// attention.cu (MESHTRAIN_FLASH=1). Same layouts as kernels.h's attention (qkv [B, T, 3C],
-// out [B, T, C], dqkv overwritten); what it keeps between forward and backward is the
-// per-row log-sum-exp, B*NH*T floats, and backward's scratch is B*NH*T floats too (D, the
-// row sums of dO * O). See docs/cuda.md, "Fused attention (opt-in)".
+// Fused causal attention (flash-attention-2 style) on bf16 tensor cores: the path of
+// attention.cu when the thread has it on (--attention; the default for bf16 on a GPU). Same
+// layouts as kernels.h's attention (qkv [B, T, 3C], out [B, T, C], dqkv overwritten); what
+// it keeps between forward and backward is the per-row log-sum-exp, B*NH*T floats, and
+// backward's scratch is B*NH*T floats too (D, the row sums of dO * O). See docs/cuda.md,
+// "Fused attention".
 #pragma once
 
 #include <cstdint>

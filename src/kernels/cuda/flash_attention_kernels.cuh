@@ -1,5 +1,5 @@
 // The device code of the fused causal attention (flash_attention.cu keeps the host side:
-// the launches, the MESHTRAIN_FLASH selection and the shape checks). Flash-attention-2
+// the launches and the shape checks; attention.cu chooses the path). Flash-attention-2
 // style, on bf16 tensor cores (WMMA 16x16x16, f32 accumulators); docs/cuda.md, "Fused
 // attention".
 //

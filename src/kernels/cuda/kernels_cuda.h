@@ -53,12 +53,11 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T);
 int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T);
 namespace detail {
-// The fused (flash) attention path, opt-in: on when MESHTRAIN_FLASH=1 (read once), for head
-// dims 32, 64, 128 (others are refused while it is on). Tests force it on or off for the
-// whole process with set_flash_attention and return to the environment's choice with
-// reset_flash_attention (not while other threads run attention).
+// Whether the calling thread's attention runs the fused (flash) kernels: off until set, per
+// thread (the trainer sets it on each rank thread from --attention; kernels.h's
+// set_fused_attention). Head dims 32, 64, 128 (others are refused while it is on); a T above
+// flash_attention_max_T() runs the plain path.
 void set_flash_attention(bool on);
-void reset_flash_attention();
 bool flash_attention_enabled();
 }  // namespace detail
 
