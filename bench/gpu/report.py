@@ -89,6 +89,29 @@ def fmt_ratio(a, b, goal):
     return f"**{r:.2f}x**" + (" ✓" if r >= goal else " ✗")
 
 
+def spread_notes(rows):
+    """Per run: the median step time with its spread (min - max over the timed steps), and
+    the peak memory, so that a ratio can be read against the noise of each side."""
+    out = []
+    for r in rows:
+        if r.get("kind") not in ("meshtrain", "result") or r.get("step_ms_median") is None:
+            continue
+        who = "meshtrain" if r["kind"] == "meshtrain" else f"torch {r.get('mode')}"
+        mem = r.get("max_mem_gib")
+        if mem is None and r.get("peak_bytes"):
+            mem = r["peak_bytes"] / 2**30
+        out.append(f"{r['shape']}: {who}, batch {r['batch']}: step {r['step_ms_median']:.1f} ms "
+                   f"median ({r['step_ms_min']:.1f} - {r['step_ms_max']:.1f} over "
+                   f"{r['steps'] - r['warmup']} timed steps)"
+                   + (f", peak memory {mem:.1f} GiB" if mem is not None else ""))
+    return out
+
+
+def cmd_spread(a):
+    for n in spread_notes(read_jsonl(a.jsonl)):
+        print(f"- {n}")
+
+
 def table(rows):
     """Markdown lines: one row per (shape, meshtrain batch)."""
     peak_row = next((r for r in rows if r.get("kind") == "peak"), None)
@@ -137,6 +160,7 @@ def table(rows):
                 mode = f" ({r['mode']})" if r.get("mode") else ""
                 notes.append(f"{s}: {r.get('kind')}{mode}, batch {r.get('batch', '?')}: "
                              f"{str(what)[:160]}")
+    notes += spread_notes(rows)
     for r in rows:
         if r.get("kind") == "result" and r.get("mode") == "compile" and r.get("compile_s"):
             notes.append(f"{r['shape']}: torch.compile warm-up (first step, not timed) "
@@ -215,8 +239,11 @@ def main(argv=None):
     t.add_argument("--profile", help="text of meshtrain's --profile block")
     pr = sub.add_parser("profile")
     pr.add_argument("log")
+    sp = sub.add_parser("spread", help="median step times with their spread, peak memory")
+    sp.add_argument("jsonl")
     a = p.parse_args(argv)
-    {"meshtrain-row": cmd_meshtrain_row, "table": cmd_table, "profile": cmd_profile}[a.cmd](a)
+    {"meshtrain-row": cmd_meshtrain_row, "table": cmd_table, "profile": cmd_profile,
+     "spread": cmd_spread}[a.cmd](a)
     return 0
 
 

@@ -137,7 +137,9 @@ mt_run() {
   local lim
   lim=$(limit "${MT_TIMEOUT:-240}" 30)
   [ "$lim" -gt 0 ] || { echo "skipped: bench budget" >"$log"; return 124; }
-  local cmd=("${MT[@]}" train "${dev[@]}" --dtype bf16 --n-layer "$L" --n-head "$H"
+  local preset=gpt2-$s
+  [ "$s" != tiny ] || preset=tiny
+  local cmd=("${MT[@]}" train "${dev[@]}" --model "$preset" --dtype bf16 --n-layer "$L" --n-head "$H"
              --d-model "$C" --vocab "$V" --seq "$T" --batch "$b" --microbatch "$b"
              --steps "$steps" --data "$tokens" --eval-batches 1 --attention "$MT_ATTENTION"
              "${pg[@]}" "$@")

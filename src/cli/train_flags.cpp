@@ -17,7 +17,7 @@ const std::vector<std::string> kConfigKeys = {
     "data",      "val_data",       "eval_every",   "eval_batches", "threads",    "dp",
     "zero",      "bucket_mb",      "backend",      "tp",           "sp",         "mesh_order",
     "recompute", "dtype",          "device",       "comm_timeout", "pp",         "microbatches",
-    "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",  "attention"};
+    "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",    "attention"};
 
 }  // namespace
 

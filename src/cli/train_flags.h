@@ -21,8 +21,8 @@ struct TrainFlags {
   std::optional<double> bucket_mb, comm_timeout;
   std::optional<int> dp, zero, tp;
   std::optional<std::string> backend, mesh_order, recompute;
-  std::optional<std::string> dtype;   // --dtype f32 | bf16
-  std::optional<std::string> device;  // --device cpu | cuda
+  std::optional<std::string> dtype;      // --dtype f32 | bf16
+  std::optional<std::string> device;     // --device cpu | cuda
   std::optional<std::string> attention;  // --attention auto | fused | naive
   std::optional<int> pp, microbatches, virtual_stages;
   std::optional<std::string> schedule, pp_exchanges, pp_layers;

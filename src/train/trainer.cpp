@@ -174,8 +174,7 @@ void TrainOptions::validate() const {
       fail(
           "--attention fused computes on bf16 tensor cores: add --dtype bf16 (or use "
           "--attention naive for f32)");
-    const std::string why =
-        kernels::fused_attention_unsupported(model.head_dim(), model.seq_len);
+    const std::string why = kernels::fused_attention_unsupported(model.head_dim(), model.seq_len);
     if (!why.empty()) fail("--attention fused: {} (use --attention naive)", why);
   }
   if (device == "cuda") {
@@ -505,13 +504,12 @@ void run_rank(Shared& sh, comm::Group& world) {
   const Splits& data = sh.data;
 
   if (talk) {
-    std::string layout = fmt::format(
-        "dtype {}{}{}; dp {} (ZeRO-{}, {} backend)", o.dtype,
-        ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "",
-        !device::on_cuda()     ? ""
-        : o.fused_attention() ? ", fused attention"
-                              : ", naive attention",
-        D, o.zero, world.backend_kind());
+    std::string layout = fmt::format("dtype {}{}{}; dp {} (ZeRO-{}, {} backend)", o.dtype,
+                                     ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "",
+                                     !device::on_cuda()    ? ""
+                                     : o.fused_attention() ? ", fused attention"
+                                                           : ", naive attention",
+                                     D, o.zero, world.backend_kind());
     if (o.tp > 1)
       layout += fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "");
     if (P > 1)

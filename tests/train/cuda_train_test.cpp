@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "kernels/kernels.h"
 #include "test_util.h"
 #include "tiny_run.h"
 #include "train/trainer.h"
@@ -63,6 +65,75 @@ TEST_F(CudaTrain, RefusesWhatAGpuCannotDoYet) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("add --device cuda"), std::string::npos) << e.what();
   }
+}
+
+// --attention: what auto resolves to, and the refusals of what cannot run (no GPU needed).
+TEST_F(CudaTrain, AttentionChoice) {
+  const auto refusal = [](TrainOptions o) -> std::string {
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), 2) << e.what();
+      return e.what();
+    }
+    return "";
+  };
+  TrainOptions o = tiny(2, "cpu");  // tiny: head dim 32
+  o.attention = "flash";
+  EXPECT_NE(refusal(o).find("--attention 'flash' is not an attention kernel"), std::string::npos);
+  o.attention = "fused";
+  EXPECT_NE(refusal(o).find("runs on a GPU (add --device cuda)"), std::string::npos);
+  o.device = "cuda";
+  EXPECT_NE(refusal(o).find("add --dtype bf16"), std::string::npos);
+  o.dtype = "bf16";
+  o.model.n_head = 8;  // head dim 16
+  EXPECT_NE(refusal(o).find("--attention fused: "), std::string::npos);
+
+  // auto: fused exactly on a GPU, in bf16, with a head dim the kernel has.
+  TrainOptions a = tiny(2, "cuda");
+  a.dtype = "bf16";
+#if MESHTRAIN_CUDA
+  EXPECT_TRUE(a.fused_attention());
+  EXPECT_EQ(refusal([&] {
+              TrainOptions f = a;
+              f.attention = "fused";
+              return f;
+            }()),
+            "");
+#else
+  EXPECT_FALSE(a.fused_attention());  // the build has no fused kernel
+#endif
+  TrainOptions b = a;
+  b.attention = "naive";
+  EXPECT_FALSE(b.fused_attention());
+  b = a;
+  b.dtype = "f32";
+  EXPECT_FALSE(b.fused_attention());
+  b = a;
+  b.device = "cpu";
+  EXPECT_FALSE(b.fused_attention());
+  b = a;
+  b.model.n_head = 8;
+  EXPECT_FALSE(b.fused_attention());
+  b.model.n_head = 2;  // head dim 64
+  EXPECT_EQ(b.fused_attention(), kernels::fused_attention_unsupported(64, 64).empty());
+}
+
+// The choice is the calling thread's: verify's CPU oracle and its GPU layout run in one
+// process, each rank thread with the buffers its own choice sized.
+TEST_F(CudaTrain, FusedAttentionIsPerThread) {
+#if MESHTRAIN_CUDA
+  kernels::set_fused_attention(true);
+  bool other = true;
+  std::thread([&] { other = kernels::fused_attention(); }).join();
+  EXPECT_TRUE(kernels::fused_attention());
+  EXPECT_FALSE(other);
+  kernels::set_fused_attention(false);
+  EXPECT_FALSE(kernels::fused_attention());
+#else
+  EXPECT_FALSE(kernels::fused_attention());
+  EXPECT_THROW(kernels::set_fused_attention(true), Error);
+#endif
 }
 
 TEST_F(CudaTrain, NoGpuIsAClearError) {
