@@ -25,7 +25,7 @@ out=$root/bench/results/gpu.md
     echo "Call: \`$(cat "$d/what.txt")\`"
     echo
     if [ -f "$d/bench.md" ]; then
-      sed 's/^## /### /' "$d/bench.md"
+      sed 's/^## /#### /' "$d/bench.md"
       echo
       echo "Step times and memory:"
       echo
