@@ -21,8 +21,11 @@ void register_eval(CLI::App& app) {
     std::optional<int64_t> seq, n_head, threads;
   };
   auto f = std::make_shared<Flags>();
-  CLI::App* cmd = app.add_subcommand("eval", "mean loss of a safetensors GPT-2 on a token file");
-  cmd->add_option("--weights", f->weights, "safetensors file in Hugging Face GPT-2 names")
+  CLI::App* cmd =
+      app.add_subcommand("eval", "mean loss of safetensors GPT-2 or Llama weights on a token file");
+  cmd->add_option("--weights", f->weights,
+                  "safetensors file in Hugging Face GPT-2 names, or an export folder "
+                  "(model.safetensors and config.json; Llama weights need the folder)")
       ->required();
   cmd->add_option("--data", f->data, "token file (llm.c format)")->required();
   cmd->add_option("--batch", f->batch, "sequences per batch");
@@ -33,14 +36,15 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--threads", f->threads, "intra-op threads");
   cmd->callback([f] {
     kernels::set_threads(f->threads ? static_cast<int>(*f->threads) : kernels::host_cores());
-    const train::SafetensorsFile file = train::read_safetensors(f->weights);
-    model::GptConfig c = train::config_from_hf(file, f->weights, f->n_head);
+    const train::HfWeights w = train::read_hf_weights(f->weights);
+    const train::SafetensorsFile& file = w.file;
+    model::GptConfig c = train::config_from_hf(w, f->n_head);
     c.validate();
     const int64_t T = f->seq.value_or(c.seq_len);
     if (f->batch < 1 || f->batches < 1)
       fail("--batch {} and --batches {} must be at least 1", f->batch, f->batches);
     model::Gpt gpt(c, 0);
-    train::load_hf_weights(gpt, file, f->weights);
+    train::load_hf_weights(gpt, file, w.path);
     train::TokenFile tokens(f->data, c.vocab);
     const int64_t need = f->batches * f->batch * T + 1;
     if (tokens.num_tokens() < need)

@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <limits>
@@ -12,9 +13,16 @@
 namespace mt::cli {
 
 void ModelFlags::add_to(CLI::App& app) {
-  app.add_option("--model", model, "preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b");
+  app.add_option("--model", model,
+                 fmt::format("preset: {}", fmt::join(model::preset_names(), ", ")));
   app.add_option("--n-layer", n_layer, "transformer blocks");
   app.add_option("--n-head", n_head, "attention heads");
+  app.add_option("--n-kv-head", n_kv_head,
+                 "key/value heads of grouped-query attention (divides --n-head; = --n-head: "
+                 "multi-head, 1: multi-query; default: the preset's)");
+  app.add_option("--rope-theta", rope_theta,
+                 "rotary base frequency of a Llama-family model (Llama 3: 500000, Llama 2: "
+                 "10000)");
   app.add_option("--d-model", d_model, "hidden width");
   app.add_option("--d-ff", d_ff, "MLP width (default 4 x d_model when --d-model is given)");
   app.add_option("--vocab", vocab, "vocabulary size (padded internally to a multiple of 128)");
@@ -70,8 +78,12 @@ void ModelFlags::apply(model::GptConfig& c, const nlohmann::json& j) const {
   const bool d_given = d_model || j.contains("d_model");
   get("n_layer", c.n_layer, n_layer);
   get("n_head", c.n_head, n_head);
+  get("n_kv_head", c.n_kv_head, n_kv_head);
+  take_config(j, "rope_theta", c.rope_theta, rope_theta);
+  // A new width keeps the preset's d_ff / d_model (GPT-2: 4; Llama's SwiGLU widths: theirs).
+  const double ff_ratio = static_cast<double>(c.d_ff) / static_cast<double>(c.d_model);
   get("d_model", c.d_model, d_model);
-  if (d_given) c.d_ff = 4 * c.d_model;
+  if (d_given) c.d_ff = std::llround(ff_ratio * static_cast<double>(c.d_model));
   get("d_ff", c.d_ff, d_ff);
   get("vocab", c.vocab, vocab);
   get("seq", c.seq_len, seq);
@@ -79,8 +91,8 @@ void ModelFlags::apply(model::GptConfig& c, const nlohmann::json& j) const {
   if (no_bias) c.bias = false;
   if (j.contains("tied")) c.tied = config_value<bool>(j, "tied");
   if (untied) c.tied = false;
-  const bool custom = n_layer || n_head || d_model || d_ff || vocab || seq || no_bias || untied ||
-                      j.contains("n_layer") || j.contains("d_model");
+  const bool custom = n_layer || n_head || n_kv_head || rope_theta || d_model || d_ff || vocab ||
+                      seq || no_bias || untied || j.contains("n_layer") || j.contains("d_model");
   if (custom) c.name = name + " (modified)";
   c.validate();
 }

@@ -17,7 +17,8 @@ namespace mt::cli {
 
 struct ModelFlags {
   std::optional<std::string> model;
-  std::optional<int64_t> n_layer, n_head, d_model, d_ff, vocab, seq;
+  std::optional<int64_t> n_layer, n_head, n_kv_head, d_model, d_ff, vocab, seq;
+  std::optional<double> rope_theta;
   bool no_bias = false;
   bool untied = false;
 

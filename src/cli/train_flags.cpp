@@ -11,13 +11,14 @@ namespace mt::cli {
 namespace {
 
 const std::vector<std::string> kConfigKeys = {
-    "model",     "n_layer",        "n_head",       "d_model",      "d_ff",       "vocab",
-    "seq",       "bias",           "tied",         "batch",        "microbatch", "steps",
-    "lr",        "min_lr_ratio",   "warmup",       "weight_decay", "grad_clip",  "seed",
-    "data",      "val_data",       "eval_every",   "eval_batches", "threads",    "dp",
-    "zero",      "bucket_mb",      "backend",      "tp",           "sp",         "mesh_order",
-    "recompute", "dtype",          "device",       "comm_timeout", "pp",         "microbatches",
-    "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",    "attention"};
+    "model",      "n_layer",      "n_head",    "d_model",        "d_ff",         "vocab",
+    "n_kv_head",  "rope_theta",   "seq",       "bias",           "tied",         "batch",
+    "microbatch", "steps",        "lr",        "min_lr_ratio",   "warmup",       "weight_decay",
+    "grad_clip",  "seed",         "data",      "val_data",       "eval_every",   "eval_batches",
+    "threads",    "dp",           "zero",      "bucket_mb",      "backend",      "tp",
+    "sp",         "mesh_order",   "recompute", "dtype",          "device",       "comm_timeout",
+    "pp",         "microbatches", "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",
+    "attention"};
 
 }  // namespace
 

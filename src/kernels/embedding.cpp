@@ -14,8 +14,12 @@ void embedding_forward(float* y, const int32_t* tokens, const float* wte, const 
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < B * T; ++i) {
     const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
-    const float* p = wpe + (i % T) * C;
     float* yi = y + i * C;
+    if (!wpe) {  // rotary positions: no table
+      std::copy(e, e + C, yi);
+      continue;
+    }
+    const float* p = wpe + (i % T) * C;
 #pragma omp simd
     for (int64_t j = 0; j < C; ++j) yi[j] = e[j] + p[j];
   }

@@ -59,6 +59,31 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t n, int64_t c);
 
+// ---- the Llama family's parts (CPU only: no CUDA twins yet) ----------------------------
+// RMSNorm: y = x / sqrt(mean(x²) + eps) · w per row; rstd[i] stashed for backward.
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
+                     float eps);
+// dx += ...; dw += ...
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int64_t n, int64_t c);
+// Rotary embeddings in place on `heads` heads of hd dims starting at column col0 of each of
+// the B·T rows (row_stride floats apart; row b·T + t is position t), rotate-half convention;
+// cos, sin: [T, hd/2]. Backward applies the inverse rotation to the gradient in place.
+void rope_forward(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t col0, int64_t heads,
+                  int64_t hd, const float* cos, const float* sin);
+void rope_backward(float* dx, int64_t B, int64_t T, int64_t row_stride, int64_t col0, int64_t heads,
+                   int64_t hd, const float* cos, const float* sin);
+// SwiGLU: h [n, 2f] rows of gate | up; y [n, f] = silu(gate)·up; dh overwritten.
+void swiglu_forward(float* y, const float* h, int64_t n, int64_t f);
+void swiglu_backward(float* dh, const float* h, const float* dy, int64_t n, int64_t f);
+// Grouped-query attention: qkv rows [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)] to the
+// multi-head kernel's [q | k | v] of heads·hd each (kv head k repeated for query heads
+// k·g .. k·g+g−1), and the gradients back (each group's k and v gradients summed in order).
+void expand_kv_heads(float* full, const float* qkv, int64_t n, int64_t heads, int64_t kv_heads,
+                     int64_t hd);
+void reduce_kv_heads(float* dqkv, const float* dfull, int64_t n, int64_t heads, int64_t kv_heads,
+                     int64_t hd);
+
 // ---- GELU, tanh approximation (GPT-2) -------------------------------------------------
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);  // dx overwritten
@@ -96,7 +121,8 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t n, int64_t V, int64_t Vp);
 
-// ---- embeddings: y[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] --------------------------
+// ---- embeddings: y[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] (wpe null: no positions; the
+// CPU only) -----------------------------------------------------------------------------
 void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C);
 // dwte += ..., dwpe += ... (dwpe may be null)

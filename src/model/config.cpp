@@ -22,10 +22,39 @@ GptConfig make(const char* name, int64_t layers, int64_t heads, int64_t d, int64
   c.seq_len = seq;
   return c;
 }
+
+// A Llama-family model (Hugging Face LlamaConfig's fields): RMSNorm, RoPE, SwiGLU of width
+// `ff`, `kv` key/value heads, no biases.
+GptConfig llama(const char* name, int64_t layers, int64_t heads, int64_t kv, int64_t d, int64_t ff,
+                int64_t vocab, int64_t seq, bool tied, double theta) {
+  GptConfig c = make(name, layers, heads, d, vocab, seq);
+  c.d_ff = ff;
+  c.n_kv_head = kv;
+  c.norm = NormKind::kRmsNorm;
+  c.norm_eps = 1e-5f;
+  c.mlp = MlpKind::kSwiGlu;
+  c.positions = Positions::kRope;
+  c.rope_theta = theta;
+  c.bias = false;
+  c.tied = tied;
+  return c;
+}
+
+// Llama 3.1 and 3.2's rope_scaling: {"rope_type": "llama3", "factor", "low_freq_factor": 1,
+// "high_freq_factor": 4, "original_max_position_embeddings": 8192}.
+GptConfig scaled(GptConfig c, double factor) {
+  c.rope_scaling.llama3 = true;
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position = 8192;
+  return c;
+}
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"};
+  return {"tiny",        "gpt2-124m",   "gpt2-350m", "gpt2-774m",  "gpt2-1.5b",    "llama-tiny",
+          "llama3.2-1b", "llama3.2-3b", "llama3-8b", "llama3-70b", "llama3.1-405b"};
 }
 
 GptConfig preset(const std::string& name) {
@@ -35,8 +64,54 @@ GptConfig preset(const std::string& name) {
   if (name == "gpt2-350m") return make("gpt2-350m", 24, 16, 1024, 50257, 1024);
   if (name == "gpt2-774m") return make("gpt2-774m", 36, 20, 1280, 50257, 1024);
   if (name == "gpt2-1.5b") return make("gpt2-1.5b", 48, 25, 1600, 50257, 1024);
+  // `llama-tiny` is byte-level like `tiny`: 4 layers, 4 query heads sharing 2 kv heads.
+  if (name == "llama-tiny") return llama("llama-tiny", 4, 4, 2, 128, 352, 256, 128, true, 10000);
+  // The published configs (Hugging Face meta-llama/*: config.json). seq is the pre-training
+  // context (8192); the scaled ones extend to 131072 positions through rope_scaling.
+  if (name == "llama3.2-1b")
+    return scaled(llama("llama3.2-1b", 16, 32, 8, 2048, 8192, 128256, 8192, true, 500000), 32);
+  if (name == "llama3.2-3b")
+    return scaled(llama("llama3.2-3b", 28, 24, 8, 3072, 8192, 128256, 8192, true, 500000), 32);
+  if (name == "llama3-8b")
+    return llama("llama3-8b", 32, 32, 8, 4096, 14336, 128256, 8192, false, 500000);
+  if (name == "llama3-70b")
+    return llama("llama3-70b", 80, 64, 8, 8192, 28672, 128256, 8192, false, 500000);
+  if (name == "llama3.1-405b")
+    return scaled(llama("llama3.1-405b", 126, 128, 8, 16384, 53248, 128256, 8192, false, 500000),
+                  8);
   fail("unknown model preset '{}' (choose one of {}, or give --config FILE.json)", name,
        fmt::join(preset_names(), ", "));
+}
+
+bool GptConfig::same_model(const GptConfig& o) const {
+  const RopeScaling &a = rope_scaling, &b = o.rope_scaling;
+  return n_layer == o.n_layer && n_head == o.n_head && d_model == o.d_model && d_ff == o.d_ff &&
+         vocab == o.vocab && seq_len == o.seq_len && bias == o.bias && tied == o.tied &&
+         kv_heads() == o.kv_heads() && norm == o.norm && norm_eps == o.norm_eps && mlp == o.mlp &&
+         positions == o.positions && rope_theta == o.rope_theta && a.llama3 == b.llama3 &&
+         (!a.llama3 || (a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+                        a.high_freq_factor == b.high_freq_factor &&
+                        a.original_max_position == b.original_max_position));
+}
+
+const char* norm_name(NormKind n) { return n == NormKind::kRmsNorm ? "rmsnorm" : "layernorm"; }
+const char* mlp_name(MlpKind m) { return m == MlpKind::kSwiGlu ? "swiglu" : "gelu"; }
+const char* positions_name(Positions p) { return p == Positions::kRope ? "rope" : "learned"; }
+
+NormKind parse_norm(const std::string& s) {
+  if (s == "layernorm") return NormKind::kLayerNorm;
+  if (s == "rmsnorm") return NormKind::kRmsNorm;
+  fail("norm '{}' is not a normalisation (choose layernorm or rmsnorm)", s);
+}
+MlpKind parse_mlp(const std::string& s) {
+  if (s == "gelu") return MlpKind::kGelu;
+  if (s == "swiglu") return MlpKind::kSwiGlu;
+  fail("mlp '{}' is not an MLP kind (choose gelu or swiglu)", s);
+}
+Positions parse_positions(const std::string& s) {
+  if (s == "learned") return Positions::kLearned;
+  if (s == "rope") return Positions::kRope;
+  fail("positions '{}' is not a position encoding (choose learned or rope)", s);
 }
 
 void GptConfig::validate() const {
@@ -53,11 +128,35 @@ void GptConfig::validate() const {
     std::vector<int64_t> ok;
     for (int64_t h = 1; h <= d_model; ++h)
       if (d_model % h == 0 && h <= 64) ok.push_back(h);
-    fail("--d-model {} is not divisible by --n-head {} (choose n_head among {})", d_model,
-         n_head, fmt::join(ok, ", "));
+    fail("--d-model {} is not divisible by --n-head {} (choose n_head among {})", d_model, n_head,
+         fmt::join(ok, ", "));
   }
-  if (vocab > 65536)
-    fail("--vocab {} does not fit the uint16 tokens of the data format (at most 65536)", vocab);
+  if (n_kv_head < 0 || (n_kv_head > 0 && n_head % n_kv_head != 0)) {
+    std::vector<int64_t> ok;
+    for (int64_t k = 1; k <= n_head; ++k)
+      if (n_head % k == 0) ok.push_back(k);
+    fail(
+        "--n-kv-head {} does not divide --n-head {} (each key/value head serves a whole group "
+        "of query heads; choose among {})",
+        n_kv_head, n_head, fmt::join(ok, ", "));
+  }
+  if (positions == Positions::kRope && head_dim() % 2 != 0)
+    fail(
+        "rotary positions rotate pairs of a head's dimensions: head dim {} (d_model {} / n_head "
+        "{}) must be even",
+        head_dim(), d_model, n_head);
+  if (positions == Positions::kRope && !(rope_theta > 1.0))
+    fail("rope_theta {} must be above 1 (Llama 3: 500000, Llama 2: 10000)", rope_theta);
+  if (norm == NormKind::kRmsNorm && !(norm_eps > 0))
+    fail("norm_eps {} must be positive (Llama 3: 1e-5)", norm_eps);
+  if (rope_scaling.llama3 && (!(rope_scaling.factor >= 1) || !(rope_scaling.low_freq_factor > 0) ||
+                              !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
+                              rope_scaling.original_max_position < 1))
+    fail(
+        "rope_scaling (llama3): factor {} must be >= 1, 0 < low_freq_factor {} < "
+        "high_freq_factor {}, original_max_position_embeddings {} >= 1",
+        rope_scaling.factor, rope_scaling.low_freq_factor, rope_scaling.high_freq_factor,
+        rope_scaling.original_max_position);
 }
 
 void check_tp(const GptConfig& c, int tp, bool sp) {
@@ -66,12 +165,19 @@ void check_tp(const GptConfig& c, int tp, bool sp) {
   auto valid = [&] {
     std::vector<int64_t> ok;
     for (int64_t t = 1; t <= c.n_head; ++t)
-      if (c.n_head % t == 0 && c.d_ff % t == 0 && (!sp || c.seq_len % t == 0)) ok.push_back(t);
+      if (c.n_head % t == 0 && c.kv_heads() % t == 0 && c.d_ff % t == 0 &&
+          (!sp || c.seq_len % t == 0))
+        ok.push_back(t);
     return fmt::format("{}", fmt::join(ok, ", "));
   };
   if (c.n_head % tp != 0)
     fail("--tp {} does not divide n_head={} (each rank owns whole heads; choose --tp among {})", tp,
          c.n_head, valid());
+  if (c.kv_heads() % tp != 0)
+    fail(
+        "--tp {} does not divide n_kv_head={} (each rank owns whole key/value heads; choose --tp "
+        "among {})",
+        tp, c.kv_heads(), valid());
   if (c.d_ff % tp != 0)
     fail("--tp {} does not divide d_ff={} (choose --tp among {})", tp, c.d_ff, valid());
   if (sp && c.seq_len % tp != 0)

@@ -94,24 +94,36 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
   const int64_t C = config_.d_model, F = config_.d_ff / tp.size, Cl = C / tp.size;
   if (parts_.embedding || (parts_.head && config_.tied))
     wte_ = &params_.get("transformer.wte.weight");
-  if (parts_.embedding) wpe_ = &params_.get("transformer.wpe.weight");
+  if (parts_.embedding && config_.positions == Positions::kLearned)
+    wpe_ = &params_.get("transformer.wpe.weight");
+  if (config_.positions == Positions::kRope)
+    rope_ = std::make_unique<RopeTables>(make_rope_tables(config_, config_.seq_len));
+  const bool rms = config_.norm == NormKind::kRmsNorm;
+  auto norm = [&](const std::string& name) {
+    return model::Norm{&params_.get(name + ".weight"), maybe(params_, name + ".bias"), C, rms,
+                       config_.norm_eps};
+  };
   if (parts_.head) {
     lm_head_ = config_.tied ? wte_ : &params_.get("lm_head.weight");
-    ln_f_ = {&params_.get("transformer.ln_f.weight"), maybe(params_, "transformer.ln_f.bias"), C};
+    ln_f_ = norm("transformer.ln_f");
   }
   for (int l = 0; l < config_.n_layer; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     if (!params_.find(h + "ln_1.weight")) continue;
     Block b;
     b.n_head = config_.n_head;
+    b.n_kv_head = config_.kv_heads();
+    b.mlp = config_.mlp;
+    b.rope = rope_.get();
     b.tp = tp_;
-    b.ln_1 = {&params_.get(h + "ln_1.weight"), maybe(params_, h + "ln_1.bias"), C};
+    b.ln_1 = norm(h + "ln_1");
     b.c_attn = {&params_.get(h + "attn.c_attn.weight"), maybe(params_, h + "attn.c_attn.bias"), C,
-                3 * Cl};
+                config_.qkv_dim() / tp.size};
     b.attn_proj = {&params_.get(h + "attn.c_proj.weight"), maybe(params_, h + "attn.c_proj.bias"),
                    Cl, C};
-    b.ln_2 = {&params_.get(h + "ln_2.weight"), maybe(params_, h + "ln_2.bias"), C};
-    b.c_fc = {&params_.get(h + "mlp.c_fc.weight"), maybe(params_, h + "mlp.c_fc.bias"), C, F};
+    b.ln_2 = norm(h + "ln_2");
+    b.c_fc = {&params_.get(h + "mlp.c_fc.weight"), maybe(params_, h + "mlp.c_fc.bias"), C,
+              config_.fc_dim() / tp.size};
     b.mlp_proj = {&params_.get(h + "mlp.c_proj.weight"), maybe(params_, h + "mlp.c_proj.bias"), F,
                   C};
     for (Linear* l : {&b.c_attn, &b.attn_proj, &b.c_fc, &b.mlp_proj}) l->mp = mp_.get();
@@ -182,8 +194,8 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
     recomputed_.att = acts({kernels::attention_stash_elems(B, config_.n_head / tp_.size, T)});
   if (keep != Block::Keep::kAll &&
       recomputed_.att.numel() != kernels::attention_stash_elems(B, config_.n_head / tp_.size, T))
-    fail("activations for microbatches of {} x {} after others: recomputation shares one set",
-         B, T);
+    fail("activations for microbatches of {} x {} after others: recomputation shares one set", B,
+         T);
   for (int l = 0; l < n_blocks; ++l) {
     BlockActivations b = Block::make_activations(config_, B, T, tp_, keep);
     if (keep == Block::Keep::kNoAttention) b.att = recomputed_.att;
@@ -219,7 +231,7 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
   scratch_tokens_ = B * T;
   if (mp_) {  // bf16: the largest GEMM input (C or F/t wide) and output gradient
     const int64_t N = B * T, C = config_.d_model, F = config_.d_ff / tp_.size;
-    const int64_t widest = std::max({3 * C / tp_.size, C, F});
+    const int64_t widest = std::max({config_.qkv_dim() / tp_.size, C, config_.fc_dim() / tp_.size});
     mp_->x = Tensor::empty({N * std::max(C, F)}, DType::kBF16, mem::Category::kWorkspace);
     // The LM head's [N, Vp/t] output gradient goes through it in chunks of at least
     // kMixedHeadRows rows: each chunk reads and writes the whole f32 d(wte), so tiny chunks
@@ -268,7 +280,7 @@ void Gpt::embed_forward(Activations& a) {
   profile::Scope p("embedding.fwd");
   if (!tp_.active()) {
     kernels::embedding_forward(a.encoded.f32(), a.token_ids(), wte_->value.f32(),
-                               wpe_->value.f32(), B, T, C);
+                               wpe_ ? wpe_->value.f32() : nullptr, B, T, C);
     return;
   }
   ensure_scratch(B, T);
@@ -281,7 +293,7 @@ void Gpt::embed_forward(Activations& a) {
     tpo::reduce_scatter_rows(tp_, partial, a.encoded.f32(), Nl * C);
   else
     tpo::all_reduce(tp_, a.encoded.f32(), N * C);
-  kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
+  if (wpe_) kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
 }
 
 void Gpt::blocks_forward(Activations& a, int k0, int n) {
@@ -316,8 +328,8 @@ float Gpt::head_forward(Activations& a) {
   if (!tp_.active()) {
     {
       profile::Scope p("cross_entropy.fwd");
-      kernels::cross_entropy_forward(a.losses.f32(), a.lse.f32(), a.logits.f32(), a.target_ids(),
-                                     N, config_.vocab, Vl);
+      kernels::cross_entropy_forward(a.losses.f32(), a.lse.f32(), a.logits.f32(), a.target_ids(), N,
+                                     config_.vocab, Vl);
     }
     sum = kernels::sum(a.losses.f32(), N);  // in order, in double
     return static_cast<float>(sum / static_cast<double>(N));
@@ -329,8 +341,8 @@ float Gpt::head_forward(Activations& a) {
     profile::Scope p("cross_entropy.fwd");
     kernels::vocab_parallel_max(mx, a.logits.f32(), N, Vl, real);
     tpo::all_reduce_max(tp_, mx, N);
-    kernels::vocab_parallel_sum_exp(sums, sums + N, a.logits.f32(), mx, a.target_ids(), N, Vl,
-                                    real, v0);
+    kernels::vocab_parallel_sum_exp(sums, sums + N, a.logits.f32(), mx, a.target_ids(), N, Vl, real,
+                                    v0);
     tpo::all_reduce(tp_, sums, 2 * N);
   }
   kernels::vocab_parallel_lse(a.lse.f32(), a.losses.f32(), mx, sums, N);
@@ -391,7 +403,7 @@ void Gpt::blocks_backward(Activations& a, int k0, int n, float* dres, BackwardPa
       profile::Scope p("recompute.fwd");
       b.forward(a.blocks[si], x, a.B, a.T, &scratch_);
     } else if (recompute_ == Recompute::kSelective) {
-      b.recompute_attention(a.blocks[si], a.B, a.T);
+      b.recompute_attention(a.blocks[si], a.B, a.T, scratch_);
     }
     if (part == BackwardPart::kAll)
       b.backward(dres, scratch_, a.blocks[si], x, a.B, a.T);
@@ -408,20 +420,19 @@ void Gpt::embed_backward(Activations& a, const float* dres) {
   {
     profile::Scope p("embedding.bwd");
     if (!tp_.active()) {
-      kernels::embedding_backward(wte_->grad.f32(), wpe_->grad.f32(), dres, a.token_ids(), B, T,
-                                  C);
+      kernels::embedding_backward(wte_->grad.f32(), wpe_ ? wpe_->grad.f32() : nullptr, dres,
+                                  a.token_ids(), B, T, C);
     } else {
       const int64_t Nl = tp_.local_rows(N), row0 = tp_.first_row(N);
       const int64_t Vl = config_.padded_vocab() / tp_.size, v0 = tp_.rank * Vl;
       ensure_scratch(B, T);
-      kernels::position_embedding_backward(wpe_->grad.f32(), dres, row0, Nl, T, C);
+      if (wpe_) kernels::position_embedding_backward(wpe_->grad.f32(), dres, row0, Nl, T, C);
       const float* d = dres;  // g backward: identity; ḡ backward: all-gather
       if (tp_.sp) {
         tpo::all_gather_rows(tp_, dres, scratch_.gath.f32(), Nl * C);
         d = scratch_.gath.f32();
       }
-      kernels::vocab_parallel_embedding_backward(wte_->grad.f32(), d, a.token_ids(), N, C, v0,
-                                                 Vl);
+      kernels::vocab_parallel_embedding_backward(wte_->grad.f32(), d, a.token_ids(), N, C, v0, Vl);
     }
   }
   // Tied, same stage: d(wte) += d(logits)^T · lnf, the LM head's share, kept until now
@@ -439,7 +450,10 @@ void Gpt::head_weight_backward(Activations& a) {
 
 double training_flops_per_token(const GptConfig& c, int64_t T) {
   const double L = c.n_layer, C = c.d_model, F = c.d_ff, Vp = c.padded_vocab();
-  const double matmul_params = L * (3 * C * C + C * C + 2 * C * F) + Vp * C;
+  // q|k|v, the attention's output projection, the MLP's first (gate|up with SwiGLU) and
+  // second projections, and the LM head.
+  const double matmul_params =
+      L * (double(c.qkv_dim()) * C + C * C + double(c.fc_dim()) * C + F * C) + Vp * C;
   // 2 FLOPs per multiply-add, x3 for forward + backward; attention scores and the
   // weighted sum (2 * 2 * T * C per token per layer forward) counted over the full T x T as
   // Megatron-LM and PaLM count them.

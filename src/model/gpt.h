@@ -166,7 +166,10 @@ class Gpt {
   Param* wte_ = nullptr;
   Param* wpe_ = nullptr;
   Param* lm_head_ = nullptr;  // = wte_ when tied
-  LayerNorm ln_f_;
+  Norm ln_f_;
+  // Rotary positions: the cos/sin tables of seq_len positions, read by every block (on the
+  // heap, so that the blocks' pointers survive moving the model). Null: learned positions.
+  std::unique_ptr<RopeTables> rope_;
   std::vector<Block> blocks_;
   BlockScratch scratch_;
   Tensor dres_;  // [N, C] gradient of the residual stream

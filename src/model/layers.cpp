@@ -15,16 +15,22 @@ Tensor acts(const Shape& s) { return Tensor::empty(s, DType::kF32, mem::Category
 Tensor scratch(const Shape& s) { return Tensor::empty(s, DType::kF32, mem::Category::kWorkspace); }
 }  // namespace
 
-void LayerNorm::forward(float* y, float* mean, float* rstd, const float* x, int64_t n) const {
+void Norm::forward(float* y, float* mean, float* rstd, const float* x, int64_t n) const {
   profile::Scope p("layernorm.fwd");
-  kernels::layernorm_forward(y, mean, rstd, x, w->value.f32(), value_of(b), n, c);
+  if (rms)
+    kernels::rmsnorm_forward(y, rstd, x, w->value.f32(), n, c, eps);
+  else
+    kernels::layernorm_forward(y, mean, rstd, x, w->value.f32(), value_of(b), n, c);
 }
 
-void LayerNorm::backward(float* dx, const float* dy, const float* x, const float* mean,
-                         const float* rstd, int64_t n) const {
+void Norm::backward(float* dx, const float* dy, const float* x, const float* mean,
+                    const float* rstd, int64_t n) const {
   profile::Scope p("layernorm.bwd");
-  kernels::layernorm_backward(dx, w->grad.f32(), grad_of(b), dy, x, w->value.f32(), mean, rstd, n,
-                              c);
+  if (rms)
+    kernels::rmsnorm_backward(dx, w->grad.f32(), dy, x, w->value.f32(), rstd, n, c);
+  else
+    kernels::layernorm_backward(dx, w->grad.f32(), grad_of(b), dy, x, w->value.f32(), mean, rstd, n,
+                                c);
 }
 
 void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Param& w,
@@ -68,6 +74,7 @@ void Linear::backward(float* dx, const float* dy, const float* x, int64_t n) con
 BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t T,
                                          const parallel::tp::TpContext& tp, Keep keep) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
+  const int64_t QKVl = c.qkv_dim() / tp.size, FCl = c.fc_dim() / tp.size;
   const int64_t Nl = tp.local_rows(N);  // rows of the residual / layer-norm region
   BlockActivations a;
   a.out = acts({Nl, C});
@@ -75,36 +82,100 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
   a.ln1 = acts({Nl, C});
   a.ln1_mean = acts({Nl});
   a.ln1_rstd = acts({Nl});
-  a.qkv = acts({N, 3 * Cl});
+  a.qkv = acts({N, QKVl});
   if (keep == Keep::kAll) a.att = acts({kernels::attention_stash_elems(B, c.n_head / tp.size, T)});
   a.atty = acts({N, Cl});
   a.res2 = acts({Nl, C});
   a.ln2 = acts({Nl, C});
   a.ln2_mean = acts({Nl});
   a.ln2_rstd = acts({Nl});
-  a.fch = acts({N, F});
+  a.fch = acts({N, FCl});
   a.fch_gelu = acts({N, F});
   return a;
 }
 
-void Block::recompute_attention(BlockActivations& a, int64_t B, int64_t T) const {
+void Block::recompute_attention(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const {
   profile::Scope p("attention.recompute");
-  // Writes atty again too: the same values (the kernel is deterministic).
-  kernels::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, ln_1.c / tp.size,
-                             n_head / tp.size);
+  // Writes atty again too: the same values (the kernel is deterministic). qkv is kept
+  // rotated, so RoPE is not applied again.
+  attend(a, B, T, s);
 }
 
 BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
                                  const parallel::tp::TpContext& tp) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
-  BlockScratch s{scratch({N, C}), scratch({N, Cl}), scratch({N, 3 * Cl}),
-                 scratch({N, F}), scratch({N, F}),  scratch({kernels::attention_scratch_elems(B, c.n_head / tp.size, T)}),
-                 Tensor(),        Tensor()};
+  const int64_t QKVl = c.qkv_dim() / tp.size, FCl = c.fc_dim() / tp.size;
+  BlockScratch s{
+      scratch({N, C}),    scratch({N, Cl}),
+      scratch({N, QKVl}), scratch({N, FCl}),
+      scratch({N, F}),    scratch({kernels::attention_scratch_elems(B, c.n_head / tp.size, T)}),
+      Tensor(),           Tensor(),
+      Tensor(),           Tensor()};
+  if (c.kv_heads() != c.n_head) {
+    s.qkvx = scratch({N, 3 * Cl});
+    s.dqkvx = scratch({N, 3 * Cl});
+  }
   if (tp.active() && tp.sp) {
     s.gath = scratch({N, C});
     s.part = scratch({N, C});
   }
   return s;
+}
+
+void Block::rotate_qkv(float* qkv, int64_t B, int64_t T, bool backward) const {
+  if (!rope) return;
+  profile::Scope p(backward ? "rope.bwd" : "rope.fwd");
+  const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
+  const int64_t stride = c_attn.out;  // this rank's q | k | v columns
+  const float *cs = rope->cos.f32(), *sn = rope->sin.f32();
+  auto rot = backward ? kernels::rope_backward : kernels::rope_forward;
+  rot(qkv, B, T, stride, 0, heads, hd, cs, sn);         // q
+  rot(qkv, B, T, stride, heads * hd, kvh, hd, cs, sn);  // k
+}
+
+void Block::attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const {
+  profile::Scope p("attention.fwd");
+  const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
+  const float* qkv = a.qkv.f32();
+  if (kvh != heads) {
+    kernels::expand_kv_heads(s.qkvx.f32(), qkv, B * T, heads, kvh, hd);
+    qkv = s.qkvx.f32();
+  }
+  kernels::attention_forward(a.atty.f32(), a.att.f32(), qkv, B, T, heads * hd, heads);
+}
+
+void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations& a, int64_t B,
+                            int64_t T) const {
+  profile::Scope p("attention.bwd");
+  const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
+  const float* qkv = a.qkv.f32();
+  float* dfull = dqkv;
+  if (kvh != heads) {  // the repeated kv heads again (not kept), and their gradient apart
+    kernels::expand_kv_heads(s.qkvx.f32(), qkv, B * T, heads, kvh, hd);
+    qkv = s.qkvx.f32();
+    dfull = s.dqkvx.f32();
+  }
+  kernels::attention_backward(dfull, s.datt.f32(), s.datty.f32(), qkv, a.att.f32(), B, T,
+                              heads * hd, heads);
+  if (dfull != dqkv) kernels::reduce_kv_heads(dqkv, dfull, B * T, heads, kvh, hd);
+  rotate_qkv(dqkv, B, T, true);
+}
+
+void Block::activation_forward(BlockActivations& a) const {
+  profile::Scope p("gelu.fwd");
+  if (mlp == MlpKind::kSwiGlu)
+    kernels::swiglu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch_gelu.shape()[0],
+                            a.fch_gelu.shape()[1]);
+  else
+    kernels::gelu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch.numel());
+}
+
+void Block::activation_backward(float* dfch, const float* dy, const BlockActivations& a) const {
+  profile::Scope p("gelu.bwd");
+  if (mlp == MlpKind::kSwiGlu)
+    kernels::swiglu_backward(dfch, a.fch.f32(), dy, a.fch_gelu.shape()[0], a.fch_gelu.shape()[1]);
+  else
+    kernels::gelu_backward(dfch, a.fch.f32(), dy, a.fch.numel());
 }
 
 void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
@@ -116,21 +187,17 @@ void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
   }
   const int64_t N = B * T, C = ln_1.c;
   // Attention branch: res2 = x + c_proj(attention(c_attn(ln_1(x))))
+  if (!s) fail("Block::forward needs the scratch buffers");
   ln_1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, N);
   c_attn.forward(a.qkv.f32(), a.ln1.f32(), N);
-  {
-    profile::Scope p("attention.fwd");
-    kernels::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, C, n_head);
-  }
+  rotate_qkv(a.qkv.f32(), B, T, false);
+  attend(a, B, T, *s);
   attn_proj.forward(a.res2.f32(), a.atty.f32(), N);
   kernels::add(a.res2.f32(), a.res2.f32(), x, N * C);
   // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
   ln_2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), N);
   c_fc.forward(a.fch.f32(), a.ln2.f32(), N);
-  {
-    profile::Scope p("gelu.fwd");
-    kernels::gelu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch.numel());
-  }
+  activation_forward(a);
   mlp_proj.forward(a.out.f32(), a.fch_gelu.f32(), N);
   kernels::add(a.out.f32(), a.out.f32(), a.res2.f32(), N * C);
 }
@@ -141,22 +208,15 @@ void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, co
     backward_tp(dres, s, a, x, B, T);
     return;
   }
-  const int64_t N = B * T, C = ln_1.c;
+  const int64_t N = B * T;
   // MLP branch. dres = d(out) = d(res2) through the residual; add the branch's share.
   mlp_proj.backward(s.dgelu.f32(), dres, a.fch_gelu.f32(), N);
-  {
-    profile::Scope p("gelu.bwd");
-    kernels::gelu_backward(s.dfch.f32(), a.fch.f32(), s.dgelu.f32(), a.fch.numel());
-  }
+  activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
   c_fc.backward(s.dln.f32(), s.dfch.f32(), a.ln2.f32(), N);
   ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), N);
   // Attention branch. dres now = d(res2) = d(x) through the residual.
   attn_proj.backward(s.datty.f32(), dres, a.atty.f32(), N);
-  {
-    profile::Scope p("attention.bwd");
-    kernels::attention_backward(s.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(), a.att.f32(),
-                                B, T, C, n_head);
-  }
+  attend_backward(s.dqkv.f32(), s, a, B, T);
   c_attn.backward(s.dln.f32(), s.dqkv.f32(), a.ln1.f32(), N);
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), N);
 }
@@ -186,7 +246,6 @@ void Block::forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T
                        BlockScratch& s) const {
   namespace tpo = parallel::tp;
   const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
-  const int64_t Cl = C / tp.size, heads = n_head / tp.size;
   // Attention branch.
   ln_1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, Nl);
   const float* in1 = a.ln1.f32();  // f: identity forward
@@ -195,10 +254,8 @@ void Block::forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T
     in1 = s.gath.f32();
   }
   c_attn.forward(a.qkv.f32(), in1, N);
-  {
-    profile::Scope p("attention.fwd");
-    kernels::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, Cl, heads);
-  }
+  rotate_qkv(a.qkv.f32(), B, T, false);
+  attend(a, B, T, s);
   row_parallel_forward(attn_proj, a.res2.f32(), a.atty.f32(), x, N, s);
   // MLP branch.
   ln_2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), Nl);
@@ -208,10 +265,7 @@ void Block::forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T
     in2 = s.gath.f32();
   }
   c_fc.forward(a.fch.f32(), in2, N);
-  {
-    profile::Scope p("gelu.fwd");
-    kernels::gelu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch.numel());
-  }
+  activation_forward(a);
   row_parallel_forward(mlp_proj, a.out.f32(), a.fch_gelu.f32(), a.res2.f32(), N, s);
 }
 
@@ -219,7 +273,6 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
                         int64_t B, int64_t T) const {
   namespace tpo = parallel::tp;
   const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
-  const int64_t Cl = C / tp.size, heads = n_head / tp.size;
   // The row-parallel layer's output gradient: g backward is the identity (every rank holds
   // the same dres); ḡ backward all-gathers it. Its bias gradient then sums all N rows, the
   // same on every rank. The column-parallel input gradient is a partial sum: f backward
@@ -240,19 +293,12 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
   };
   // MLP branch.
   mlp_proj.backward(s.dgelu.f32(), gathered(dres), a.fch_gelu.f32(), N);
-  {
-    profile::Scope p("gelu.bwd");
-    kernels::gelu_backward(s.dfch.f32(), a.fch.f32(), s.dgelu.f32(), a.fch.numel());
-  }
+  activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
   column_input_grad(c_fc, s.dfch.f32(), a.ln2.f32());
   ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
   // Attention branch.
   attn_proj.backward(s.datty.f32(), gathered(dres), a.atty.f32(), N);
-  {
-    profile::Scope p("attention.bwd");
-    kernels::attention_backward(s.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(), a.att.f32(),
-                                B, T, Cl, heads);
-  }
+  attend_backward(s.dqkv.f32(), s, a, B, T);
   column_input_grad(c_attn, s.dqkv.f32(), a.ln1.f32());
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), Nl);
 }
@@ -263,8 +309,9 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
 
 BlockGradStash Block::make_stash(const GptConfig& c, int64_t B, int64_t T,
                                  const parallel::tp::TpContext& tp) {
-  const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
-  return {acts({N, 3 * Cl}), acts({N, C}), acts({N, F}), acts({N, C})};
+  const int64_t N = B * T, C = c.d_model;
+  return {acts({N, c.qkv_dim() / tp.size}), acts({N, C}), acts({N, c.fc_dim() / tp.size}),
+          acts({N, C})};
 }
 
 void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
@@ -272,7 +319,7 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
   namespace tpo = parallel::tp;
   profile::Scope p("block.bwd_input");
   const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
-  const int64_t Cl = C / tp.size, heads = n_head / tp.size, F = c_fc.out;
+  const int64_t Cl = C / tp.size, F = mlp_proj.in;
   const bool sp = tp.active() && tp.sp;
   // The row-parallel output gradient, whole (ḡ backward gathers it with --sp).
   auto stash_output_grad = [&](float* dst) {
@@ -291,15 +338,14 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
   stash_output_grad(st.dmlp.f32());
   gemm_backward(mlp_proj.mp, s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr, *mlp_proj.w,
                 N, F, C);
-  kernels::gelu_backward(st.dfch.f32(), a.fch.f32(), s.dgelu.f32(), N * F);
+  activation_backward(st.dfch.f32(), s.dgelu.f32(), a);
   column_input_grad(c_fc, st.dfch.f32());
   ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
   // Attention branch.
   stash_output_grad(st.dproj.f32());
   gemm_backward(attn_proj.mp, s.datty.f32(), nullptr, nullptr, st.dproj.f32(), nullptr,
                 *attn_proj.w, N, Cl, C);
-  kernels::attention_backward(st.dqkv.f32(), s.datt.f32(), s.datty.f32(), a.qkv.f32(), a.att.f32(),
-                              B, T, Cl, heads);
+  attend_backward(st.dqkv.f32(), s, a, B, T);
   column_input_grad(c_attn, st.dqkv.f32());
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), Nl);
 }

@@ -1,4 +1,6 @@
-// The layers of a GPT-2 block, each an explicit forward/backward pair (llm.c style).
+// The layers of a transformer block, each an explicit forward/backward pair (llm.c style).
+// One block for every architecture: its norm, attention (with its position encoding) and
+// MLP are chosen by the config (model/config.h), never a copy of the block per model.
 // Forward writes what backward needs into the caller's activation buffers; backward
 // accumulates parameter gradients into the Param's gradient view.
 #pragma once
@@ -6,14 +8,19 @@
 #include <cstdint>
 
 #include "model/params.h"
+#include "model/rope.h"
 #include "parallel/tp.h"
 
 namespace mt::model {
 
-struct LayerNorm {
+// LayerNorm (GPT-2: mean and variance, weight and bias) or RMSNorm (Llama: root mean
+// square, weight only, eps from the config). `mean` is LayerNorm's alone.
+struct Norm {
   Param* w = nullptr;
-  Param* b = nullptr;  // null without bias
+  Param* b = nullptr;  // null without bias (always with RMSNorm)
   int64_t c = 0;
+  bool rms = false;
+  float eps = 1e-5f;  // RMSNorm's
   void forward(float* y, float* mean, float* rstd, const float* x, int64_t n) const;
   // dx += d(loss)/dx
   void backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
@@ -50,13 +57,13 @@ struct Linear {
 // Activations of one block for one microbatch: exactly what its backward reads.
 struct BlockActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // [N, C], [N], [N]
-  Tensor qkv;                      // [N, 3C]
+  Tensor qkv;                      // [N, qkv_dim] q | k | v (rotated, with RoPE)
   Tensor att;                      // [B, NH, T, T] softmax probabilities
   Tensor atty;                     // [N, C] attention output before c_proj
   Tensor res2;                     // [N, C] x + attention branch
   Tensor ln2, ln2_mean, ln2_rstd;  // [N, C], [N], [N]
-  Tensor fch;                      // [N, F] before GELU
-  Tensor fch_gelu;                 // [N, F]
+  Tensor fch;                      // [N, F] before GELU ([N, 2F] gate | up with SwiGLU)
+  Tensor fch_gelu;                 // [N, F] the activation's output
   Tensor out;                      // [N, C] block output (= next block's input)
 };
 
@@ -64,9 +71,9 @@ struct BlockActivations {
 // input-gradient pass (B) for the weight-gradient pass (W) of the same microbatch. Row
 // counts are the full N (with --sp the gathered gradients).
 struct BlockGradStash {
-  Tensor dqkv;   // [N, 3C/t]
+  Tensor dqkv;   // [N, qkv_dim/t]
   Tensor dproj;  // [N, C] d(attention c_proj output)
-  Tensor dfch;   // [N, F/t]
+  Tensor dfch;   // [N, fc_dim/t]
   Tensor dmlp;   // [N, C] d(mlp c_proj output)
 };
 
@@ -74,10 +81,14 @@ struct BlockGradStash {
 struct BlockScratch {
   Tensor dln;    // [N, C]
   Tensor datty;  // [N, C]
-  Tensor dqkv;   // [N, 3C]
-  Tensor dfch;   // [N, F]
+  Tensor dqkv;   // [N, qkv_dim]
+  Tensor dfch;   // [N, fc_dim]
   Tensor dgelu;  // [N, F]
   Tensor datt;   // [B, NH, T, T]
+  // Grouped-query attention: the q | k | v rows with the kv heads repeated per query head,
+  // and their gradient ([N, 3C] each; undefined with multi-head attention).
+  Tensor qkvx;
+  Tensor dqkvx;
   // Tensor parallelism with --sp: the gathered input of a column-parallel layer (and the
   // gathered output gradient of a row-parallel one), and the partial sums before a
   // reduce-scatter. [N, C] each; undefined otherwise.
@@ -92,9 +103,12 @@ struct BlockScratch {
 // (parallel/tp.h). With --sp the layer norms and the residual run on this rank's N/t rows.
 // The Linear members then hold the local shapes (c_attn: in C, out 3C/t; ...).
 struct Block {
-  LayerNorm ln_1, ln_2;
+  Norm ln_1, ln_2;
   Linear c_attn, attn_proj, c_fc, mlp_proj;
-  int64_t n_head = 0;  // global heads
+  int64_t n_head = 0;     // global query heads
+  int64_t n_kv_head = 0;  // global key/value heads (= n_head: multi-head attention)
+  MlpKind mlp = MlpKind::kGelu;
+  const RopeTables* rope = nullptr;  // rotary positions on q and k; null: none (GPT-2)
   parallel::tp::TpContext tp;
 
   // What a block keeps for backward (activation recomputation, Korthikanti et al. 2022):
@@ -107,7 +121,7 @@ struct Block {
                                            const parallel::tp::TpContext& tp = {},
                                            Keep keep = Keep::kAll);
   // Selective recomputation: the attention probabilities again, from the kept qkv.
-  void recompute_attention(BlockActivations& a, int64_t B, int64_t T) const;
+  void recompute_attention(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const;
   static BlockScratch make_scratch(const GptConfig& c, int64_t B, int64_t T,
                                    const parallel::tp::TpContext& tp = {});
 
@@ -129,6 +143,15 @@ struct Block {
                        int64_t B, int64_t T) const;
 
  private:
+  // The parts between the linears: RoPE on the fresh q and k; attention (through the
+  // repeated kv heads with grouped-query attention) and its backward into dqkv; the MLP's
+  // activation (GELU, or SwiGLU's gate) and its backward into dfch.
+  void rotate_qkv(float* qkv, int64_t B, int64_t T, bool backward) const;
+  void attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const;
+  void attend_backward(float* dqkv, BlockScratch& s, const BlockActivations& a, int64_t B,
+                       int64_t T) const;
+  void activation_forward(BlockActivations& a) const;
+  void activation_backward(float* dfch, const float* dy, const BlockActivations& a) const;
   void forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T, BlockScratch& s) const;
   void backward_tp(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
                    int64_t B, int64_t T) const;

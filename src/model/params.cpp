@@ -12,7 +12,8 @@
 namespace mt::model {
 
 std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
-  const int64_t d = c.d_model, f = c.d_ff, vp = c.padded_vocab();
+  const int64_t d = c.d_model, f = c.d_ff, vp = c.padded_vocab(), kv = c.kv_dim();
+  const bool swiglu = c.mlp == MlpKind::kSwiGlu;
   constexpr float kStd = 0.02f;  // GPT-2
   // GPT-2 scales the residual output projections by 1/sqrt(2 * n_layer).
   const float residual_std = kStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
@@ -27,30 +28,48 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
     p.init_std = std;
     p.tp_split = split;
     p.layer = layer;
-    p.hf_transposed = transposed;
+    p.hf_transposed = transposed && !c.llama_family();  // HF Llama's Linear is [out, in]
     s.push_back(std::move(p));
   };
   add("transformer.wte.weight", {vp, d}, Init::kNormal, kStd, TpSplit::kRows, -1);
   s.back().real_rows = c.vocab;
   s.back().gemm_weight = c.tied;  // the LM head
-  add("transformer.wpe.weight", {c.seq_len, d}, Init::kNormal, kStd, TpSplit::kReplicated, -1);
+  if (c.positions == Positions::kLearned)
+    add("transformer.wpe.weight", {c.seq_len, d}, Init::kNormal, kStd, TpSplit::kReplicated, -1);
+  // The norms' bias exists with LayerNorm and biases; RMSNorm has none.
+  const bool norm_bias = c.bias && c.norm == NormKind::kLayerNorm;
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     add(h + "ln_1.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, l);
-    if (c.bias) add(h + "ln_1.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
-    add(h + "attn.c_attn.weight", {3 * d, d}, Init::kNormal, kStd, TpSplit::kQkvRows, l, true);
-    if (c.bias) add(h + "attn.c_attn.bias", {3 * d}, Init::kZeros, 0, TpSplit::kQkvRows, l);
+    if (norm_bias) add(h + "ln_1.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+    // q | k | v in one projection (Hugging Face Llama's q_proj, k_proj, v_proj stacked).
+    add(h + "attn.c_attn.weight", {d + 2 * kv, d}, Init::kNormal, kStd, TpSplit::kBlockRows, l,
+        true);
+    s.back().row_blocks = {d, kv, kv};
+    if (c.bias) {
+      add(h + "attn.c_attn.bias", {d + 2 * kv}, Init::kZeros, 0, TpSplit::kBlockRows, l);
+      s.back().row_blocks = {d, kv, kv};
+    }
     add(h + "attn.c_proj.weight", {d, d}, Init::kNormal, residual_std, TpSplit::kCols, l, true);
     if (c.bias) add(h + "attn.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
     add(h + "ln_2.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, l);
-    if (c.bias) add(h + "ln_2.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
-    add(h + "mlp.c_fc.weight", {f, d}, Init::kNormal, kStd, TpSplit::kRows, l, true);
-    if (c.bias) add(h + "mlp.c_fc.bias", {f}, Init::kZeros, 0, TpSplit::kRows, l);
+    if (norm_bias) add(h + "ln_2.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+    // GELU: c_fc [F, C]; SwiGLU: gate | up stacked [2F, C] (gate_proj, up_proj), each half
+    // split over tp alone so that a rank holds matching gate and up rows.
+    const TpSplit fc_split = swiglu ? TpSplit::kBlockRows : TpSplit::kRows;
+    const std::vector<int64_t> fc_blocks =
+        swiglu ? std::vector<int64_t>{f, f} : std::vector<int64_t>{};
+    add(h + "mlp.c_fc.weight", {c.fc_dim(), d}, Init::kNormal, kStd, fc_split, l, true);
+    s.back().row_blocks = fc_blocks;
+    if (c.bias) {
+      add(h + "mlp.c_fc.bias", {c.fc_dim()}, Init::kZeros, 0, fc_split, l);
+      s.back().row_blocks = fc_blocks;
+    }
     add(h + "mlp.c_proj.weight", {d, f}, Init::kNormal, residual_std, TpSplit::kCols, l, true);
     if (c.bias) add(h + "mlp.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
   }
   add("transformer.ln_f.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, -1);
-  if (c.bias) add("transformer.ln_f.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, -1);
+  if (norm_bias) add("transformer.ln_f.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, -1);
   if (!c.tied) {
     add("lm_head.weight", {vp, d}, Init::kNormal, kStd, TpSplit::kRows, -1);
     s.back().real_rows = c.vocab;
@@ -107,10 +126,19 @@ std::vector<ParamSpec> tp_shard_specs(std::vector<ParamSpec> specs, int rank, in
       case TpSplit::kCols:
         split(1, size);
         break;
-      case TpSplit::kQkvRows:
-        split(0, 3 * static_cast<int64_t>(size));
-        s.shape[0] *= 3;
+      case TpSplit::kBlockRows: {
+        int64_t rows = 0;
+        for (const int64_t b : s.row_blocks) {
+          if (b % size != 0)
+            fail("{}: a row block of {} rows does not split over {} tensor-parallel ranks", s.name,
+                 b, size);
+          rows += b;
+        }
+        if (rows != s.shape[0])
+          fail("{}: its row blocks hold {} rows, not its {}", s.name, rows, s.shape[0]);
+        s.shape[0] /= size;
         break;
+      }
     }
   }
   return specs;
@@ -137,10 +165,14 @@ void for_each_tp_run(const ParamSpec& spec,
       for (int64_t i = 0; i < g[0]; ++i) fn(i * lc, i * cols + r * lc, lc);
       break;
     }
-    case TpSplit::kQkvRows: {
-      const int64_t block = g[0] / 3 * cols;  // one of q, k, v
-      const int64_t piece = n / 3;            // this rank's part of it
-      for (int64_t q = 0; q < 3; ++q) fn(q * piece, q * block + r * piece, piece);
+    case TpSplit::kBlockRows: {
+      int64_t local = 0, global = 0;
+      for (const int64_t rows : spec.row_blocks) {
+        const int64_t piece = rows / spec.tp_size * cols;  // this rank's part of the block
+        fn(local, global + r * piece, piece);
+        local += piece;
+        global += rows * cols;
+      }
       break;
     }
   }

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <algorithm>
-
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -23,7 +22,8 @@ enum class TpSplit : uint8_t {
   kReplicated,  // every TP rank holds all of it (layer norms, row-parallel biases)
   kRows,        // dim 0 split: column-parallel weight [out, in] / its bias; vocab rows
   kCols,        // dim 1 split: row-parallel weight [out, in]
-  kQkvRows,     // dim 0 split inside each of the q, k, v blocks (whole heads per rank)
+  kBlockRows,   // dim 0 split inside each of its row blocks (q|k|v: whole heads per rank;
+                // SwiGLU's gate|up): ParamSpec::row_blocks
 };
 
 struct ParamSpec {
@@ -33,6 +33,9 @@ struct ParamSpec {
   float init_std = 0.f;
   int64_t real_rows = -1;  // rows >= real_rows are padding, initialised to 0 (-1: none)
   TpSplit tp_split = TpSplit::kReplicated;
+  // kBlockRows: the global row count of each block, in order (GPT-2's c_attn: C, C, C; with
+  // grouped-query attention C, kv, kv; SwiGLU's gate|up: F, F). Each splits over tp alone.
+  std::vector<int64_t> row_blocks;
   bool weight_decay = false;   // matrices only
   bool hf_transposed = false;  // stored [out, in]; HF Conv1D stores [in, out]
   int layer = -1;              // block index, -1 for embeddings and the final norm
@@ -136,7 +139,8 @@ void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64
 
 // ---- tensor parallelism -------------------------------------------------------------
 // The specs of tp rank `rank` of `size`: each spec's shape becomes its slice (kRows: a block
-// of rows; kCols: a block of columns; kQkvRows: the rank's heads inside each of q, k and v;
+// of rows; kCols: a block of columns; kBlockRows: the rank's rows inside each row block (its
+// heads of q, k and v; its part of gate and of up);
 // kReplicated: all of it), global_shape keeps the whole. Refuses a split that does not
 // divide (the layout is checked before, with a better message: Gpt's tp refusals).
 std::vector<ParamSpec> tp_shard_specs(std::vector<ParamSpec> specs, int rank, int size);

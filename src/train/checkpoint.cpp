@@ -187,8 +187,8 @@ const char* split_name(model::TpSplit s) {
       return "rows";
     case model::TpSplit::kCols:
       return "cols";
-    case model::TpSplit::kQkvRows:
-      return "qkv_rows";
+    case model::TpSplit::kBlockRows:
+      return "block_rows";
   }
   return "?";
 }
@@ -197,26 +197,41 @@ model::TpSplit parse_split(const std::string& s, const std::string& where) {
   if (s == "replicated") return model::TpSplit::kReplicated;
   if (s == "rows") return model::TpSplit::kRows;
   if (s == "cols") return model::TpSplit::kCols;
-  if (s == "qkv_rows") return model::TpSplit::kQkvRows;
+  // "qkv_rows": checkpoints written before grouped-query attention (three equal blocks).
+  if (s == "block_rows" || s == "qkv_rows") return model::TpSplit::kBlockRows;
   fail("{}: unknown tp_split '{}'", where, s);
 }
 
 json config_json(const model::GptConfig& c) {
-  return {{"name", c.name},       {"n_layer", c.n_layer}, {"n_head", c.n_head},
-          {"d_model", c.d_model}, {"d_ff", c.d_ff},       {"vocab", c.vocab},
-          {"seq_len", c.seq_len}, {"bias", c.bias},       {"tied", c.tied}};
+  json j = {{"name", c.name},       {"n_layer", c.n_layer}, {"n_head", c.n_head},
+            {"d_model", c.d_model}, {"d_ff", c.d_ff},       {"vocab", c.vocab},
+            {"seq_len", c.seq_len}, {"bias", c.bias},       {"tied", c.tied}};
+  // The block's parts (absent in checkpoints of GPT-2 models written before them).
+  j["n_kv_head"] = c.kv_heads();
+  j["norm"] = model::norm_name(c.norm);
+  j["norm_eps"] = c.norm_eps;
+  j["mlp"] = model::mlp_name(c.mlp);
+  j["positions"] = model::positions_name(c.positions);
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.llama3)
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  return j;
 }
 
 std::string config_text(const model::GptConfig& c) {
-  return fmt::format("n_layer {} n_head {} d_model {} d_ff {} vocab {} seq_len {} bias {} tied {}",
-                     c.n_layer, c.n_head, c.d_model, c.d_ff, c.vocab, c.seq_len, c.bias, c.tied);
+  return fmt::format(
+      "n_layer {} n_head {} n_kv_head {} d_model {} d_ff {} vocab {} seq_len {} bias {} tied {} "
+      "{} {} {}",
+      c.n_layer, c.n_head, c.kv_heads(), c.d_model, c.d_ff, c.vocab, c.seq_len, c.bias, c.tied,
+      model::norm_name(c.norm), model::mlp_name(c.mlp), model::positions_name(c.positions));
 }
 
-bool same_model(const model::GptConfig& a, const model::GptConfig& b) {
-  return a.n_layer == b.n_layer && a.n_head == b.n_head && a.d_model == b.d_model &&
-         a.d_ff == b.d_ff && a.vocab == b.vocab && a.seq_len == b.seq_len && a.bias == b.bias &&
-         a.tied == b.tied;
-}
+bool same_model(const model::GptConfig& a, const model::GptConfig& b) { return a.same_model(b); }
 
 // The model's tensors as the saving layout sees them globally (its vocabulary padding).
 std::vector<model::ParamSpec> global_specs(model::GptConfig c, int tp) {
@@ -311,8 +326,10 @@ json make_index(int64_t step, const json& trainer, const model::GptConfig& confi
                 const std::vector<Piece>& pieces) {
   json tensors = json::object();
   for (const model::ParamSpec& s : global_specs(config, tp))
-    tensors[s.name] = {
-        {"shape", s.shape}, {"real_rows", s.real_rows}, {"tp_split", split_name(s.tp_split)}};
+    tensors[s.name] = {{"shape", s.shape},
+                       {"real_rows", s.real_rows},
+                       {"tp_split", split_name(s.tp_split)},
+                       {"row_blocks", s.row_blocks}};
   json fj = json::array();
   for (const FileInfo& f : files)
     fj.push_back({{"name", f.name}, {"bytes", f.bytes}, {"rank", f.rank}});
@@ -516,6 +533,21 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
     idx.config.seq_len = c.at("seq_len").get<int64_t>();
     idx.config.bias = c.at("bias").get<bool>();
     idx.config.tied = c.at("tied").get<bool>();
+    idx.config.n_kv_head = c.value("n_kv_head", int64_t{0});
+    idx.config.norm = model::parse_norm(c.value("norm", std::string("layernorm")));
+    idx.config.norm_eps = c.value("norm_eps", 1e-5f);
+    idx.config.mlp = model::parse_mlp(c.value("mlp", std::string("gelu")));
+    idx.config.positions = model::parse_positions(c.value("positions", std::string("learned")));
+    idx.config.rope_theta = c.value("rope_theta", 10000.0);
+    if (c.contains("rope_scaling")) {
+      const json& r = c.at("rope_scaling");
+      idx.config.rope_scaling.llama3 = true;
+      idx.config.rope_scaling.factor = r.at("factor").get<double>();
+      idx.config.rope_scaling.low_freq_factor = r.at("low_freq_factor").get<double>();
+      idx.config.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
+      idx.config.rope_scaling.original_max_position =
+          r.at("original_max_position_embeddings").get<int64_t>();
+    }
     const json& l = j.at("layout");
     idx.dp = l.at("dp").get<int>();
     idx.tp = l.at("tp").get<int>();
@@ -527,6 +559,22 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
       ti.shape = e.at("shape").get<Shape>();
       ti.real_rows = e.at("real_rows").get<int64_t>();
       ti.tp_split = parse_split(e.at("tp_split").get<std::string>(), where);
+      if (e.contains("row_blocks")) {
+        ti.row_blocks = e.at("row_blocks").get<std::vector<int64_t>>();
+      } else if (ti.tp_split == model::TpSplit::kBlockRows) {  // "qkv_rows": q, k, v alike
+        if (ti.shape.empty() || ti.shape[0] % 3 != 0)
+          fail("{}: '{}' is split as qkv_rows but has {} rows", where, name,
+               ti.shape.empty() ? 0 : ti.shape[0]);
+        ti.row_blocks.assign(3, ti.shape[0] / 3);
+      }
+      int64_t block_rows = 0;
+      for (const int64_t b : ti.row_blocks) {
+        if (b < 1) fail("{}: '{}' has a row block of {} rows", where, name, b);
+        block_rows += b;
+      }
+      if (ti.tp_split == model::TpSplit::kBlockRows &&
+          (ti.shape.empty() || block_rows != ti.shape[0]))
+        fail("{}: the row blocks of '{}' do not add up to its rows", where, name);
       idx.tensors[name] = ti;
     }
     for (const json& f : j.at("files"))
@@ -609,6 +657,7 @@ void load_targets(const Index& idx, const std::vector<Target>& targets) {
     s.name = pc.tensor;
     s.shape = ti.shape;
     s.tp_split = ti.tp_split;
+    s.row_blocks = ti.row_blocks;
     if (pc.tp_size > 1) s = model::tp_shard_specs({s}, pc.tp_rank, pc.tp_size)[0];
     if (pc.local_lo < 0 || pc.local_hi > shape_numel(s.shape) || pc.local_lo >= pc.local_hi)
       fail("checkpoint '{}': a piece of '{}' claims elements [{}, {}) of a {}-element slice",

@@ -52,6 +52,7 @@ struct TensorInfo {
   Shape shape;  // global (the saving layout's vocabulary padding)
   int64_t real_rows = -1;
   model::TpSplit tp_split = model::TpSplit::kReplicated;
+  std::vector<int64_t> row_blocks;  // kBlockRows
 };
 
 struct FileInfo {

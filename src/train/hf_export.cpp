@@ -1,20 +1,61 @@
 #include "train/hf_export.h"
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "core/error.h"
 
 namespace mt::train {
 
+namespace fs = std::filesystem;
+using nlohmann::json;
+
 namespace {
 // Rows kept in the file: the real vocabulary for embedding-like tensors.
 int64_t file_rows(const model::ParamSpec& s) { return s.real_rows >= 0 ? s.real_rows : s.shape[0]; }
 
-Shape hf_shape(const model::ParamSpec& s) {
-  if (s.shape.size() == 1) return s.shape;
-  if (s.hf_transposed) return {s.shape[1], s.shape[0]};
-  return {file_rows(s), s.shape[1]};
+// Where one of our tensors lives in Hugging Face's names: one tensor, or (Llama's fused
+// q|k|v and gate|up) several, each a range of our rows.
+struct HfPart {
+  std::string name;
+  int64_t row0 = 0, rows = 0;
+};
+
+std::vector<HfPart> hf_parts(const model::ParamSpec& s, const model::GptConfig& c) {
+  const int64_t rows = file_rows(s);
+  if (!c.llama_family()) return {{s.name, 0, rows}};
+  static const std::regex layer_re(R"(transformer\.h\.(\d+)\.(.*))");
+  std::smatch m;
+  if (s.name == "transformer.wte.weight") return {{"model.embed_tokens.weight", 0, rows}};
+  if (s.name == "lm_head.weight") return {{"lm_head.weight", 0, rows}};
+  if (s.name == "transformer.ln_f.weight") return {{"model.norm.weight", 0, rows}};
+  if (!std::regex_match(s.name, m, layer_re)) fail("no Hugging Face Llama name for '{}'", s.name);
+  const std::string h = "model.layers." + m[1].str() + ".", rest = m[2].str();
+  const int64_t C = c.d_model, kv = c.kv_dim(), F = c.d_ff;
+  if (rest == "ln_1.weight") return {{h + "input_layernorm.weight", 0, rows}};
+  if (rest == "ln_2.weight") return {{h + "post_attention_layernorm.weight", 0, rows}};
+  if (rest == "attn.c_proj.weight") return {{h + "self_attn.o_proj.weight", 0, rows}};
+  if (rest == "mlp.c_proj.weight") return {{h + "mlp.down_proj.weight", 0, rows}};
+  for (const char* kind : {"weight", "bias"}) {
+    const std::string k = kind;
+    if (rest == "attn.c_attn." + k)
+      return {{h + "self_attn.q_proj." + k, 0, C},
+              {h + "self_attn.k_proj." + k, C, kv},
+              {h + "self_attn.v_proj." + k, C + kv, kv}};
+    if (rest == "mlp.c_fc." + k)
+      return {{h + "mlp.gate_proj." + k, 0, F}, {h + "mlp.up_proj." + k, F, F}};
+  }
+  fail("no Hugging Face Llama name for '{}'", s.name);
 }
+
+Shape part_shape(const model::ParamSpec& s, const HfPart& p) {
+  if (s.shape.size() == 1) return {p.rows};
+  if (s.hf_transposed) return {s.shape[1], p.rows};  // GPT-2's Conv1D: whole tensors only
+  return {p.rows, s.shape[1]};
+}
+
 // n_head from the file's metadata; the hint (--n-head) only where the file does not record
 // it. A hint that disagrees is refused: the same weights with other heads give another loss.
 int64_t n_head_of(const SafetensorsFile& f, const std::string& path, std::optional<int64_t> hint) {
@@ -27,7 +68,12 @@ int64_t n_head_of(const SafetensorsFile& f, const std::string& path, std::option
           path);
     return *hint;
   }
-  const int64_t recorded = std::stoll(meta->second);
+  int64_t recorded = 0;
+  try {
+    recorded = std::stoll(meta->second);
+  } catch (const std::exception&) {
+    fail("weights file '{}': metadata n_head '{}' is not a number", path, meta->second);
+  }
   if (hint && *hint != recorded)
     fail(
         "--n-head {} disagrees with n_head {} recorded in weights file '{}' (drop --n-head: it "
@@ -35,31 +81,152 @@ int64_t n_head_of(const SafetensorsFile& f, const std::string& path, std::option
         *hint, recorded, path);
   return recorded;
 }
+
+bool is_folder_path(const std::string& path) {
+  return path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0;
+}
+
+// A config.json field, refused by name when missing or of another type (files from
+// elsewhere are untrusted).
+template <class T>
+T field(const json& j, const char* key, const std::string& path) {
+  if (!j.contains(key)) fail("config '{}' has no \"{}\"", path, key);
+  const json& v = j.at(key);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) fail("config '{}': \"{}\" must be true or false", path, key);
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) fail("config '{}': \"{}\" must be an integer", path, key);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) fail("config '{}': \"{}\" must be a number", path, key);
+  } else {
+    if (!v.is_string()) fail("config '{}': \"{}\" must be a string", path, key);
+  }
+  return v.get<T>();
+}
+
+model::GptConfig llama_config_from_json(const json& j, const std::string& path) {
+  model::GptConfig c;
+  c.name = "from " + path;
+  c.n_layer = field<int64_t>(j, "num_hidden_layers", path);
+  c.n_head = field<int64_t>(j, "num_attention_heads", path);
+  c.n_kv_head =
+      j.contains("num_key_value_heads") ? field<int64_t>(j, "num_key_value_heads", path) : c.n_head;
+  c.d_model = field<int64_t>(j, "hidden_size", path);
+  c.d_ff = field<int64_t>(j, "intermediate_size", path);
+  c.vocab = field<int64_t>(j, "vocab_size", path);
+  c.seq_len = field<int64_t>(j, "max_position_embeddings", path);
+  c.norm = model::NormKind::kRmsNorm;
+  c.norm_eps = static_cast<float>(field<double>(j, "rms_norm_eps", path));
+  c.mlp = model::MlpKind::kSwiGlu;
+  c.positions = model::Positions::kRope;
+  c.rope_theta = j.contains("rope_theta") ? field<double>(j, "rope_theta", path) : 10000.0;
+  c.tied = j.contains("tie_word_embeddings") && field<bool>(j, "tie_word_embeddings", path);
+  c.bias = j.contains("attention_bias") && field<bool>(j, "attention_bias", path);
+  if (j.contains("hidden_act") && field<std::string>(j, "hidden_act", path) != "silu")
+    fail("config '{}': hidden_act '{}' (meshtrain's Llama MLP is SwiGLU: silu)", path,
+         j.at("hidden_act").get<std::string>());
+  if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
+      field<int64_t>(j, "head_dim", path) * c.n_head != c.d_model)
+    fail("config '{}': head_dim x num_attention_heads must equal hidden_size", path);
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {
+    const json& r = j.at("rope_scaling");
+    if (!r.is_object()) fail("config '{}': rope_scaling must be an object or null", path);
+    const std::string type = r.contains("rope_type") ? field<std::string>(r, "rope_type", path)
+                                                     : field<std::string>(r, "type", path);
+    if (type != "llama3")
+      fail("config '{}': rope_scaling type '{}' is not supported (llama3 is)", path, type);
+    c.rope_scaling.llama3 = true;
+    c.rope_scaling.factor = field<double>(r, "factor", path);
+    c.rope_scaling.low_freq_factor = field<double>(r, "low_freq_factor", path);
+    c.rope_scaling.high_freq_factor = field<double>(r, "high_freq_factor", path);
+    c.rope_scaling.original_max_position =
+        field<int64_t>(r, "original_max_position_embeddings", path);
+  }
+  // Shapes a file could make absurd are refused before any tensor is sized from them.
+  for (const int64_t v : {c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff, c.vocab, c.seq_len})
+    if (v < 1 || v > (int64_t{1} << 31))
+      fail("config '{}': a dimension of {} is outside [1, 2^31]", path, v);
+  return c;
+}
 }  // namespace
 
+std::string export_weights_file(const std::string& path) {
+  return is_folder_path(path) ? (fs::path(path) / "model.safetensors").string() : path;
+}
+
+std::string hf_config_json(const model::GptConfig& c) {
+  json j;
+  if (c.llama_family()) {
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"hidden_size", c.d_model},
+         {"intermediate_size", c.d_ff},
+         {"num_hidden_layers", c.n_layer},
+         {"num_attention_heads", c.n_head},
+         {"num_key_value_heads", c.kv_heads()},
+         {"head_dim", c.head_dim()},
+         {"vocab_size", c.vocab},
+         {"max_position_embeddings", c.seq_len},
+         {"rms_norm_eps", c.norm_eps},
+         {"rope_theta", c.rope_theta},
+         {"tie_word_embeddings", c.tied},
+         {"hidden_act", "silu"},
+         {"attention_bias", c.bias},
+         {"mlp_bias", c.bias},
+         {"torch_dtype", "float32"}};
+    j["rope_scaling"] = nullptr;
+    if (c.rope_scaling.llama3)
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", c.rope_scaling.factor},
+          {"low_freq_factor", c.rope_scaling.low_freq_factor},
+          {"high_freq_factor", c.rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  } else {
+    j = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"n_embd", c.d_model},
+         {"n_inner", c.d_ff},
+         {"n_layer", c.n_layer},
+         {"n_head", c.n_head},
+         {"vocab_size", c.vocab},
+         {"n_positions", c.seq_len},
+         {"layer_norm_epsilon", 1e-5},
+         {"activation_function", "gelu_new"},
+         {"tie_word_embeddings", c.tied},
+         {"torch_dtype", "float32"}};
+  }
+  return j.dump(2) + "\n";
+}
+
 void export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
+  const auto& c = gpt.config();
   std::vector<NamedArray> arrays;
   for (const auto& p : gpt.params().params()) {
-    NamedArray a;
-    a.name = p.spec.name;
-    a.shape = hf_shape(p.spec);
-    const float* src = p.value.f32();
-    a.data.resize(static_cast<size_t>(shape_numel(a.shape)));
-    if (p.spec.hf_transposed) {
-      const int64_t out = p.spec.shape[0], in = p.spec.shape[1];
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t i = 0; i < in; ++i) a.data[i * out + o] = src[o * in + i];
-    } else {
-      std::copy(src, src + a.data.size(), a.data.begin());
+    const int64_t cols = p.spec.shape.size() > 1 ? p.spec.shape[1] : 1;
+    for (const HfPart& part : hf_parts(p.spec, c)) {
+      NamedArray a;
+      a.name = part.name;
+      a.shape = part_shape(p.spec, part);
+      const float* src = p.value.f32() + part.row0 * cols;
+      a.data.resize(static_cast<size_t>(shape_numel(a.shape)));
+      if (p.spec.hf_transposed) {
+        const int64_t out = part.rows, in = cols;
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < in; ++i) a.data[i * out + o] = src[o * in + i];
+      } else {
+        std::copy(src, src + a.data.size(), a.data.begin());
+      }
+      arrays.push_back(std::move(a));
     }
-    arrays.push_back(std::move(a));
   }
-  const auto& c = gpt.config();
   std::map<std::string, std::string> meta = {
       {"format", "pt"},
       {"producer", "meshtrain"},
+      {"architecture", c.llama_family() ? "llama" : "gpt2"},
       {"n_layer", std::to_string(c.n_layer)},
       {"n_head", std::to_string(c.n_head)},
+      {"n_kv_head", std::to_string(c.kv_heads())},
       {"d_model", std::to_string(c.d_model)},
       {"d_ff", std::to_string(c.d_ff)},
       {"vocab", std::to_string(c.vocab)},
@@ -69,34 +236,101 @@ void export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
       {"vocab_padding",
        "stripped: meshtrain pads the vocabulary to a multiple of 128 "
        "internally; this file holds the real rows only"}};
-  write_safetensors(path, arrays, meta);
+  const std::string file = export_weights_file(path);
+  if (is_folder_path(path)) {
+    std::error_code ec;
+    fs::create_directories(path, ec);
+    if (ec) fail("--export '{}': cannot create the folder ({})", path, ec.message());
+    // config.json first, then the weights (written atomically): a folder with weights has
+    // its config.
+    const std::string cfg = (fs::path(path) / "config.json").string(), tmp = cfg + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << hf_config_json(c);
+      out.flush();
+      if (!out) fail("--export '{}': cannot write {}", path, tmp);
+    }
+    fs::rename(tmp, cfg, ec);
+    if (ec) fail("--export '{}': cannot rename {} to {} ({})", path, tmp, cfg, ec.message());
+  }
+  write_safetensors(file, arrays, meta);
 }
 
-model::GptConfig config_from_hf(const SafetensorsFile& f, const std::string& path,
-                                std::optional<int64_t> n_head_hint) {
+HfWeights read_hf_weights(const std::string& file_or_folder) {
+  HfWeights w;
+  std::error_code ec;
+  if (fs::is_directory(file_or_folder, ec)) {
+    w.path = (fs::path(file_or_folder) / "model.safetensors").string();
+    const std::string cfg = (fs::path(file_or_folder) / "config.json").string();
+    if (fs::exists(cfg, ec)) w.config_path = cfg;
+  } else {
+    w.path = file_or_folder;
+    const fs::path cfg = fs::path(file_or_folder).parent_path() / "config.json";
+    // Beside a file, a config.json counts only for Llama weights (checked below).
+    if (fs::exists(cfg, ec)) w.config_path = cfg.string();
+  }
+  w.file = read_safetensors(w.path);
+  return w;
+}
+
+model::GptConfig config_from_hf(const HfWeights& w, std::optional<int64_t> n_head_hint) {
+  const SafetensorsFile& f = w.file;
+  const std::string& path = w.path;
+  if (f.arrays.count("model.embed_tokens.weight")) {  // Llama names
+    if (w.config_path.empty())
+      fail(
+          "weights file '{}' holds Llama weights, whose heads, kv heads and rope settings are "
+          "not in the shapes: give the folder with its config.json (meshtrain --export writes "
+          "one when --export names a folder)",
+          path);
+    json j;
+    try {
+      std::ifstream in(w.config_path);
+      j = json::parse(in);
+    } catch (const std::exception& e) {
+      fail("config '{}' is not valid JSON: {}", w.config_path, e.what());
+    }
+    if (!j.is_object()) fail("config '{}' must hold a JSON object", w.config_path);
+    if (j.value("model_type", std::string()) != "llama")
+      fail("config '{}': model_type must be \"llama\" for weights in Llama names", w.config_path);
+    model::GptConfig c = llama_config_from_json(j, w.config_path);
+    if (n_head_hint && *n_head_hint != c.n_head)
+      fail("--n-head {} disagrees with num_attention_heads {} in '{}'", *n_head_hint, c.n_head,
+           w.config_path);
+    return c;
+  }
   auto need = [&](const std::string& name) -> const NamedArray& {
     auto it = f.arrays.find(name);
     if (it == f.arrays.end())
-      fail("weights file '{}' has no tensor '{}': not a GPT-2 checkpoint in Hugging Face names",
-           path, name);
+      fail(
+          "weights file '{}' has no tensor '{}': not a GPT-2 or Llama checkpoint in Hugging "
+          "Face names",
+          path, name);
     return it->second;
   };
   model::GptConfig c;
   c.name = "from " + path;
   const auto& wte = need("transformer.wte.weight");
   const auto& wpe = need("transformer.wpe.weight");
+  if (wte.shape.size() != 2 || wpe.shape.size() != 2)
+    fail("weights file '{}': the embeddings must be matrices", path);
   c.vocab = wte.shape.at(0);
   c.d_model = wte.shape.at(1);
   c.seq_len = wpe.shape.at(0);
   int64_t layers = 0;
-  std::regex layer_re(R"(transformer\.h\.(\d+)\.)");
+  std::regex layer_re(R"(transformer\.h\.(\d{1,6})\.)");
   for (const auto& [name, a] : f.arrays) {
     std::smatch m;
     if (std::regex_search(name, m, layer_re))
       layers = std::max<int64_t>(layers, std::stoll(m[1]) + 1);
   }
   c.n_layer = layers;
-  c.d_ff = layers ? need("transformer.h.0.mlp.c_fc.weight").shape.at(1) : 4 * c.d_model;
+  c.d_ff = 4 * c.d_model;
+  if (layers) {
+    const auto& fc = need("transformer.h.0.mlp.c_fc.weight");
+    if (fc.shape.size() != 2) fail("weights file '{}': mlp.c_fc.weight must be a matrix", path);
+    c.d_ff = fc.shape.at(1);
+  }
   c.bias = f.arrays.count("transformer.ln_f.bias") > 0;
   c.tied = f.arrays.count("lm_head.weight") == 0;
   c.n_head = n_head_of(f, path, n_head_hint);
@@ -104,25 +338,29 @@ model::GptConfig config_from_hf(const SafetensorsFile& f, const std::string& pat
 }
 
 void load_hf_weights(model::Gpt& gpt, const SafetensorsFile& f, const std::string& path) {
+  const auto& c = gpt.config();
   for (auto& p : gpt.params().params()) {
-    auto it = f.arrays.find(p.spec.name);
-    if (it == f.arrays.end())
-      fail("weights file '{}' has no tensor '{}' that this model needs", path, p.spec.name);
-    const NamedArray& a = it->second;
-    const Shape want = hf_shape(p.spec);
-    if (a.shape != want)
-      fail(
-          "weights file '{}': tensor '{}' has shape {} but the model needs {} (do the model "
-          "flags match the file?)",
-          path, p.spec.name, shape_str(a.shape), shape_str(want));
-    float* dst = p.value.f32();
-    if (p.spec.hf_transposed) {
-      const int64_t out = p.spec.shape[0], in = p.spec.shape[1];
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t i = 0; i < in; ++i) dst[o * in + i] = a.data[i * out + o];
-    } else {
-      p.value.zero_();  // padding rows stay zero
-      std::copy(a.data.begin(), a.data.end(), dst);
+    const int64_t cols = p.spec.shape.size() > 1 ? p.spec.shape[1] : 1;
+    p.value.zero_();  // padding rows stay zero
+    for (const HfPart& part : hf_parts(p.spec, c)) {
+      auto it = f.arrays.find(part.name);
+      if (it == f.arrays.end())
+        fail("weights file '{}' has no tensor '{}' that this model needs", path, part.name);
+      const NamedArray& a = it->second;
+      const Shape want = part_shape(p.spec, part);
+      if (a.shape != want)
+        fail(
+            "weights file '{}': tensor '{}' has shape {} but the model needs {} (do the model "
+            "flags match the file?)",
+            path, part.name, shape_str(a.shape), shape_str(want));
+      float* dst = p.value.f32() + part.row0 * cols;
+      if (p.spec.hf_transposed) {
+        const int64_t out = part.rows, in = cols;
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < in; ++i) dst[o * in + i] = a.data[i * out + o];
+      } else {
+        std::copy(a.data.begin(), a.data.end(), dst);
+      }
     }
   }
 }

@@ -1,5 +1,10 @@
-// Weights in Hugging Face GPT-2 names and layout, as one safetensors file: Conv1D weights
-// [in, out] (ours are [out, in]), the vocabulary padding stripped, the shape in metadata.
+// Weights in Hugging Face names and layout, as one safetensors file: GPT-2's
+// (GPT2LMHeadModel: Conv1D weights [in, out], ours are [out, in]) or Llama's
+// (LlamaForCausalLM: our fused q|k|v and gate|up split into q_proj, k_proj, v_proj and
+// gate_proj, up_proj), the vocabulary padding stripped, the shape in metadata. An export path
+// that does not end in .safetensors is a folder: model.safetensors and a config.json that
+// Hugging Face reads go into it (a file path gets the weights alone, so that no config.json
+// beside it is overwritten).
 #pragma once
 
 #include <optional>
@@ -11,12 +16,29 @@
 namespace mt::train {
 
 void export_hf_safetensors(const model::Gpt& gpt, const std::string& path);
+// The weights file of an export path (`path`, or path/model.safetensors for a folder).
+std::string export_weights_file(const std::string& path);
+// Hugging Face's config.json of a model (GPT2Config or LlamaConfig fields).
+std::string hf_config_json(const model::GptConfig& c);
 
-// The model shape a file holds: metadata where present, else inferred from the tensor
-// shapes; n_head must come from metadata or `n_head_hint` (it is not in the shapes). A hint
-// that disagrees with the n_head the file records is refused.
-model::GptConfig config_from_hf(const SafetensorsFile& f, const std::string& path,
-                                std::optional<int64_t> n_head_hint);
+// Reads weights given as a file or as an export folder: a folder's config.json gives the
+// model (required for Llama weights, whose heads are not in the shapes).
+struct HfWeights {
+  SafetensorsFile file;
+  std::string path;         // the safetensors file
+  std::string config_path;  // config.json, or "" when there is none
+};
+HfWeights read_hf_weights(const std::string& file_or_folder);
+model::GptConfig config_from_hf(const HfWeights& w, std::optional<int64_t> n_head_hint);
+// The same for a file read alone (no config.json).
+inline model::GptConfig config_from_hf(const SafetensorsFile& f, const std::string& path,
+                                       std::optional<int64_t> n_head_hint) {
+  return config_from_hf(HfWeights{f, path, ""}, n_head_hint);
+}
+
+// The model the weights hold. GPT-2 names: inferred from the tensor shapes, n_head from
+// metadata or `n_head_hint` (it is not in the shapes; a hint that disagrees with the
+// recorded n_head is refused). Llama names: the config.json, required and checked.
 
 // Copies the file's tensors into the model, refusing a missing tensor or a shape mismatch.
 void load_hf_weights(model::Gpt& gpt, const SafetensorsFile& f, const std::string& path);

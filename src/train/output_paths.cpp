@@ -44,4 +44,21 @@ void check_output_dir(const std::string& dir, const char* flag) {
     fail("{} '{}' is not writable (choose a folder you can write)", flag, dir);
 }
 
+void check_export_folder(const std::string& dir) {
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) {
+    // Only a folder meshtrain made (or an empty one) is written into: nothing else in it is
+    // overwritten.
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name != "model.safetensors" && name != "config.json")
+        fail(
+            "--export '{}' is a folder that holds other files ('{}'): name a new folder (it "
+            "gets model.safetensors and config.json) or a file ending in .safetensors",
+            dir, name);
+    }
+  }
+  check_output_dir(dir, "--export");
+}
+
 }  // namespace mt::train

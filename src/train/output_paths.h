@@ -13,5 +13,8 @@ void check_output_file(const std::string& path, const char* flag);
 
 // `dir` is a writable folder, made (with its parents) if it does not exist.
 void check_output_dir(const std::string& dir, const char* flag);
+// --export DIR: a new or empty folder, or one that holds only a previous export
+// (model.safetensors, config.json); made when missing.
+void check_export_folder(const std::string& dir);
 
 }  // namespace mt::train

@@ -178,6 +178,12 @@ void TrainOptions::validate() const {
     if (!why.empty()) fail("--attention fused: {} (use --attention naive)", why);
   }
   if (device == "cuda") {
+    if (model.llama_family() || model.norm == model::NormKind::kRmsNorm ||
+        model.mlp == model::MlpKind::kSwiGlu || model.kv_heads() != model.n_head)
+      fail(
+          "--device cuda: model {} uses RMSNorm, rotary positions, SwiGLU or grouped-query "
+          "attention, which have CPU kernels only so far (use --device cpu)",
+          model.name);
     if (!device::cuda_built())
       fail(
           "--device cuda: this meshtrain was built without CUDA (configure with "
@@ -519,12 +525,19 @@ void run_rank(Shared& sh, comm::Group& world) {
           fmt::join(sh.partition->layers, ","),
           sh.schedule->lowering == parallel::pp::Lowering::kBatched ? ", batched exchanges" : "");
     progress.line(fmt::format(
-        "meshtrain: model {} ({} layers, d_model {}, {} heads, vocab {} padded to {}), {:.2f}M "
+        "meshtrain: model {} ({} layers, d_model {}, {} heads{}, vocab {} padded to {}), {:.2f}M "
         "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
         "replica; recompute {}; {}; data {} ({} train sequences)",
-        o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head, o.model.vocab,
-        rep.gpt.config().padded_vocab(), model::count_params(model::gpt_param_specs(o.model)) / 1e6,
-        B, T, layout, o.mesh_order, n_micro, mb, o.recompute,
+        o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head,
+        o.model.llama_family() || o.model.kv_heads() != o.model.n_head
+            ? fmt::format(" sharing {} kv heads, {}, rotary positions (theta {}{}), {} d_ff {}",
+                          o.model.kv_heads(), model::norm_name(o.model.norm), o.model.rope_theta,
+                          o.model.rope_scaling.llama3 ? ", llama3 scaling" : "",
+                          model::mlp_name(o.model.mlp), o.model.d_ff)
+            : "",
+        o.model.vocab, rep.gpt.config().padded_vocab(),
+        model::count_params(model::gpt_param_specs(o.model)) / 1e6, B, T, layout, o.mesh_order,
+        n_micro, mb, o.recompute,
         device::on_cuda() ? fmt::format("device {}", device::describe(mem::Device::kCuda,
                                                                       device::current_index()))
                           : fmt::format("{} thread(s) per rank", sh.threads),
@@ -844,7 +857,11 @@ TrainResult run_training(const TrainOptions& o) {
   // process writes its checkpoint shards.
   if (comm::mpi_env_world_rank() == 0) {
     check_output_file(o.metrics, "--metrics");
-    check_output_file(o.export_path, "--export");
+    // --export DIR (no .safetensors suffix): a folder for model.safetensors + config.json.
+    if (!o.export_path.empty() && export_weights_file(o.export_path) != o.export_path)
+      check_export_folder(o.export_path);
+    else
+      check_output_file(o.export_path, "--export");
     check_output_file(o.pipeline.trace, "--trace");
   }
   check_output_dir(o.checkpoint_dir, "--checkpoint-dir");

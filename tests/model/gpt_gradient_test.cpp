@@ -26,9 +26,25 @@ GptConfig small_config(bool bias, bool tied) {
   return c;
 }
 
-void check_model_gradient(bool bias, bool tied) {
+// A Llama-family block: RMSNorm, rotary positions (Llama 3 scaling with a short original
+// context, so that all three frequency bands occur), SwiGLU, kv_heads key/value heads.
+GptConfig small_llama(bool tied, int64_t kv_heads) {
+  GptConfig c = small_config(false, tied);
+  c.n_head = 4;  // head dim 4
+  c.n_kv_head = kv_heads;
+  c.d_ff = 24;
+  c.norm = NormKind::kRmsNorm;
+  c.mlp = MlpKind::kSwiGlu;
+  c.positions = Positions::kRope;
+  c.rope_theta = 50.0;  // large angles over 8 positions
+  c.rope_scaling.llama3 = true;
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.original_max_position = 8;
+  return c;
+}
+
+void check_model_gradient(const GptConfig& c) {
   kernels::set_threads(1);
-  const GptConfig c = small_config(bias, tied);
   Gpt gpt(c, 42);
   // Larger-than-GPT-2 init so that every path carries a gradient well above f32 noise.
   for (auto& p : gpt.params().params())
@@ -49,7 +65,8 @@ void check_model_gradient(bool bias, bool tied) {
     const int64_t n = p.value.numel();
     std::vector<float> v(n);
     double norm = 0;
-    for (int64_t i = 0; i < n; ++i) norm += (v[i] = rng::normal(7, rng::stream_of(p.spec.name), i)) * v[i];
+    for (int64_t i = 0; i < n; ++i)
+      norm += (v[i] = rng::normal(7, rng::stream_of(p.spec.name), i)) * v[i];
     // Directions stay in the real vocabulary rows (padding rows are never read).
     if (p.spec.real_rows >= 0)
       for (int64_t i = p.spec.real_rows * p.spec.shape[1]; i < n; ++i) v[i] = 0;
@@ -65,7 +82,8 @@ void check_model_gradient(bool bias, bool tied) {
     const double eps = 1e-2;
     std::vector<float> saved(p.value.f32(), p.value.f32() + n);
     auto loss_at = [&](double s) {
-      for (int64_t i = 0; i < n; ++i) p.value.f32()[i] = saved[i] + static_cast<float>(s * v[i] / norm);
+      for (int64_t i = 0; i < n; ++i)
+        p.value.f32()[i] = saved[i] + static_cast<float>(s * v[i] / norm);
       return static_cast<double>(gpt.forward(a, in.data(), tgt.data()));
     };
     const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
@@ -74,11 +92,22 @@ void check_model_gradient(bool bias, bool tied) {
   }
   // The vocabulary padding rows get exactly zero gradient.
   const Param& wte = gpt.params().get("transformer.wte.weight");
-  for (int64_t i = c.vocab * c.d_model; i < wte.grad.numel(); ++i) ASSERT_EQ(wte.grad.f32()[i], 0.f);
+  for (int64_t i = c.vocab * c.d_model; i < wte.grad.numel(); ++i)
+    ASSERT_EQ(wte.grad.f32()[i], 0.f);
 }
 
-TEST(GptGradient, MatchesFiniteDifferencesTiedWithBias) { check_model_gradient(true, true); }
-TEST(GptGradient, MatchesFiniteDifferencesUntiedWithoutBias) { check_model_gradient(false, false); }
+TEST(GptGradient, MatchesFiniteDifferencesTiedWithBias) {
+  check_model_gradient(small_config(true, true));
+}
+TEST(GptGradient, MatchesFiniteDifferencesUntiedWithoutBias) {
+  check_model_gradient(small_config(false, false));
+}
+TEST(GptGradient, LlamaGroupedQueryMatchesFiniteDifferences) {
+  check_model_gradient(small_llama(false, 2));
+}
+TEST(GptGradient, LlamaMultiQueryTiedMatchesFiniteDifferences) {
+  check_model_gradient(small_llama(true, 1));
+}
 
 TEST(GptParams, ShardOfAnyTensorDrawsItsOwnSlice) {
   // Layout independence: initialising a range of a tensor equals that range of the whole.
@@ -89,6 +118,18 @@ TEST(GptParams, ShardOfAnyTensorDrawsItsOwnSlice) {
     init_param_range(spec, 5, 0, n, whole.data());
     init_param_range(spec, 5, n / 2, n / 3, part.data());
     for (int64_t i = 0; i < n / 3; ++i) ASSERT_EQ(part[i], whole[n / 2 + i]) << spec.name;
+  }
+}
+
+TEST(GptParams, LlamaCountsMatchThePublishedModels) {
+  // Hugging Face's parameter counts (model.num_parameters()): Llama 3.2 1B 1,235,814,400
+  // (tied), Llama 3 8B 8,030,261,248 (untied). 128256 is a multiple of 128: no padding.
+  EXPECT_EQ(count_params(gpt_param_specs(preset("llama3.2-1b"))), 1235814400);
+  EXPECT_EQ(count_params(gpt_param_specs(preset("llama3-8b"))), 8030261248);
+  const auto specs = gpt_param_specs(preset("llama-tiny"));
+  for (const auto& s : specs) {
+    EXPECT_EQ(s.name.find("bias"), std::string::npos) << s.name;  // no biases
+    EXPECT_NE(s.name, "transformer.wpe.weight");                  // no position table
   }
 }
 

@@ -3,6 +3,7 @@
 // each of q, k and v), and the refusals of a tp that does not divide the model.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 
 #include "core/error.h"
@@ -39,7 +40,8 @@ TEST(TpInit, QkvShardHoldsWholeHeadsOfEachOfQKV) {
   ParamSpec s;
   s.name = "q";
   s.shape = {3 * 8, 2};  // C = 8: q rows 0..7, k 8..15, v 16..23
-  s.tp_split = TpSplit::kQkvRows;
+  s.tp_split = TpSplit::kBlockRows;
+  s.row_blocks = {8, 8, 8};
   const auto sharded = tp_shard_specs({s}, 1, 2);
   ASSERT_EQ(sharded[0].shape, (Shape{12, 2}));
   std::vector<std::pair<int64_t, int64_t>> runs;
@@ -49,6 +51,25 @@ TEST(TpInit, QkvShardHoldsWholeHeadsOfEachOfQKV) {
   });
   // rank 1 of 2: rows 4..7 of q, 12..15 of k, 20..23 of v (2 columns each).
   EXPECT_EQ(runs, (std::vector<std::pair<int64_t, int64_t>>{{8, 8}, {24, 8}, {40, 8}}));
+}
+
+TEST(TpInit, GroupedQueryShardHoldsItsQueryAndKvHeads) {
+  // C = 8 (4 heads of 2), 2 kv heads: q rows 0..7, k 8..11, v 12..15; rank 1 of 2 holds
+  // q heads 2, 3 (rows 4..7), kv head 1 (k rows 10, 11; v rows 14, 15).
+  ParamSpec s;
+  s.name = "qkv";
+  s.shape = {16, 2};
+  s.tp_split = TpSplit::kBlockRows;
+  s.row_blocks = {8, 4, 4};
+  const auto sharded = tp_shard_specs({s}, 1, 2);
+  ASSERT_EQ(sharded[0].shape, (Shape{8, 2}));
+  std::vector<std::array<int64_t, 3>> runs;
+  for_each_tp_run(sharded[0], [&](int64_t local, int64_t global, int64_t n) {
+    runs.push_back({local, global, n});
+  });
+  EXPECT_EQ(runs, (std::vector<std::array<int64_t, 3>>{{0, 8, 8}, {8, 20, 4}, {12, 28, 4}}));
+  s.row_blocks = {8, 3, 5};  // a block that does not split is refused
+  EXPECT_THROW(tp_shard_specs({s}, 0, 2), Error);
 }
 
 TEST(TpInit, RefusesATpThatDoesNotDivide) {

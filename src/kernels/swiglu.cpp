@@ -1,0 +1,39 @@
+// SwiGLU's gate (Llama's MLP: down(silu(gate(x)) · up(x))): h holds each row's gate | up
+// halves, f wide each; y = silu(gate) · up. The CPU only (see rmsnorm.cpp).
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace mt::kernels {
+
+namespace {
+inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+}  // namespace
+
+void swiglu_forward(float* y, const float* h, int64_t n, int64_t f) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* gate = h + i * 2 * f;
+    const float* up = gate + f;
+    float* yi = y + i * f;
+    for (int64_t j = 0; j < f; ++j) yi[j] = gate[j] * sigmoid(gate[j]) * up[j];
+  }
+}
+
+void swiglu_backward(float* dh, const float* h, const float* dy, int64_t n, int64_t f) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* gate = h + i * 2 * f;
+    const float* up = gate + f;
+    const float* dyi = dy + i * f;
+    float* dgate = dh + i * 2 * f;
+    float* dup = dgate + f;
+    for (int64_t j = 0; j < f; ++j) {
+      const float g = gate[j], sg = sigmoid(g), silu = g * sg;
+      dup[j] = dyi[j] * silu;
+      dgate[j] = dyi[j] * up[j] * sg * (1.0f + g * (1.0f - sg));
+    }
+  }
+}
+
+}  // namespace mt::kernels

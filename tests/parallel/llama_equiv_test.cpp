@@ -1,0 +1,125 @@
+// A Llama-family model (RMSNorm, rotary positions with Llama 3 scaling, SwiGLU, grouped-query
+// attention with 8 query heads sharing 4 key/value heads, no biases, untied) in composed
+// layouts against its single rank, in f32 and in bf16 against the bf16 single rank: the
+// loss and gradient norm at every step, the validation loss and every exported weight. The
+// same block and the same tp/pp/dp code as GPT-2's (parallel3d_equiv_test.cpp), so the
+// tolerances are those files' (their comments derive them).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "parallel3d_test_util.h"
+
+namespace mt::train {
+namespace {
+
+struct Precision {
+  const char* dtype;
+  int64_t steps;
+  double loss_tol, norm_rel_tol, param_tol;
+};
+// f32: parallel3d_equiv_test's; bf16: bf16_equiv_test's (10 steps).
+constexpr Precision kF32{"f32", 20, 5e-5, 1e-4, 5e-5};
+constexpr Precision kBf16{"bf16", 10, 5e-4, 1e-3, 1e-2};
+
+TrainOptions llama_options(const test::Layout3d& l, const Precision& p) {
+  TrainOptions o = test::options3d(l, p.steps);
+  model::GptConfig& c = o.model;
+  c.name = "llama-3d";
+  c.n_layer = 4;
+  c.n_head = 8;
+  c.n_kv_head = 4;
+  c.d_model = 64;  // head dim 8
+  c.d_ff = 176;
+  c.bias = false;
+  c.tied = false;
+  c.norm = model::NormKind::kRmsNorm;
+  c.mlp = model::MlpKind::kSwiGlu;
+  c.positions = model::Positions::kRope;
+  c.rope_theta = 10000;
+  c.rope_scaling.llama3 = true;  // with a short original context: every band is used
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.original_max_position = 16;
+  o.dtype = p.dtype;
+  return o;
+}
+
+struct Oracle {
+  TrainResult result;
+  std::string weights;
+};
+
+const Oracle& oracle(const Precision& p) {
+  static std::map<std::string, Oracle> cache;
+  auto it = cache.find(p.dtype);
+  if (it != cache.end()) return it->second;
+  TrainOptions opts = llama_options({}, p);
+  Oracle r;
+  r.weights = (test::dir3d() / (std::string("llama_oracle_") + p.dtype + ".safetensors")).string();
+  opts.export_path = r.weights;
+  r.result = run_training(opts);
+  return cache.emplace(p.dtype, std::move(r)).first->second;
+}
+
+void check(const test::Layout3d& l, const Precision& p) {
+  const Oracle& ref = oracle(p);
+  TrainOptions o = llama_options(l, p);
+  o.export_path =
+      (test::dir3d() / ("llama_" + std::string(p.dtype) + "_" + test::name_of(l) + ".safetensors"))
+          .string();
+  const TrainResult r = run_training(o);
+  ASSERT_EQ(r.steps.size(), ref.result.steps.size());
+  double worst = 0, worst_norm = 0;
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    const StepRecord &a = r.steps[i], &b = ref.result.steps[i];
+    EXPECT_NEAR(a.loss, b.loss, p.loss_tol) << "step " << i + 1;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, p.norm_rel_tol * b.grad_norm) << "step " << i + 1;
+    worst = std::max(worst, std::abs(static_cast<double>(a.loss) - b.loss));
+    worst_norm = std::max(worst_norm, std::abs(a.grad_norm - b.grad_norm) / b.grad_norm);
+  }
+  EXPECT_EQ(r.allocations_after_first_step, 0) << "the steady-state step allocates nothing";
+  ASSERT_FALSE(r.val_losses.empty());
+  EXPECT_NEAR(r.val_losses.back().second, ref.result.val_losses.back().second, p.loss_tol);
+  std::string where;
+  const double pd = test::max_weight_diff(o.export_path, ref.weights, &where);
+  EXPECT_LT(pd, p.param_tol) << "in " << where;
+  std::printf(
+      "llama %s %s: max |loss diff| %.2e, grad norm rel %.2e, max |weight diff| %.2e (%s)\n",
+      p.dtype, test::name_of(l).c_str(), worst, worst_norm, pd, where.c_str());
+}
+
+using L = test::Layout3d;
+class LlamaEquiv : public ::testing::TestWithParam<L> {};
+TEST_P(LlamaEquiv, F32MatchesTheSingleRank) { check(GetParam(), kF32); }
+INSTANTIATE_TEST_SUITE_P(Layouts, LlamaEquiv,
+                         ::testing::Values(L{1, 2, 1, 0, "1f1b", 1, true},  // tp 2 + sp, GQA
+                                           L{1, 1, 2, 0, "interleaved", 2}, L{1, 1, 2, 0, "zb1"},
+                                           L{2, 1, 1, 3}, L{2, 2, 2, 1}, L{1, 4, 1, 0}),
+                         [](const auto& info) { return test::name_of(info.param); });
+
+class LlamaEquivBf16 : public ::testing::TestWithParam<L> {};
+TEST_P(LlamaEquivBf16, MatchesTheBf16SingleRank) { check(GetParam(), kBf16); }
+INSTANTIATE_TEST_SUITE_P(Layouts, LlamaEquivBf16,
+                         ::testing::Values(L{1, 2, 1, 0, "1f1b", 1, true}, L{2, 2, 2, 3}),
+                         [](const auto& info) { return test::name_of(info.param); });
+
+// tp must divide the key/value heads too: 8 query heads over tp 8 would leave half a kv head.
+TEST(LlamaLayout, TpThatDoesNotDivideTheKvHeadsIsRefused) {
+  TrainOptions o = llama_options({1, 8, 1, 0}, kF32);
+  try {
+    run_training(o);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--tp 8 does not divide n_kv_head=4"), std::string::npos) << m;
+    EXPECT_NE(m.find("choose --tp among 1, 2, 4"), std::string::npos) << m;
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
+}  // namespace
+}  // namespace mt::train
