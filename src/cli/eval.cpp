@@ -24,7 +24,8 @@ void register_eval(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "mean loss of a safetensors GPT-2 on a token file");
   cmd->add_option("--weights", f->weights, "safetensors file in Hugging Face GPT-2 names")
       ->required();
-  cmd->add_option("--data", f->data, "token file (llm.c format)")->required();
+  cmd->add_option("--data", f->data, "tokens: an llm.c file, or a Megatron-LM PREFIX (.idx + .bin)")
+      ->required();
   cmd->add_option("--batch", f->batch, "sequences per batch");
   cmd->add_option("--seq", f->seq, "sequence length (default: the model's)");
   cmd->add_option("--batches", f->batches, "batches to average over, from the start of the file");
