@@ -27,7 +27,8 @@ void register_eval(CLI::App& app) {
                   "safetensors file in Hugging Face GPT-2 names, or an export folder "
                   "(model.safetensors and config.json; Llama weights need the folder)")
       ->required();
-  cmd->add_option("--data", f->data, "token file (llm.c format)")->required();
+  cmd->add_option("--data", f->data, "tokens: an llm.c file, or a Megatron-LM PREFIX (.idx + .bin)")
+      ->required();
   cmd->add_option("--batch", f->batch, "sequences per batch");
   cmd->add_option("--seq", f->seq, "sequence length (default: the model's)");
   cmd->add_option("--batches", f->batches, "batches to average over, from the start of the file");

@@ -1,5 +1,6 @@
-// `meshtrain prepare TEXT... -o out.bin`: UTF-8 text to byte-level tokens (vocab 256) in
-// llm.c's token-file format.
+// `meshtrain prepare TEXT... -o out.bin [--format llmc|megatron]`: UTF-8 text to byte-level
+// tokens (vocab 256), in llm.c's token-file format or as a Megatron-LM indexed dataset
+// (PREFIX.bin + PREFIX.idx, one document per text file).
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -20,18 +21,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr int64_t kByteVocab = 256;
+
 // Refuses, before anything is read or written, an output that cannot be written or that is
 // one of the inputs (the tokens would replace the text), and inputs that are not files.
-void check_paths(const std::vector<std::string>& inputs, const std::string& output) {
-  train::check_output_file(output, "-o");  // a file, in a folder that exists and is writable
-  for (const std::string& path : inputs) {
-    if (fs::is_directory(path))
-      fail("text file '{}' is a directory: name the files in it (e.g. {}/*.txt)", path, path);
-    if (fs::exists(path) && fs::exists(output) && fs::equivalent(path, output))
-      fail(
-          "-o '{}' is also an input ('{}'): writing the tokens would replace the text (choose "
-          "another output name)",
-          output, path);
+void check_paths(const std::vector<std::string>& inputs, const std::vector<std::string>& outputs) {
+  for (const std::string& output : outputs) {
+    train::check_output_file(output, "-o");  // a file, in a folder that exists and is writable
+    for (const std::string& path : inputs) {
+      if (fs::is_directory(path))
+        fail("text file '{}' is a directory: name the files in it (e.g. {}/*.txt)", path, path);
+      if (fs::exists(path) && fs::exists(output) && fs::equivalent(path, output))
+        fail(
+            "-o '{}' is also an input ('{}'): writing the tokens would replace the text (choose "
+            "another output name)",
+            output, path);
+    }
   }
 }
 
@@ -53,18 +58,45 @@ void register_prepare(CLI::App& app) {
   struct Flags {
     std::vector<std::string> inputs;
     std::string output;
+    std::string format = "llmc";
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd =
       app.add_subcommand("prepare", "turn UTF-8 text into byte-level tokens (vocab 256)");
   cmd->add_option("text", f->inputs, "text files, concatenated in order")->required();
-  cmd->add_option("-o,--output", f->output, "token file to write (llm.c format)")->required();
+  cmd->add_option("-o,--output", f->output,
+                  "token file to write (llmc), or the PREFIX of PREFIX.bin + PREFIX.idx "
+                  "(megatron; PREFIX.bin or PREFIX.idx name the same pair)")
+      ->required();
+  cmd->add_option("--format", f->format,
+                  "llmc: one llm.c token file (uint16); megatron: a Megatron-LM indexed dataset, "
+                  "one document per text file")
+      ->check(CLI::IsMember({"llmc", "megatron"}))
+      ->capture_default_str();
   cmd->callback([f] {
-    check_paths(f->inputs, f->output);
+    const bool megatron = f->format == "megatron";
+    const std::string prefix = train::megatron_prefix(f->output);
+    check_paths(f->inputs, megatron ? std::vector<std::string>{prefix + ".bin", prefix + ".idx"}
+                                    : std::vector<std::string>{f->output});
     std::vector<uint16_t> tokens;
-    for (const auto& path : f->inputs) append_bytes(path, tokens);
+    std::vector<int64_t> document_tokens;
+    for (const auto& path : f->inputs) {
+      const size_t before = tokens.size();
+      append_bytes(path, tokens);
+      document_tokens.push_back(static_cast<int64_t>(tokens.size() - before));
+    }
+    if (megatron) {
+      const std::vector<int32_t> ids(tokens.begin(), tokens.end());
+      train::write_megatron_dataset(prefix, ids, document_tokens, kByteVocab);
+      fmt::print(stderr,
+                 "wrote {} byte-level tokens from {} file(s) to {}.bin + {}.idx (Megatron-LM "
+                 "indexed dataset, one document per file, uint16)\n",
+                 tokens.size(), f->inputs.size(), prefix, prefix);
+      return;
+    }
     if (tokens.size() > 0x7fffffffu)
-      fail("{} tokens do not fit one llm.c shard (at most 2^31 - 1)", tokens.size());
+      fail("{} tokens do not fit one llm.c shard (at most 2^31 - 1): use --format megatron",
+           tokens.size());
     train::write_token_file(f->output, tokens);
     fmt::print(stderr, "wrote {} byte-level tokens from {} file(s) to {}\n", tokens.size(),
                f->inputs.size(), f->output);

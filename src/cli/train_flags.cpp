@@ -49,7 +49,9 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  fmt::format("global gradient-norm clip (0: off; default {})", d.grad_clip));
   cmd.add_option("--seed", seed,
                  fmt::format("seed of initialisation and randomness (default {})", d.seed));
-  cmd.add_option("--data", data, "training tokens (llm.c format, `meshtrain prepare`)");
+  cmd.add_option("--data", data,
+                 "training tokens: an llm.c file or a Megatron-LM PREFIX (.idx + .bin), "
+                 "`meshtrain prepare`");
   cmd.add_option("--val-data", val_data, "held-out tokens (default: last 5% of --data)");
   cmd.add_option("--eval-every", eval_every, "validation loss every N steps (and at the end)");
   cmd.add_option("--eval-batches", eval_batches,

@@ -37,7 +37,9 @@ TEST_F(CliErrors, RefusesBadModelsAndData) {
   expect_refused("train --vocab 100" + d, 2, ">= the model's vocab 100");
   // The suggested --vocab is the file's largest token + 1, so that it is the last retry.
   const train::TokenFile all(*data_, 65536);
-  const int largest = *std::max_element(all.tokens(), all.tokens() + all.num_tokens());
+  std::vector<int32_t> tokens(static_cast<size_t>(all.num_tokens()));
+  all.read(0, all.num_tokens(), tokens.data());
+  const int largest = *std::max_element(tokens.begin(), tokens.end());
   expect_refused("train --vocab 100" + d, 2,
                  fmt::format("the largest token in the file is {}: use --vocab {} or more", largest,
                              largest + 1));
