@@ -387,8 +387,9 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
 
 namespace {
 
-// `train` builds GPT-2-style models in f32 or bf16: a plan of anything else would emit a
-// config for a different job. Checked before the search.
+// `train` builds GPT-2-style models in f32 or bf16 anywhere, and Llama-family models (the
+// engine's presets, unmodified: the config names the preset) on CPUs: a plan of anything
+// else would emit a config for a different job. Checked before the search.
 void check_trainable(const plan::Job& j, const PlanFlags& f) {
   const plan::ModelSpec& m = j.model;
   std::vector<std::string> lacks;
@@ -396,11 +397,22 @@ void check_trainable(const plan::Job& j, const PlanFlags& f) {
     lacks.push_back(fmt::format("grouped-query attention with {} key/value heads", m.n_kv_head));
   if (m.swiglu) lacks.push_back("SwiGLU");
   if (!m.learned_pos) lacks.push_back("rotary positions");
-  if (!lacks.empty())
-    fail(
-        "--emit-config: train cannot build {} ({}): it builds GPT-2-style models; drop "
-        "--emit-config, or plan a GPT shape (tiny, gpt2-*, megatron-*, gpt3-175b)",
-        m.name, fmt::join(lacks, ", "));
+  if (!lacks.empty()) {
+    const auto names = model::preset_names();
+    const bool engine_preset = f.model.model && m.name == *f.model.model &&
+                               std::find(names.begin(), names.end(), *f.model.model) != names.end();
+    if (!engine_preset)
+      fail(
+          "--emit-config: train builds {} ({}) only as one of its presets, unmodified (the "
+          "config names it): plan --model {} without shape flags, or drop --emit-config",
+          m.name, fmt::join(lacks, ", "),
+          m.name == "llama3-405b" ? "llama3.1-405b" : "llama-tiny, llama3.2-1b, ...");
+    if (j.cluster.compute_units == 0)
+      fail(
+          "--emit-config: train runs {} ({}) on CPUs only so far (no CUDA kernels for them "
+          "yet); plan it for --cluster this-host, or drop --emit-config",
+          m.name, fmt::join(lacks, ", "));
+  }
   if (j.dtype != "f32" && j.dtype != "bf16")
     fail("--emit-config: train runs f32 or bf16, not --dtype {}; plan with --dtype bf16 (or f32)",
          j.dtype);

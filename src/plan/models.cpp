@@ -21,23 +21,11 @@ ModelSpec megatron(const char* name, int64_t heads, int64_t hidden, int64_t laye
   return m;
 }
 
-// Llama-3 style (Dubey et al. 2024, Table 3): GQA with 8 KV heads, SwiGLU, RoPE, RMSNorm,
-// no biases, vocabulary 128,256, untied head.
-ModelSpec llama(const char* name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads) {
-  ModelSpec m;
-  m.name = name;
-  m.n_layer = layers;
-  m.n_head = heads;
-  m.n_kv_head = 8;
-  m.d_model = hidden;
-  m.d_ff = ffn;
-  m.vocab = 128256;
-  m.seq = 8192;
-  m.swiglu = true;
-  m.tied = false;
-  m.bias = false;
-  m.dropout = false;
-  m.learned_pos = false;
+// A published model the engine also has as a preset (model/config.cpp: one description),
+// under the planner's name for it.
+ModelSpec engine_preset(const char* plan_name, const char* engine_name) {
+  ModelSpec m = from_gpt(model::preset(engine_name));
+  m.name = plan_name;
   return m;
 }
 
@@ -56,9 +44,9 @@ const std::vector<ModelSpec>& published() {
       megatron("megatron-1t", 160, 25600, 128),
       // GPT-3 175B (Brown et al. 2020, Table 2.1) with Megatron's vocabulary.
       megatron("gpt3-175b", 96, 12288, 96),
-      llama("llama3-8b", 32, 4096, 14336, 32),
-      llama("llama3-70b", 80, 8192, 28672, 64),
-      llama("llama3-405b", 126, 16384, 53248, 128),
+      // Llama 3 405B as Meta trained it (Dubey et al. 2024, Table 3): the engine's
+      // llama3.1-405b preset (llama3-8b and llama3-70b are engine presets under their names).
+      engine_preset("llama3-405b", "llama3.1-405b"),
   };
   return list;
 }
@@ -101,7 +89,8 @@ ModelSpec from_gpt(const model::GptConfig& c) {
   ModelSpec m;
   m.name = c.name;
   m.n_layer = c.n_layer;
-  m.n_head = m.n_kv_head = c.n_head;
+  m.n_head = c.n_head;
+  m.n_kv_head = c.kv_heads();
   m.d_model = c.d_model;
   m.d_ff = c.d_ff;
   m.vocab = c.padded_vocab();
@@ -109,6 +98,9 @@ ModelSpec from_gpt(const model::GptConfig& c) {
   m.seq = c.seq_len;
   m.bias = c.bias;
   m.tied = c.tied;
+  m.swiglu = c.mlp == model::MlpKind::kSwiGlu;
+  m.learned_pos = c.positions == model::Positions::kLearned;
+  m.dropout = !c.llama_family();  // the Llama recipes train without dropout
   return m;
 }
 

@@ -119,7 +119,11 @@ TEST(PlanCli, EmitConfigIsATrainConfig) {
   expect_refused("plan --model tiny --cluster dgx-a100 --gpus 2 --dtype fp16 --emit-config " + cfg,
                  "train runs f32 or bf16, not --dtype fp16");
   expect_refused("plan --model llama3-8b --cluster dgx-h100 --gpus 8 --emit-config " + cfg,
-                 "train cannot build llama3-8b (grouped-query attention with 8 key/value heads");
+                 "train runs llama3-8b (grouped-query attention with 8 key/value heads, SwiGLU, "
+                 "rotary positions) on CPUs only so far");
+  expect_refused(
+      "plan --model llama3-8b --n-layer 4 --cluster dgx-h100 --gpus 8 --emit-config " + cfg,
+      "train builds llama3-8b (modified)");
 }
 
 // `calibrate` writes a this-host preset that `simulate` takes, for the local backend (its
