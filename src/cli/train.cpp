@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/train_flags.h"
 #include "core/error.h"
+#include "train/init_from.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -15,7 +16,7 @@ namespace {
 // The shared run flags (cli/train_flags.h) plus what only `train` writes.
 struct TrainCommandFlags {
   TrainFlags run;
-  std::optional<std::string> metrics, export_path, trace;
+  std::optional<std::string> metrics, export_path, trace, init_from;
   std::optional<double> peak_gflops;
   bool profile = false;
   std::optional<std::string> checkpoint_dir, resume;  // docs/checkpoints.md
@@ -45,6 +46,15 @@ train::TrainOptions to_options(const TrainCommandFlags& f) {
     take_config(j, "keep", o.keep_checkpoints, f.keep);
     take_config(j, "resume", o.resume, f.resume);
     take_config(j, "max_restarts", o.max_restarts, f.max_restarts);
+    take_config(j, "init_from", o.init_from, f.init_from);
+    // --init-from without --model (flag or config): the file's model, at --seq if given.
+    if (!o.init_from.empty() && !f.run.model.model && !j.contains("model")) {
+      const int64_t seq = o.model.seq_len;
+      const bool seq_given = f.run.model.seq.has_value() || j.contains("seq");
+      o.model = train::init_weights_config(o.init_from, f.run.model.n_head);
+      if (seq_given) o.model.seq_len = seq;
+      o.model.validate();
+    }
   } catch (const Error& e) {
     // A config value's error names its key; a flag's names the flag, without the file.
     if (f.run.config.empty() || std::string_view(e.what()).rfind("config key", 0) != 0) throw;
@@ -57,13 +67,17 @@ train::TrainOptions to_options(const TrainCommandFlags& f) {
 
 void register_train(CLI::App& app) {
   auto f = std::make_shared<TrainCommandFlags>();
-  CLI::App* cmd = app.add_subcommand("train", "train a GPT model");
+  CLI::App* cmd = app.add_subcommand("train", "train a GPT-2 or Llama-family model");
   f->run.add_to(*cmd);
   cmd->add_option("--trace", f->trace,
                   "write a Chrome/Perfetto trace of the pipeline (one row per rank)");
   cmd->add_option("--metrics", f->metrics, "write one JSON object per step to FILE");
   cmd->add_option("--export", f->export_path,
-                  "write final weights as safetensors (HF GPT-2 names)");
+                  "write the final weights in Hugging Face names: a FILE.safetensors, or a "
+                  "folder (model.safetensors + config.json)");
+  cmd->add_option("--init-from", f->init_from,
+                  "start from Hugging Face weights (a .safetensors file, or a folder with "
+                  "config.json): fine-tuning, any layout; without --model, the file's model");
   cmd->add_option("--peak-gflops", f->peak_gflops, "GEMM peak for MFU (default: measured, cached)");
   cmd->add_flag("--profile", f->profile, "print where the time went, by kernel");
   cmd->add_option("--checkpoint-dir", f->checkpoint_dir,

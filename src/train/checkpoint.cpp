@@ -910,6 +910,27 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
   }
 }
 
+namespace {
+// After every rank wrote its optimizer range (and pushed it to its GPU): the other ZeRO-1/2
+// ranks' values (a collective of the dp group), the bf16 copy.
+void gather_loaded_values(Replica& rep) {
+  if (rep.zero == 1 || rep.zero == 2) {  // every rank holds every value
+    Tensor& v = rep.gpt.params().flat_values();
+    rep.dp.all_gather(comm::device_buf(v.f32() + rep.shard.lo(), rep.shard.shard_elems),
+                      comm::Buf(v));
+  }
+  if (rep.options.bf16 && !rep.values) rep.gpt.params().refresh_bf16();
+}
+}  // namespace
+
+void load_master_values(Replica& rep, const MasterFill& fill) {
+  OptimizerArrays arrays(rep);
+  arrays.pull();  // Adam's m and v stay as they are
+  for (const Target& t : replica_targets(rep, arrays)) fill(*t.spec, t.lo, t.hi, t.dst[0]);
+  arrays.push();
+  gather_loaded_values(rep);
+}
+
 int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool talk) {
   if (o.resume.empty()) return 0;
   const bool is_auto = o.resume == "auto";
@@ -966,12 +987,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
     g.world.all_reduce(comm::Buf(flags, 2), comm::ReduceOp::kMax);
     if (flags[0] == 0) {
       rep.opt->set_steps_taken(adam_steps);
-      if (rep.zero == 1 || rep.zero == 2) {  // every rank holds every value
-        Tensor& v = rep.gpt.params().flat_values();
-        rep.dp.all_gather(comm::device_buf(v.f32() + rep.shard.lo(), rep.shard.shard_elems),
-                          comm::Buf(v));
-      }
-      if (rep.options.bf16 && !rep.values) rep.gpt.params().refresh_bf16();
+      gather_loaded_values(rep);
       float total = static_cast<float>(bytes);
       g.world.all_reduce(comm::Buf(&total, 1));
       if (talk) {

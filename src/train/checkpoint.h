@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -118,6 +119,12 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
 // the replica. Returns the steps already done (0: from scratch). A damaged checkpoint is
 // reported and, with "auto", the previous one tried.
 int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool talk);
+
+// Overwrites the rank's master values (its optimizer range; Adam's state is kept) with what
+// `fill(spec, lo, hi, dst)` writes: tp-local elements [lo, hi) of parameter `spec` into dst.
+// Every rank calls it (ZeRO-1/2 then all-gather the values over dp).
+using MasterFill = std::function<void(const model::ParamSpec&, int64_t, int64_t, float*)>;
+void load_master_values(Replica& rep, const MasterFill& fill);
 
 // Test hook (env MESHTRAIN_FAULT, docs/checkpoints.md): at `point` of step `step` on world
 // rank `rank`, kill this process (SIGKILL), or throw a run failure.

@@ -337,6 +337,38 @@ model::GptConfig config_from_hf(const HfWeights& w, std::optional<int64_t> n_hea
   return c;
 }
 
+std::vector<float> hf_global_tensor(const SafetensorsFile& f, const std::string& path,
+                                    const model::ParamSpec& spec, const model::GptConfig& c) {
+  model::ParamSpec g = spec;  // the whole tensor
+  g.shape = spec.full_shape();
+  g.global_shape = {};
+  g.tp_rank = 0;
+  g.tp_size = 1;
+  const int64_t cols = g.shape.size() > 1 ? g.shape[1] : 1;
+  std::vector<float> out(static_cast<size_t>(shape_numel(g.shape)), 0.0f);
+  for (const HfPart& part : hf_parts(g, c)) {
+    auto it = f.arrays.find(part.name);
+    if (it == f.arrays.end())
+      fail("weights file '{}' has no tensor '{}' that this model needs", path, part.name);
+    const NamedArray& a = it->second;
+    const Shape want = part_shape(g, part);
+    if (a.shape != want)
+      fail(
+          "weights file '{}': tensor '{}' has shape {} but the model needs {} (do the model "
+          "flags match the file?)",
+          path, part.name, shape_str(a.shape), shape_str(want));
+    float* dst = out.data() + part.row0 * cols;
+    if (g.hf_transposed) {
+      const int64_t rows = part.rows;
+      for (int64_t o = 0; o < rows; ++o)
+        for (int64_t i = 0; i < cols; ++i) dst[o * cols + i] = a.data[i * rows + o];
+    } else {
+      std::copy(a.data.begin(), a.data.end(), dst);
+    }
+  }
+  return out;
+}
+
 void load_hf_weights(model::Gpt& gpt, const SafetensorsFile& f, const std::string& path) {
   const auto& c = gpt.config();
   for (auto& p : gpt.params().params()) {

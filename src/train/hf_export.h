@@ -40,6 +40,11 @@ inline model::GptConfig config_from_hf(const SafetensorsFile& f, const std::stri
 // metadata or `n_head_hint` (it is not in the shapes; a hint that disagrees with the
 // recorded n_head is refused). Llama names: the config.json, required and checked.
 
+// One parameter, whole (its global shape, our layout, vocabulary padding rows 0), from the
+// file's tensors: refuses a missing tensor or a shape mismatch. `spec` may be a tp shard's.
+std::vector<float> hf_global_tensor(const SafetensorsFile& f, const std::string& path,
+                                    const model::ParamSpec& spec, const model::GptConfig& c);
+
 // Copies the file's tensors into the model, refusing a missing tensor or a shape mismatch.
 void load_hf_weights(model::Gpt& gpt, const SafetensorsFile& f, const std::string& path);
 

@@ -31,6 +31,7 @@
 #include "train/checkpoint.h"
 #include "train/hf_export.h"
 #include "train/host_share.h"
+#include "train/init_from.h"
 #include "train/output_paths.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
@@ -434,6 +435,7 @@ std::unique_ptr<model::Gpt> host_copy(const model::Gpt& gpt, const TrainOptions&
 struct Shared {
   const TrainOptions& o;
   const Splits& data;
+  const HfWeights* init;  // --init-from, read once for every rank thread; null: none
   int threads;
   double host_share;                       // of the CPU peak at `threads` threads (cpu_host_share)
   const parallel::pp::Schedule* schedule;  // --pp > 1
@@ -548,6 +550,11 @@ void run_rank(Shared& sh, comm::Group& world) {
   // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
   const ckpt::RankGroups groups{world, dp, tp_group, ppg};
   const int64_t start_step = ckpt::resume(o, groups, rep, talk);
+  // A checkpoint wins over --init-from: a restarted fine-tuning run goes on from it.
+  if (start_step == 0 && sh.init) {
+    init_from_weights(rep, *sh.init, o.model);
+    if (talk) progress.line(fmt::format("initialised from {}", o.init_from));
+  }
   // A resumed run continues the metrics file: the rows of the steps up to the checkpoint
   // stay, those after it (trained again now) go.
   std::unique_ptr<obs::MetricsWriter> metrics;
@@ -866,15 +873,22 @@ TrainResult run_training(const TrainOptions& o) {
   }
   check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
   const Splits data = make_splits(o);  // read-only, shared by the rank threads
+  std::unique_ptr<const HfWeights> init;
+  if (!o.init_from.empty()) init = read_init_weights(o);
   // --max-restarts (local backend; under mpirun a supervisor restarts the job): a run that
   // fails (a dead rank, a timeout) starts again from the newest checkpoint.
   TrainOptions run = o;
   for (int attempt = 0;; ++attempt) {
     const int threads = rank_threads(o, kind);
-    Shared sh{run,         data,
-              threads,     cpu_host_share(kernels::host_cores(), ranks_on_host(o, kind), threads),
-              sched.get(), part.get(),
-              {},          {}};
+    Shared sh{run,
+              data,
+              init.get(),
+              threads,
+              cpu_host_share(kernels::host_cores(), ranks_on_host(o, kind), threads),
+              sched.get(),
+              part.get(),
+              {},
+              {}};
     try {
       comm::launch(lo, [&](comm::Group& w) { run_rank(sh, w); });
     } catch (const Error& e) {

@@ -41,8 +41,11 @@ struct TrainOptions {
   int threads = 0;          // per rank; 0: cores on the host / ranks on the host
   std::string metrics;      // JSON lines, one per step
   std::string export_path;  // safetensors of the final weights
-  bool profile = false;     // per-kernel time breakdown at the end
-  double peak_flops = 0;    // 0: measured GEMM peak (`meshtrain bench peak`)
+  // Hugging Face weights to start from (a file, or an export folder with config.json): a
+  // fine-tuning run; "" trains from the seed's initialisation (train/init_from.h).
+  std::string init_from;
+  bool profile = false;   // per-kernel time breakdown at the end
+  double peak_flops = 0;  // 0: measured GEMM peak (`meshtrain bench peak`)
   // f32, or bf16: mixed precision (f32 master weights, gradients and optimizer state; the
   // weight GEMMs on bf16 operands: docs/mixed_precision.md).
   std::string dtype = "f32";

@@ -107,6 +107,42 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LlamaEquivBf16,
                          ::testing::Values(L{1, 2, 1, 0, "1f1b", 1, true}, L{2, 2, 2, 3}),
                          [](const auto& info) { return test::name_of(info.param); });
 
+// Fine-tuning: a run exports a Hugging Face folder; a run in another layout starts from it
+// (--init-from, each rank loading its own slice) and, before any real update (lr 1e-12: Adam
+// moves a weight by at most lr per step), reports the exporting run's validation loss. The
+// layouts differ only in f32 summation order (parallel3d_equiv_test's 5e-5 on the loss).
+TEST(LlamaInitFrom, AnotherLayoutReproducesTheExportingRunsValidationLoss) {
+  TrainOptions a = llama_options({}, kF32);
+  a.export_path = (test::dir3d() / "llama_finetune_base").string();
+  const TrainResult ra = run_training(a);
+  ASSERT_FALSE(ra.val_losses.empty());
+  for (const test::Layout3d l :
+       {test::Layout3d{2, 2, 2, 3}, test::Layout3d{1, 2, 1, 0, "1f1b", 1, true}}) {
+    TrainOptions b = llama_options(l, kF32);
+    b.steps = 1;
+    b.lr = 1e-12f;
+    b.init_from = a.export_path;
+    const TrainResult rb = run_training(b);
+    ASSERT_FALSE(rb.val_losses.empty());
+    EXPECT_NEAR(rb.val_losses.back().second, ra.val_losses.back().second, kF32.loss_tol)
+        << test::name_of(l);
+    std::printf("llama init-from %s: validation loss %.7f, exporting run %.7f\n",
+                test::name_of(l).c_str(), rb.val_losses.back().second, ra.val_losses.back().second);
+  }
+  // A model that is not the file's is refused, naming both.
+  TrainOptions c = llama_options({}, kF32);
+  c.model.n_layer = 2;
+  c.init_from = a.export_path;
+  try {
+    run_training(c);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds another model than this run builds"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // tp must divide the key/value heads too: 8 query heads over tp 8 would leave half a kv head.
 TEST(LlamaLayout, TpThatDoesNotDivideTheKvHeadsIsRefused) {
   TrainOptions o = llama_options({1, 8, 1, 0}, kF32);
