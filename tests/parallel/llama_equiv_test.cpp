@@ -28,22 +28,7 @@ constexpr Precision kBf16{"bf16", 10, 5e-4, 1e-3, 1e-2};
 
 TrainOptions llama_options(const test::Layout3d& l, const Precision& p) {
   TrainOptions o = test::options3d(l, p.steps);
-  model::GptConfig& c = o.model;
-  c.name = "llama-3d";
-  c.n_layer = 4;
-  c.n_head = 8;
-  c.n_kv_head = 4;
-  c.d_model = 64;  // head dim 8
-  c.d_ff = 176;
-  c.bias = false;
-  c.tied = false;
-  c.norm = model::NormKind::kRmsNorm;
-  c.mlp = model::MlpKind::kSwiGlu;
-  c.positions = model::Positions::kRope;
-  c.rope_theta = 10000;
-  c.rope_scaling.llama3 = true;  // with a short original context: every band is used
-  c.rope_scaling.factor = 4;
-  c.rope_scaling.original_max_position = 16;
+  test::make_llama3d(o.model);
   o.dtype = p.dtype;
   return o;
 }

@@ -62,6 +62,27 @@ inline train::TrainOptions options3d(const Layout3d& l, int64_t steps) {
   return o;
 }
 
+// The 3D tests' Llama: RMSNorm, rotary positions with Llama 3 scaling (a short original
+// context, so every band is used), SwiGLU, 8 query heads sharing 4 kv heads (head dim 8), no
+// biases, untied; 4 layers like the GPT model.
+inline void make_llama3d(model::GptConfig& c) {
+  c.name = "llama-3d";
+  c.n_layer = 4;
+  c.n_head = 8;
+  c.n_kv_head = 4;
+  c.d_model = 64;
+  c.d_ff = 176;
+  c.bias = false;
+  c.tied = false;
+  c.norm = model::NormKind::kRmsNorm;
+  c.mlp = model::MlpKind::kSwiGlu;
+  c.positions = model::Positions::kRope;
+  c.rope_theta = 10000;
+  c.rope_scaling.llama3 = true;
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.original_max_position = 16;
+}
+
 // Largest |difference| between the tensors of two exported weight files (same names).
 inline double max_weight_diff(const std::string& a, const std::string& b, std::string* where) {
   const train::SafetensorsFile fa = train::read_safetensors(a), fb = train::read_safetensors(b);
