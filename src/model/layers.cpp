@@ -95,10 +95,9 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
 }
 
 void Block::recompute_attention(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const {
-  profile::Scope p("attention.recompute");
   // Writes atty again too: the same values (the kernel is deterministic). qkv is kept
   // rotated, so RoPE is not applied again.
-  attend(a, B, T, s);
+  attend(a, B, T, s, "attention.recompute");
 }
 
 BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
@@ -133,8 +132,9 @@ void Block::rotate_qkv(float* qkv, int64_t B, int64_t T, bool backward) const {
   rot(qkv, B, T, stride, heads * hd, kvh, hd, cs, sn);  // k
 }
 
-void Block::attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const {
-  profile::Scope p("attention.fwd");
+void Block::attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s,
+                   const char* scope) const {
+  profile::Scope p(scope);
   const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
   const float* qkv = a.qkv.f32();
   if (kvh != heads) {
@@ -162,7 +162,7 @@ void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations
 }
 
 void Block::activation_forward(BlockActivations& a) const {
-  profile::Scope p("gelu.fwd");
+  profile::Scope p(mlp == MlpKind::kSwiGlu ? "swiglu.fwd" : "gelu.fwd");
   if (mlp == MlpKind::kSwiGlu)
     kernels::swiglu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch_gelu.shape()[0],
                             a.fch_gelu.shape()[1]);
@@ -171,7 +171,7 @@ void Block::activation_forward(BlockActivations& a) const {
 }
 
 void Block::activation_backward(float* dfch, const float* dy, const BlockActivations& a) const {
-  profile::Scope p("gelu.bwd");
+  profile::Scope p(mlp == MlpKind::kSwiGlu ? "swiglu.bwd" : "gelu.bwd");
   if (mlp == MlpKind::kSwiGlu)
     kernels::swiglu_backward(dfch, a.fch.f32(), dy, a.fch_gelu.shape()[0], a.fch_gelu.shape()[1]);
   else

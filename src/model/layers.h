@@ -147,7 +147,8 @@ struct Block {
   // repeated kv heads with grouped-query attention) and its backward into dqkv; the MLP's
   // activation (GELU, or SwiGLU's gate) and its backward into dfch.
   void rotate_qkv(float* qkv, int64_t B, int64_t T, bool backward) const;
-  void attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const;
+  void attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s,
+              const char* scope = "attention.fwd") const;
   void attend_backward(float* dqkv, BlockScratch& s, const BlockActivations& a, int64_t B,
                        int64_t T) const;
   void activation_forward(BlockActivations& a) const;
