@@ -4,9 +4,10 @@ JOBS ?= $(shell nproc)
 MESHTRAIN_WERROR ?= OFF
 CMAKE_FLAGS ?=
 MT := $(BUILD)/meshtrain
+FUZZ_SECONDS ?= 20
 DEMO_TEXT := $(wildcard /usr/share/common-licenses/*)
 
-.PHONY: all setup configure build test demo bench sanitize format clean
+.PHONY: all setup configure build test demo bench sanitize fuzz format clean
 
 all: build
 
@@ -56,6 +57,14 @@ sanitize: setup
 	# libraries (Open MPI, oneDNN).
 	cd build/tsan && OMP_THREAD_LIMIT=1 TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp history_size=7" \
 	  ctest --output-on-failure -j $(JOBS) -L unit
+	# Each reader of outside files under libFuzzer for FUZZ_SECONDS (clang; docs/fuzzing.md).
+	scripts/fuzz.sh all $(FUZZ_SECONDS)
+
+# The fuzz harnesses, FUZZ_SECONDS each: make fuzz READER=safetensors FUZZ_SECONDS=600 runs
+# one; prints executions per second and coverage (docs/fuzzing.md).
+READER ?= all
+fuzz:
+	scripts/fuzz.sh $(READER) $(FUZZ_SECONDS)
 
 format:
 	find src tests bench -name '*.h' -o -name '*.cpp' | xargs clang-format -i

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package that building, running, testing and benchmarking meshtrain
 # need. Idempotent: when everything is present it only checks and returns in about a second.
+# `scripts/setup.sh fuzz` adds clang with its libFuzzer and sanitizer runtimes and OpenMP
+# (the fuzz harnesses, docs/fuzzing.md).
 set -euo pipefail
 
 packages=(
@@ -12,6 +14,10 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy   # PyTorch 1.13 (CPU): reference and benchmark peer
 )
+if [ "${1:-}" = fuzz ]; then
+  # clang 14 with libclang_rt.fuzzer / asan / ubsan (libclang-rt-14-dev) and its OpenMP
+  packages+=(clang libclang-rt-14-dev libomp-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

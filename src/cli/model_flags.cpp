@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace mt::cli {
 
@@ -103,8 +105,9 @@ nlohmann::json read_config_file(const std::string& path, const std::vector<std::
   if (!in) fail("cannot open config file '{}'", path);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    j = parse_json(text);
+  } catch (const std::exception& e) {  // a parse error, nesting too deep, or a read error
     fail("config file '{}' is not valid JSON: {}", path, e.what());
   }
   if (!j.is_object()) fail("config file '{}' must hold a JSON object", path);

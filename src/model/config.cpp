@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
@@ -125,9 +126,9 @@ void GptConfig::validate() const {
   positive("--vocab", vocab);
   positive("--seq", seq_len);
   if (d_model % n_head != 0) {
-    std::vector<int64_t> ok;
-    for (int64_t h = 1; h <= d_model; ++h)
-      if (d_model % h == 0 && h <= 64) ok.push_back(h);
+    std::vector<int64_t> ok;  // up to 64 heads: not a scan up to d_model (it may be 10^15)
+    for (int64_t h = 1; h <= std::min<int64_t>(d_model, 64); ++h)
+      if (d_model % h == 0) ok.push_back(h);
     fail("--d-model {} is not divisible by --n-head {} (choose n_head among {})", d_model, n_head,
          fmt::join(ok, ", "));
   }
@@ -163,12 +164,14 @@ void check_tp(const GptConfig& c, int tp, bool sp) {
   if (tp < 1) fail("--tp {} must be at least 1", tp);
   if (sp && tp == 1) fail("--sp needs tensor parallelism (use --tp 2 or more with --sp)");
   auto valid = [&] {
+    // The divisors up to kMaxListed: not a scan up to n_head (a config file may say 10^15).
+    constexpr int64_t kMaxListed = 1024;
     std::vector<int64_t> ok;
-    for (int64_t t = 1; t <= c.n_head; ++t)
+    for (int64_t t = 1; t <= std::min(c.n_head, kMaxListed); ++t)
       if (c.n_head % t == 0 && c.kv_heads() % t == 0 && c.d_ff % t == 0 &&
           (!sp || c.seq_len % t == 0))
         ok.push_back(t);
-    return fmt::format("{}", fmt::join(ok, ", "));
+    return fmt::format("{}{}", fmt::join(ok, ", "), c.n_head > kMaxListed ? ", ..." : "");
   };
   if (c.n_head % tp != 0)
     fail("--tp {} does not divide n_head={} (each rank owns whole heads; choose --tp among {})", tp,

@@ -8,8 +8,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace mt::plan {
 
@@ -123,7 +126,8 @@ ClusterSpec cluster_preset(const std::string& name) {
     fail("--cluster: cannot read cluster file '{}': {} (check its permissions)", path,
          std::strerror(errno));
   try {
-    return cluster_from_json(nlohmann::json::parse(in));
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    return cluster_from_json(parse_json(text));
   } catch (const nlohmann::json::exception& e) {
     fail("cluster file '{}' is not a valid cluster spec: {}", path, e.what());
   } catch (const Error& e) {
@@ -152,11 +156,17 @@ nlohmann::json to_json(const ClusterSpec& c) {
 }
 
 namespace {
-// A count read as one: 8.5 GPUs per node is refused, not truncated to 8.
-int64_t count(const nlohmann::json& v, const char* field) {
-  if (!v.is_number_integer())
-    fail("{} is {}; it must be a whole number: fix the file (or rerun `meshtrain calibrate`)",
-         field, v.dump());
+// A count read as one: 8.5 GPUs per node is refused, not truncated to 8, and 2^32 + 8 is
+// refused, not wrapped to 8 in an int.
+int64_t count(const nlohmann::json& v, const char* field,
+              int64_t max = std::numeric_limits<int>::max()) {
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(max)
+                              : v.get<int64_t>() > max))
+    fail(
+        "{} is {}; it must be a whole number up to {}: fix the file (or rerun `meshtrain "
+        "calibrate`)",
+        field, v.dump(), max);
   return v.get<int64_t>();
 }
 }  // namespace
@@ -175,7 +185,9 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.gpu.gemm.d0 = g.value("gemm_d0", 48.0);
   c.gpu.kernel_overhead_s = g.value("kernel_overhead_s", 0.0);
   c.gpus_per_node = int(count(j.at("gpus_per_node"), "gpus_per_node"));
-  c.max_nodes = j.contains("max_nodes") ? count(j.at("max_nodes"), "max_nodes") : 0;
+  c.max_nodes = j.contains("max_nodes")
+                    ? count(j.at("max_nodes"), "max_nodes", std::numeric_limits<int64_t>::max())
+                    : 0;
   c.intra_bytes_per_s = j.at("intra_bytes_per_s").get<double>();
   c.intra_latency_s = j.value("intra_latency_s", 0.0);
   c.inter_bytes_per_s = j.at("inter_bytes_per_s").get<double>();

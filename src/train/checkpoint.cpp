@@ -15,15 +15,20 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "comm/group.h"
 #include "core/clock.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "parallel/pipeline/schedule.h"
+#include "train/json_read.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
 #include "train/trainer.h"
@@ -496,6 +501,27 @@ int64_t Index::data_bytes() const {
 
 // ---- reading ------------------------------------------------------------------------
 
+namespace {
+
+// The elements of `shape`, or -1 where a dimension is negative or the product overflows.
+int64_t checked_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+// A shard file's name in the index: a plain file name in the checkpoint directory (a name
+// with a '/' or "..", from a damaged or hostile index, would read files outside it).
+bool plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
 Index read_index(const std::string& dir, const model::GptConfig* expect) {
   Index idx;
   idx.dir = dir;
@@ -508,29 +534,37 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
   idx.json_text = ss.str();
   json j;
   try {
-    j = json::parse(idx.json_text);
+    j = parse_json(idx.json_text);
   } catch (const std::exception& e) {
     fail("checkpoint index '{}' is not valid JSON ({}): the file is damaged", path.string(),
          e.what());
   }
   const std::string where = path.string();
+  // Every number is read as an integer in its range (json_read.h): a float or an out-of-range
+  // value is refused, not converted.
+  auto integer = [&](const json& v, const char* what, int64_t lo, int64_t hi) {
+    return json_integer(v, where, what, lo, hi);
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   try {
+    if (!j.is_object()) fail("'{}' is not a meshtrain checkpoint index (not a JSON object)", where);
     if (j.at("format").get<std::string>() != "meshtrain-checkpoint")
       fail("'{}' is not a meshtrain checkpoint index (format '{}')", where,
            j.at("format").get<std::string>());
-    idx.step = j.at("step").get<int64_t>();
+    idx.step = integer(j.at("step"), "step", 0, kMax);
     const json& t = j.at("trainer");
-    idx.adam_steps = t.at("adam_steps").get<int64_t>();
-    idx.seed = t.at("seed").get<uint64_t>();
-    idx.batch = t.value("batch", int64_t{0});
+    idx.adam_steps = integer(t.at("adam_steps"), "trainer.adam_steps", 0, kMax);
+    idx.seed = json_uint64(t.at("seed"), where, "trainer.seed");
+    idx.batch = t.contains("batch") ? integer(t.at("batch"), "trainer.batch", 0, kMax) : 0;
     const json& c = j.at("config");
     idx.config.name = c.at("name").get<std::string>();
-    idx.config.n_layer = c.at("n_layer").get<int64_t>();
-    idx.config.n_head = c.at("n_head").get<int64_t>();
-    idx.config.d_model = c.at("d_model").get<int64_t>();
-    idx.config.d_ff = c.at("d_ff").get<int64_t>();
-    idx.config.vocab = c.at("vocab").get<int64_t>();
-    idx.config.seq_len = c.at("seq_len").get<int64_t>();
+    idx.config.n_layer = integer(c.at("n_layer"), "config.n_layer", 1, kMax);
+    idx.config.n_head = integer(c.at("n_head"), "config.n_head", 1, kMax);
+    idx.config.d_model = integer(c.at("d_model"), "config.d_model", 1, kMax);
+    idx.config.d_ff = integer(c.at("d_ff"), "config.d_ff", 1, kMax);
+    idx.config.vocab = integer(c.at("vocab"), "config.vocab", 1, kMax);
+    idx.config.seq_len = integer(c.at("seq_len"), "config.seq_len", 1, kMax);
     idx.config.bias = c.at("bias").get<bool>();
     idx.config.tied = c.at("tied").get<bool>();
     idx.config.n_kv_head = c.value("n_kv_head", int64_t{0});
@@ -549,18 +583,22 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
           r.at("original_max_position_embeddings").get<int64_t>();
     }
     const json& l = j.at("layout");
-    idx.dp = l.at("dp").get<int>();
-    idx.tp = l.at("tp").get<int>();
-    idx.pp = l.at("pp").get<int>();
-    idx.zero = l.at("zero").get<int>();
+    idx.dp = static_cast<int>(integer(l.at("dp"), "layout.dp", 1, kMaxInt));
+    idx.tp = static_cast<int>(integer(l.at("tp"), "layout.tp", 1, kMaxInt));
+    idx.pp = static_cast<int>(integer(l.at("pp"), "layout.pp", 1, kMaxInt));
+    idx.zero = static_cast<int>(integer(l.at("zero"), "layout.zero", 0, 3));
     idx.layout_text = fmt::format("dp {} tp {} pp {} zero {}", idx.dp, idx.tp, idx.pp, idx.zero);
-    for (auto& [name, e] : j.at("tensors").items()) {
+    const json& tensors = j.at("tensors");
+    if (!tensors.is_object()) fail("'{}': \"tensors\" must be a JSON object", where);
+    for (auto& [name, e] : tensors.items()) {
       TensorInfo ti;
-      ti.shape = e.at("shape").get<Shape>();
-      ti.real_rows = e.at("real_rows").get<int64_t>();
+      for (const json& d : e.at("shape"))
+        ti.shape.push_back(integer(d, "a tensor's shape", 0, kMax));
+      ti.real_rows = integer(e.at("real_rows"), "a tensor's real_rows", -1, kMax);
       ti.tp_split = parse_split(e.at("tp_split").get<std::string>(), where);
       if (e.contains("row_blocks")) {
-        ti.row_blocks = e.at("row_blocks").get<std::vector<int64_t>>();
+        for (const json& d : e.at("row_blocks"))
+          ti.row_blocks.push_back(integer(d, "a tensor's row_blocks", 1, kMax));
       } else if (ti.tp_split == model::TpSplit::kBlockRows) {  // "qkv_rows": q, k, v alike
         if (ti.shape.empty() || ti.shape[0] % 3 != 0)
           fail("{}: '{}' is split as qkv_rows but has {} rows", where, name,
@@ -577,22 +615,30 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
         fail("{}: the row blocks of '{}' do not add up to its rows", where, name);
       idx.tensors[name] = ti;
     }
-    for (const json& f : j.at("files"))
-      idx.files.push_back(
-          {f.at("name").get<std::string>(), f.at("bytes").get<int64_t>(), f.at("rank").get<int>()});
+    for (const json& f : j.at("files")) {
+      FileInfo fi{f.at("name").get<std::string>(),
+                  integer(f.at("bytes"), "a file's bytes", 0, kMax),
+                  static_cast<int>(integer(f.at("rank"), "a file's rank", 0, kMaxInt))};
+      if (!plain_file_name(fi.name))
+        fail("'{}' names shard file '{}': not a file name in the checkpoint directory", where,
+             fi.name);
+      idx.files.push_back(std::move(fi));
+    }
     for (const json& p : j.at("pieces")) {
       Piece pc;
       pc.tensor = p.at("tensor").get<std::string>();
-      pc.file = p.at("file").get<int>();
-      pc.tp_rank = p.at("tp").at(0).get<int>();
-      pc.tp_size = p.at("tp").at(1).get<int>();
-      pc.local_lo = p.at("local").at(0).get<int64_t>();
-      pc.local_hi = p.at("local").at(1).get<int64_t>();
+      pc.file = static_cast<int>(integer(p.at("file"), "a piece's file", 0, kMaxInt));
+      pc.tp_size = static_cast<int>(integer(p.at("tp").at(1), "a piece's tp size", 1, kMaxInt));
+      pc.tp_rank =
+          static_cast<int>(integer(p.at("tp").at(0), "a piece's tp rank", 0, pc.tp_size - 1));
+      pc.local_lo = integer(p.at("local").at(0), "a piece's first element", 0, kMax);
+      pc.local_hi = integer(p.at("local").at(1), "a piece's end element", pc.local_lo + 1, kMax);
       for (int k = 0; k < kArrays; ++k) {
-        pc.offset_bytes[k] = p.at("offsets").at(k).get<int64_t>();
-        pc.crc[k] = p.at("crc32c").at(k).get<uint32_t>();
+        pc.offset_bytes[k] = integer(p.at("offsets").at(k), "a piece's offset", 0, kMax);
+        pc.crc[k] = static_cast<uint32_t>(integer(p.at("crc32c").at(k), "a piece's CRC32C", 0,
+                                                  std::numeric_limits<uint32_t>::max()));
       }
-      if (pc.file < 0 || pc.file >= static_cast<int>(idx.files.size()))
+      if (pc.file >= static_cast<int>(idx.files.size()))
         fail("'{}': a piece of '{}' names file {} of {}", where, pc.tensor, pc.file,
              idx.files.size());
       if (!idx.tensors.count(pc.tensor))
@@ -608,7 +654,12 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
         "checkpoint '{}' holds another model ({}) than this run's ({}): resume it with the "
         "same model flags, or use another --checkpoint-dir",
         dir, config_text(idx.config), config_text(*expect));
+  int64_t data_bytes = 0;
+  std::set<std::string> names;
   for (const FileInfo& f : idx.files) {
+    // Listed once: the data the index claims is the data the directory holds.
+    if (!names.insert(f.name).second)
+      fail("checkpoint index '{}' is damaged: it lists shard file '{}' twice", where, f.name);
     const fs::path fp = fs::path(dir) / f.name;
     std::error_code ec;
     const auto size = fs::file_size(fp, ec);
@@ -619,7 +670,96 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
           "checkpoint '{}': shard file '{}' has {} bytes but the index says {} (truncated or "
           "replaced)",
           dir, fp.string(), size, f.bytes);
+    data_bytes += f.bytes;  // the sizes on disk: their sum fits
   }
+
+  // The tensors are the model's (global_specs writes them), so that what a reader of this
+  // checkpoint allocates for the model is bounded by the shard files it has: every element
+  // is saved once, 3 x 4 bytes. Each dimension first: none exceeds the elements the files
+  // hold (so the shapes' arithmetic stays in range).
+  const std::string damaged = fmt::format("checkpoint index '{}' is damaged", where);
+  const model::GptConfig& mc = idx.config;
+  if (std::max({mc.n_head, mc.d_model, mc.d_ff, mc.seq_len}) > data_bytes / 12)
+    fail(
+        "{}: its model ({}) needs more than the {} bytes of its shard files (3 x 4 bytes per "
+        "parameter)",
+        damaged, config_text(mc), data_bytes);
+  try {
+    idx.config.validate();
+    model::check_tp(idx.config, idx.tp, false);
+  } catch (const Error& e) {
+    fail("checkpoint index '{}' describes an impossible model or layout: {}", where, e.what());
+  }
+  const int64_t per_layer = idx.config.bias ? 12 : 6;
+  const int64_t outside = (idx.config.bias ? 4 : 3) + (idx.config.tied ? 0 : 1);
+  if (idx.config.n_layer > (static_cast<int64_t>(idx.tensors.size()) - outside) / per_layer)
+    fail("{}: its model has {} blocks but it lists only {} tensors", damaged, idx.config.n_layer,
+         idx.tensors.size());
+  const std::vector<model::ParamSpec> specs = global_specs(idx.config, idx.tp);
+  if (specs.size() != idx.tensors.size())
+    fail("{}: it lists {} tensors but its model has {}", damaged, idx.tensors.size(), specs.size());
+  int64_t model_elems = 0;
+  for (const model::ParamSpec& s : specs) {
+    auto it = idx.tensors.find(s.name);
+    if (it == idx.tensors.end()) fail("{}: its model's tensor '{}' is not listed", damaged, s.name);
+    const TensorInfo& ti = it->second;
+    if (ti.shape != s.shape || ti.real_rows != s.real_rows || ti.tp_split != s.tp_split)
+      fail("{}: tensor '{}' is listed as {} ({}), but its model's is {} ({})", damaged, s.name,
+           shape_str(ti.shape), split_name(ti.tp_split), shape_str(s.shape),
+           split_name(s.tp_split));
+    const int64_t n = checked_numel(s.shape);
+    if (n < 0 || n > data_bytes / 12 - model_elems)
+      fail(
+          "{}: its model ({}) needs more than the {} bytes of its shard files (3 x 4 bytes per "
+          "parameter)",
+          damaged, config_text(idx.config), data_bytes);
+    model_elems += n;
+  }
+  // Each piece: a slice of its tensor as tp_size ranks split it, within its file, its three
+  // arrays overlapping no other's (so that verifying reads each byte once).
+  struct Extent {
+    int file;
+    int64_t begin, end;
+    const Piece* piece;
+  };
+  std::vector<Extent> extents;
+  for (const Piece& pc : idx.pieces) {
+    model::ParamSpec s;
+    s.name = pc.tensor;
+    s.shape = idx.tensors.at(pc.tensor).shape;
+    s.tp_split = idx.tensors.at(pc.tensor).tp_split;
+    s.row_blocks = idx.tensors.at(pc.tensor).row_blocks;
+    if (pc.tp_size > 1) {
+      try {
+        s = model::tp_shard_specs({s}, pc.tp_rank, pc.tp_size)[0];
+      } catch (const Error& e) {
+        fail("{}: a piece of '{}' is of tp rank {} of {}: {}", damaged, pc.tensor, pc.tp_rank,
+             pc.tp_size, e.what());
+      }
+    }
+    const int64_t slice = shape_numel(s.shape);
+    if (pc.local_hi > slice)
+      fail("{}: a piece of '{}' claims elements [{}, {}) of a {}-element slice", damaged, pc.tensor,
+           pc.local_lo, pc.local_hi, slice);
+    const int64_t bytes = pc.elems() * 4,
+                  file_bytes = idx.files[static_cast<size_t>(pc.file)].bytes;
+    for (int k = 0; k < kArrays; ++k) {
+      if (pc.offset_bytes[k] > file_bytes - bytes)
+        fail("{}: {} of a piece of '{}' is bytes [{}, {}) of shard file '{}', which has {}",
+             damaged, kArrayNames[k], pc.tensor, pc.offset_bytes[k], pc.offset_bytes[k] + bytes,
+             idx.files[static_cast<size_t>(pc.file)].name, file_bytes);
+      extents.push_back({pc.file, pc.offset_bytes[k], pc.offset_bytes[k] + bytes, &pc});
+    }
+  }
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return std::tie(a.file, a.begin) < std::tie(b.file, b.begin);
+  });
+  for (size_t i = 1; i < extents.size(); ++i)
+    if (extents[i].file == extents[i - 1].file && extents[i].begin < extents[i - 1].end)
+      fail("{}: pieces of '{}' and '{}' overlap in shard file '{}' (bytes {} and {})", damaged,
+           extents[i - 1].piece->tensor, extents[i].piece->tensor,
+           idx.files[static_cast<size_t>(extents[i].file)].name, extents[i - 1].begin,
+           extents[i].begin);
   return idx;
 }
 
@@ -1086,9 +1226,11 @@ GlobalState load_global(const Index& idx) {
 
 namespace {
 
+// The first divisors of n (at most 16, found among 1 .. 2^20: not a scan up to a prime n
+// of 2^61 that a damaged index may hold).
 std::string divisors_text(int64_t n) {
   std::vector<int64_t> d;
-  for (int64_t k = 1; k <= n && d.size() < 16; ++k)
+  for (int64_t k = 1; k <= std::min<int64_t>(n, int64_t{1} << 20) && d.size() < 16; ++k)
     if (n % k == 0) d.push_back(k);
   return fmt::format("{}{}", fmt::join(d, ", "), d.back() == n ? "" : ", ...");
 }
@@ -1111,7 +1253,10 @@ void check_resumable(const Index& idx, const TrainOptions& target) {
     if (po.pp > 1 && po.microbatches == 0 && o.microbatch == 0) {
       const int64_t per_replica = idx.batch / std::max(o.dp, 1);
       const bool interleaved = po.schedule == "interleaved";
-      for (int64_t m = po.pp; m <= per_replica; ++m)
+      // Among pp .. pp + 2^20 (and an int): not a scan up to a prime batch of 2^61.
+      const int64_t last = std::min<int64_t>(
+          {per_replica, int64_t{po.pp} + (int64_t{1} << 20), std::numeric_limits<int>::max()});
+      for (int64_t m = po.pp; m <= last; ++m)
         if (per_replica % m == 0 && (!interleaved || m % po.pp == 0)) {
           o.pipeline.microbatches = static_cast<int>(m);
           break;

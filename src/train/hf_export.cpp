@@ -1,11 +1,15 @@
 #include "train/hf_export.h"
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
+#include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace mt::train {
 
@@ -69,11 +73,11 @@ int64_t n_head_of(const SafetensorsFile& f, const std::string& path, std::option
     return *hint;
   }
   int64_t recorded = 0;
-  try {
-    recorded = std::stoll(meta->second);
-  } catch (const std::exception&) {
-    fail("weights file '{}': metadata n_head '{}' is not a number", path, meta->second);
-  }
+  const std::string& text = meta->second;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), recorded);
+  if (ec != std::errc() || end != text.data() + text.size() || recorded < 1)
+    fail("weights file '{}' records n_head '{}' in its metadata: not a positive integer", path,
+         text);
   if (hint && *hint != recorded)
     fail(
         "--n-head {} disagrees with n_head {} recorded in weights file '{}' (drop --n-head: it "
@@ -147,6 +151,23 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
     if (v < 1 || v > (int64_t{1} << 31))
       fail("config '{}': a dimension of {} is outside [1, 2^31]", path, v);
   return c;
+}
+
+// The file's tensors of `spec` (one, or the parts of a fused one), each present with the
+// shape the model needs; refuses otherwise, naming the tensor.
+void check_tensor(const SafetensorsFile& f, const std::string& path, const model::ParamSpec& spec,
+                  const model::GptConfig& c) {
+  for (const HfPart& part : hf_parts(spec, c)) {
+    auto it = f.arrays.find(part.name);
+    if (it == f.arrays.end())
+      fail("weights file '{}' has no tensor '{}' that this model needs", path, part.name);
+    const Shape want = part_shape(spec, part);
+    if (it->second.shape != want)
+      fail(
+          "weights file '{}': tensor '{}' has shape {} but the model needs {} (do the model "
+          "flags match the file?)",
+          path, part.name, shape_str(it->second.shape), shape_str(want));
+  }
 }
 }  // namespace
 
@@ -286,54 +307,79 @@ model::GptConfig config_from_hf(const HfWeights& w, std::optional<int64_t> n_hea
     json j;
     try {
       std::ifstream in(w.config_path);
-      j = json::parse(in);
+      std::stringstream text;
+      text << in.rdbuf();
+      j = parse_json(text.str());  // nesting bounded (core/json.h)
     } catch (const std::exception& e) {
       fail("config '{}' is not valid JSON: {}", w.config_path, e.what());
     }
     if (!j.is_object()) fail("config '{}' must hold a JSON object", w.config_path);
-    if (j.value("model_type", std::string()) != "llama")
+    if (!j.contains("model_type") || !j.at("model_type").is_string() ||
+        j.at("model_type").get<std::string>() != "llama")
       fail("config '{}': model_type must be \"llama\" for weights in Llama names", w.config_path);
     model::GptConfig c = llama_config_from_json(j, w.config_path);
     if (n_head_hint && *n_head_hint != c.n_head)
       fail("--n-head {} disagrees with num_attention_heads {} in '{}'", *n_head_hint, c.n_head,
            w.config_path);
+    try {
+      c.validate();
+    } catch (const Error& e) {
+      fail("config '{}' describes no valid Llama model: {}", w.config_path, e.what());
+    }
+    // Every tensor of that model is in the file with its shape (see below).
+    for (const model::ParamSpec& s : model::gpt_param_specs(c)) check_tensor(f, path, s, c);
     return c;
   }
-  auto need = [&](const std::string& name) -> const NamedArray& {
+  auto need = [&](const std::string& name, size_t rank) -> const NamedArray& {
     auto it = f.arrays.find(name);
     if (it == f.arrays.end())
       fail(
-          "weights file '{}' has no tensor '{}': not a GPT-2 or Llama checkpoint in Hugging "
-          "Face names",
+          "weights file '{}' has no tensor '{}': not a GPT-2 or Llama checkpoint in Hugging Face "
+          "names",
           path, name);
+    if (it->second.shape.size() != rank)
+      fail("weights file '{}': tensor '{}' has shape {}; GPT-2's has {} dimensions", path, name,
+           shape_str(it->second.shape), rank);
     return it->second;
   };
   model::GptConfig c;
   c.name = "from " + path;
-  const auto& wte = need("transformer.wte.weight");
-  const auto& wpe = need("transformer.wpe.weight");
-  if (wte.shape.size() != 2 || wpe.shape.size() != 2)
-    fail("weights file '{}': the embeddings must be matrices", path);
-  c.vocab = wte.shape.at(0);
-  c.d_model = wte.shape.at(1);
-  c.seq_len = wpe.shape.at(0);
-  int64_t layers = 0;
-  std::regex layer_re(R"(transformer\.h\.(\d{1,6})\.)");
+  const auto& wte = need("transformer.wte.weight", 2);
+  const auto& wpe = need("transformer.wpe.weight", 2);
+  c.vocab = wte.shape[0];
+  c.d_model = wte.shape[1];
+  c.seq_len = wpe.shape[0];
+  // The blocks: transformer.h.0 .. transformer.h.{n_layer - 1}, each present (a file cannot
+  // claim more blocks than it holds tensors).
+  std::set<int64_t> layers;
+  const std::regex layer_re(R"(transformer\.h\.(\d+)\.)");
   for (const auto& [name, a] : f.arrays) {
     std::smatch m;
-    if (std::regex_search(name, m, layer_re))
-      layers = std::max<int64_t>(layers, std::stoll(m[1]) + 1);
+    if (!std::regex_search(name, m, layer_re)) continue;
+    int64_t l = -1;
+    const std::string digits = m[1];
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), l);
+    if (ec != std::errc() || l >= static_cast<int64_t>(f.arrays.size()))
+      fail("weights file '{}': tensor '{}' names block {}, but the file holds {} tensors", path,
+           name, digits, f.arrays.size());
+    layers.insert(l);
   }
-  c.n_layer = layers;
-  c.d_ff = 4 * c.d_model;
-  if (layers) {
-    const auto& fc = need("transformer.h.0.mlp.c_fc.weight");
-    if (fc.shape.size() != 2) fail("weights file '{}': mlp.c_fc.weight must be a matrix", path);
-    c.d_ff = fc.shape.at(1);
-  }
+  c.n_layer = static_cast<int64_t>(layers.size());
+  if (!layers.empty() && *layers.rbegin() != c.n_layer - 1)
+    fail("weights file '{}' has tensors of block {} but not of all the blocks before it", path,
+         *layers.rbegin());
+  c.d_ff = c.n_layer ? need("transformer.h.0.mlp.c_fc.weight", 2).shape[1] : 4 * c.d_model;
   c.bias = f.arrays.count("transformer.ln_f.bias") > 0;
   c.tied = f.arrays.count("lm_head.weight") == 0;
   c.n_head = n_head_of(f, path, n_head_hint);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("weights file '{}' describes no valid GPT model: {}", path, e.what());
+  }
+  // Every tensor of that model is in the file with its shape: building the model then
+  // allocates what the file holds (and the vocabulary padding), not what it claims.
+  for (const model::ParamSpec& s : model::gpt_param_specs(c)) check_tensor(f, path, s, c);
   return c;
 }
 

@@ -26,7 +26,13 @@ struct SafetensorsFile {
   std::map<std::string, NamedArray> arrays;  // F32, BF16 and F16 read as f32
   std::map<std::string, std::string> metadata;
 };
-// Refuses a missing, truncated or malformed file with a message naming it.
+// Hugging Face's own reader refuses a header over 100 MB (safetensors' MAX_HEADER_SIZE).
+inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+
+// Refuses a missing, truncated or malformed file with a message naming it: a header length
+// past the file's end, an entry that is not {dtype, shape, data_offsets} with integers, data
+// offsets outside the file or not the shape's size, tensors that overlap. What it allocates
+// is bounded by the file's size.
 SafetensorsFile read_safetensors(const std::string& path);
 
 }  // namespace mt::train

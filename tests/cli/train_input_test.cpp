@@ -6,7 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/train_flags.h"
+#include "core/error.h"
 #include "test_util.h"
+#include "train/trainer.h"
 
 namespace mt {
 namespace {
@@ -215,6 +218,49 @@ TEST_F(TrainInput, WarnsWhenTheDataIsSmallerThanTheBatch) {
   EXPECT_NE(r.output.find("fewer than --batch 4: each validation batch repeats them"),
             std::string::npos)
       << r.output;
+}
+
+// ---- a config file from elsewhere (tests/fuzz/config_file_fuzz.cpp, docs/fuzzing.md) -----
+
+// The refusal of `--config FILE` with FILE holding `text`, as train reads it (the run
+// options' checks included); "no error" if none.
+std::string config_refusal(const std::string& text) {
+  const std::string path = (test::scratch_dir("config_file") / "c.json").string();
+  std::ofstream(path) << text;
+  cli::TrainFlags flags;
+  flags.config = path;
+  try {
+    train::TrainOptions o;
+    flags.apply_to(o, flags.config_json(cli::train_command_config_keys()));
+    o.validate();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2) << e.what();
+    return e.what();
+  }
+  return "no error";
+}
+
+// Found by reading: a value nested a million levels deep (a 2 MB file) overflowed the stack
+// when the refusal printed it ("config key 'steps' must be an integer, not [[[...").
+TEST(ConfigFile, DeepNestingIsRefusedNotAStackOverflow) {
+  const int depth = 1'000'000;
+  const std::string m =
+      config_refusal(R"({"steps": )" + std::string(depth, '[') + std::string(depth, ']') + "}");
+  EXPECT_NE(m.find("is not valid JSON: JSON nested more than 64 levels"), std::string::npos) << m;
+}
+
+// Found by reading: the refusals of a shape listed the valid values by a scan up to the
+// value given: d_model 10^14 + 1 with 2 heads (GptConfig::validate) and --tp 7 of 10^12
+// heads (check_tp) hung instead of answering.
+TEST(ConfigFile, HugeShapesAreRefusedAtOnce) {
+  std::string m = config_refusal(R"({"d_model": 100000000000001, "n_head": 2})");
+  EXPECT_NE(m.find("--d-model 100000000000001 is not divisible by --n-head 2 (choose n_head among "
+                   "1, 29)"),
+            std::string::npos)
+      << m;
+  m = config_refusal(R"({"n_head": 1000000000000, "d_model": 1000000000000, "tp": 7})");
+  EXPECT_NE(m.find("--tp 7 does not divide n_head=1000000000000"), std::string::npos) << m;
+  EXPECT_NE(m.find(", ...)"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -101,7 +101,7 @@ TEST(LlamaInitFrom, AnotherLayoutReproducesTheExportingRunsValidationLoss) {
   a.export_path = (test::dir3d() / "llama_finetune_base").string();
   const TrainResult ra = run_training(a);
   ASSERT_FALSE(ra.val_losses.empty());
-  for (const test::Layout3d l :
+  for (const test::Layout3d& l :
        {test::Layout3d{2, 2, 2, 3}, test::Layout3d{1, 2, 1, 0, "1f1b", 1, true}}) {
     TrainOptions b = llama_options(l, kF32);
     b.steps = 1;

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/error.h"
 #include "plan/hardware.h"
 #include "test_util.h"
 
@@ -759,6 +760,36 @@ TEST(PlanCliReview, ClusterFilesAreValidated) {
   expect_refused("plan --cluster " + half_path + job, "gpus_per_node is 8.5; it must be a whole");
   // A folder used to exit 1 with "basic_filebuf::underflow error reading the file".
   expect_refused("plan --cluster " + dir.string() + job, "is a folder: give a cluster JSON file");
+}
+
+// Found by reading (tests/fuzz/cluster_file_fuzz.cpp, docs/fuzzing.md): a count past an int
+// was wrapped (2^32 + 8 GPUs per node planned as 8), and a value nested a million levels
+// deep (a 2 MB file) overflowed the stack when the refusal printed it.
+TEST(PlanCliReview, ClusterFileCountsAndNestingAreChecked) {
+  const auto dir = test::scratch_dir("plan-cluster-file");
+  const std::string path = (dir / "c.json").string();
+  auto refusal = [&](const std::string& text) -> std::string {
+    std::ofstream(path) << text;
+    try {
+      plan::cluster_preset(path);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), 2) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      return e.what();
+    }
+    return "no error";
+  };
+  nlohmann::json j = plan::to_json(plan::cluster_preset("dgx-a100"));
+  EXPECT_EQ(refusal(j.dump()), "no error");
+  j["gpus_per_node"] = (int64_t{1} << 32) + 8;
+  EXPECT_NE(refusal(j.dump()).find("gpus_per_node is 4294967304; it must be a whole number up to "
+                                   "2147483647"),
+            std::string::npos);
+  const int depth = 1'000'000;
+  j.erase("gpus_per_node");
+  std::string text = j.dump();
+  text.insert(1, R"("gpus_per_node": )" + std::string(depth, '[') + std::string(depth, ']') + ", ");
+  EXPECT_NE(refusal(text).find("nested more than 64 levels"), std::string::npos);
 }
 
 TEST(PlanCliReview, ShapesAndSizesAreReportedAsGiven) {

@@ -7,8 +7,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/params.h"
 #include "parallel/parallel3d_test_util.h"
 
 namespace mt::test {
@@ -246,6 +249,207 @@ TEST_F(Damaged, AutoWithAnEmptyDirectoryStartsFromScratch) {
   TrainOptions o = resume("auto");
   o.checkpoint_dir = fresh("damaged_empty").string();
   EXPECT_EQ(train::run_training(o).start_step, 0);
+}
+
+// ---- an index from elsewhere (tests/fuzz/checkpoint_index_fuzz.cpp, docs/fuzzing.md) -------
+
+// A small checkpoint written offline (no training): dp 1 tp 2, batch 2, as the fuzz harness
+// makes its own. Returns its step directory.
+fs::path small_checkpoint(const std::string& name) {
+  ckpt::Index idx;
+  idx.dir = name;
+  idx.config.name = "small";
+  idx.config.n_layer = 1;
+  idx.config.n_head = 2;
+  idx.config.d_model = 4;
+  idx.config.d_ff = 8;
+  idx.config.vocab = 5;
+  idx.config.seq_len = 4;
+  idx.step = 1;
+  idx.batch = 2;
+  idx.json_text = R"({"trainer": {"adam_steps": 1, "seed": 7, "batch": 2}})";
+  ckpt::GlobalState st;
+  st.specs = model::gpt_param_specs(idx.config);
+  for (int k = 0; k < ckpt::kArrays; ++k)
+    for (const model::ParamSpec& s : st.specs)
+      st.arrays[k].emplace_back(static_cast<size_t>(shape_numel(s.shape)), 0.5f * k);
+  TrainOptions o;
+  o.model = idx.config;
+  o.batch = 2;
+  o.tp = 2;
+  const fs::path out = fresh(name);
+  ckpt::write_resharded(idx, st, o, out.string());
+  return out / "step-00000001";
+}
+
+// Rewrites the checkpoint's index.json through `edit`.
+void edit_index(const fs::path& step, const std::function<void(nlohmann::json&)>& edit) {
+  std::ifstream in(step / "index.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  edit(j);
+  std::ofstream(step / "index.json") << j.dump();
+}
+
+// Edits a copy of the small checkpoint's index; returns read_index's refusal.
+std::string index_refusal(const fs::path& step, const std::function<void(nlohmann::json&)>& edit) {
+  const fs::path copy = step.parent_path() / "edited";
+  fs::remove_all(copy);
+  fs::copy(step, copy);
+  edit_index(copy, edit);
+  try {
+    ckpt::read_index(copy.string());
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2) << e.what();
+    EXPECT_NE(std::string(e.what()).find((copy / "index.json").string()), std::string::npos)
+        << e.what();
+    return e.what();
+  }
+  return "no error";
+}
+
+// Found by the fuzzer (tests/fuzz/checkpoint_index_fuzz.cpp, within 3 minutes on the code
+// before): refusals that did not name the checkpoint, from deep inside reshard and export
+// ("--d-ff 0 must be at least 1"; "transformer.h.0.mlp.c_proj.weight: dimension 1 of size 8
+// does not split over 3 tensor-parallel ranks"). Now read_index checks both.
+TEST(IndexFromElsewhere, FuzzFoundRefusalsNameTheCheckpoint) {
+  const fs::path step = small_checkpoint("index_fuzz_found");
+  std::string m = index_refusal(step, [](nlohmann::json& j) { j["config"]["d_ff"] = 0; });
+  EXPECT_NE(m.find("config.d_ff must be an integer in [1, "), std::string::npos) << m;
+  m = index_refusal(step, [](nlohmann::json& j) {
+    for (nlohmann::json& p : j["pieces"])
+      if (p["tensor"] == "transformer.h.0.mlp.c_proj.weight") p["tp"] = {0, 3};
+  });
+  EXPECT_NE(m.find("a piece of 'transformer.h.0.mlp.c_proj.weight' is of tp rank 0 of 3: "
+                   "transformer.h.0.mlp.c_proj.weight: dimension 1 of size 8 does not split"),
+            std::string::npos)
+      << m;
+}
+
+// Found by reading (each checked with the fuzz harness on the code before): an index's
+// numbers were taken with nlohmann's get<int64_t>() / get<int>(): 1e19 is undefined
+// behaviour, 2^32 + 1 wrapped to 1.
+TEST(IndexFromElsewhere, NumbersOutOfRangeAreRefusedNotConverted) {
+  const fs::path step = small_checkpoint("index_numbers");
+  EXPECT_EQ(index_refusal(step, [](nlohmann::json&) {}), "no error");
+  std::string m = index_refusal(step, [](nlohmann::json& j) { j["step"] = 1e19; });
+  EXPECT_NE(m.find("step must be an integer in [0, "), std::string::npos) << m;
+  m = index_refusal(step, [](nlohmann::json& j) { j["layout"]["dp"] = (int64_t{1} << 32) + 1; });
+  EXPECT_NE(m.find("layout.dp must be an integer in [1, 2147483647]"), std::string::npos) << m;
+  m = index_refusal(step,
+                    [](nlohmann::json& j) { j["pieces"][0]["crc32c"][1] = int64_t{1} << 33; });
+  EXPECT_NE(m.find("a piece's CRC32C must be an integer in [0, 4294967295]"), std::string::npos)
+      << m;
+  m = index_refusal(step, [](nlohmann::json& j) { j["pieces"][0]["local"] = {4, 2}; });
+  EXPECT_NE(m.find("a piece's end element must be an integer in [5, "), std::string::npos) << m;
+}
+
+// Found by the checkpoint harness's seed model-larger-than-files (libFuzzer's malloc limit:
+// reshard and export allocated the model the index names, 10^6 blocks, before reading
+// anything) and by reading (a model of d_model 10^15 + 1 and 2 heads: GptConfig::validate
+// listed the valid head counts by a scan up to d_model, a hang; the fix is in
+// model/config.cpp).
+TEST(IndexFromElsewhere, AModelLargerThanItsShardFilesIsRefused) {
+  const fs::path step = small_checkpoint("index_model");
+  std::string m = index_refusal(step, [](nlohmann::json& j) { j["config"]["n_layer"] = 1000000; });
+  EXPECT_NE(m.find("its model has 1000000 blocks but it lists only 16 tensors"), std::string::npos)
+      << m;
+  m = index_refusal(step, [](nlohmann::json& j) { j["config"]["d_model"] = 1000000000000001; });
+  EXPECT_NE(m.find("needs more than the"), std::string::npos) << m;
+  // A listed tensor that is not the model's: before, tp_split "cols" on a 1-D tensor read
+  // past its shape (AddressSanitizer: heap-buffer-overflow in tp_shard_specs).
+  m = index_refusal(step, [](nlohmann::json& j) {
+    j["tensors"]["transformer.ln_f.weight"]["tp_split"] = "cols";
+  });
+  EXPECT_NE(m.find("tensor 'transformer.ln_f.weight' is listed as [4] (cols), but its model's is "
+                   "[4] (replicated)"),
+            std::string::npos)
+      << m;
+}
+
+// Found by reading: a piece's elements and offsets were checked only when read: `inspect`
+// (verify) allocated the elements a piece claims (2^40: 4 TiB) first, and read again the
+// bytes of pieces repeated (a small index could make it read terabytes).
+TEST(IndexFromElsewhere, PiecesOutsideTheirTensorOrFileAreRefused) {
+  const fs::path step = small_checkpoint("index_pieces");
+  std::string m = index_refusal(step, [](nlohmann::json& j) {
+    j["pieces"][0]["local"] = {0, int64_t{1} << 40};
+  });
+  EXPECT_NE(m.find("claims elements [0, 1099511627776) of a 256-element slice"), std::string::npos)
+      << m;
+  m = index_refusal(step, [](nlohmann::json& j) {
+    j["pieces"][1]["offsets"][2] = j["files"][0]["bytes"].get<int64_t>() - 4;
+  });
+  EXPECT_NE(m.find("adam_v of a piece of"), std::string::npos) << m;
+  m = index_refusal(step, [](nlohmann::json& j) { j["pieces"][0]["tp"] = {2, 2}; });
+  EXPECT_NE(m.find("a piece's tp rank must be an integer in [0, 1]"), std::string::npos) << m;
+  // The same data claimed twice: a file listed again (the model's size is bounded by the
+  // files' bytes), a piece's bytes claimed by another (inspect would read them again).
+  m = index_refusal(step, [](nlohmann::json& j) { j["files"].push_back(j["files"][0]); });
+  EXPECT_NE(m.find("it lists shard file 'rank-00000.safetensors' twice"), std::string::npos) << m;
+  m = index_refusal(step, [](nlohmann::json& j) { j["pieces"].push_back(j["pieces"][1]); });
+  EXPECT_NE(m.find("pieces of 'transformer.wpe.weight' and 'transformer.wpe.weight' overlap"),
+            std::string::npos)
+      << m;
+}
+
+// Found by reading: the files an index names were opened wherever they pointed.
+TEST(IndexFromElsewhere, ShardNamesOutsideTheCheckpointAreRefused) {
+  const fs::path step = small_checkpoint("index_names");
+  for (const char* name : {"../rank-00000.safetensors", "/etc/passwd", "..", ""}) {
+    const std::string m =
+        index_refusal(step, [&](nlohmann::json& j) { j["files"][0]["name"] = name; });
+    EXPECT_NE(m.find("not a file name in the checkpoint directory"), std::string::npos) << m;
+  }
+}
+
+// Found by reading: an index nested a million levels deep (2 MB) overflowed the stack when
+// read_index wrote it back as text (nlohmann's dump recurses).
+TEST(IndexFromElsewhere, DeepNestingIsRefusedNotAStackOverflow) {
+  const fs::path step = small_checkpoint("index_deep");
+  const int depth = 1'000'000;
+  std::string text;
+  {
+    std::ifstream in(step / "index.json");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  text.insert(text.find('{') + 1,
+              R"("x": )" + std::string(depth, '[') + std::string(depth, ']') + ", ");
+  std::ofstream(step / "index.json") << text;
+  try {
+    ckpt::read_index(step.string());
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nested more than 64 levels"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Found by reading (confirmed with the checkpoint harness: libFuzzer's timeout): a batch of
+// 2^61 - 1 (a prime) made reshard's suggestion of a --dp and its choice of a microbatch
+// count scan up to the batch.
+TEST(IndexFromElsewhere, APrimeBatchIsRefusedAtOnce) {
+  const fs::path step = small_checkpoint("index_prime");
+  edit_index(step, [](nlohmann::json& j) { j["trainer"]["batch"] = (int64_t{1} << 61) - 1; });
+  const ckpt::Index idx = ckpt::read_index(step.string());
+  TrainOptions o;
+  o.model = idx.config;
+  o.tp = 2;
+  o.dp = 2;
+  try {
+    ckpt::check_resumable(idx, o);
+    FAIL() << "dp 2 accepted for an odd batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("choose a --dp among 1, ..."), std::string::npos)
+        << e.what();
+  }
+  o.dp = 1;
+  o.pipeline.pp = 2;
+  try {
+    ckpt::check_resumable(idx, o);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2) << e.what();
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 
 #include "core/error.h"
 #include "test_util.h"
@@ -10,6 +11,27 @@
 
 namespace mt::train {
 namespace {
+
+// The message of the mt::Error (exit code 2) that `read` throws; "no error" if none.
+std::string refusal(const std::function<void()>& read) {
+  try {
+    read();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2) << e.what();
+    return e.what();
+  }
+  return "no error";
+}
+
+// A safetensors file of `header` (JSON text, as is) and `data`.
+std::string raw_safetensors(const std::string& path, const std::string& header,
+                            const std::string& data = "") {
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = header.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << data;
+  return path;
+}
 
 TEST(TokenFile, RoundTripAndLlmcBatchOrder) {
   auto dir = test::scratch_dir("tokens");
@@ -80,9 +102,17 @@ TEST(Safetensors, RoundTripAndDamage) {
 // n_head is not in the tensor shapes: the file's metadata says it, a hint only where the
 // file does not record it, and a hint that disagrees with the file is refused.
 TEST(HfConfig, NHeadFromTheFileAndAHintOnlyWhereItIsMissing) {
-  SafetensorsFile f;
-  f.arrays["transformer.wte.weight"] = {"transformer.wte.weight", {256, 64}, {}};
-  f.arrays["transformer.wpe.weight"] = {"transformer.wpe.weight", {32, 64}, {}};
+  model::GptConfig c;
+  c.n_layer = 1;
+  c.n_head = 4;
+  c.d_model = 64;
+  c.d_ff = 256;
+  c.vocab = 256;
+  c.seq_len = 32;
+  const std::string path = (test::scratch_dir("hfconfig") / "w.safetensors").string();
+  export_hf_safetensors(model::Gpt(c, 1), path);
+  SafetensorsFile f = read_safetensors(path);
+  f.metadata.erase("n_head");
   auto refusal = [&](std::optional<int64_t> hint) {
     try {
       config_from_hf(f, "w.safetensors", hint);
@@ -101,6 +131,136 @@ TEST(HfConfig, NHeadFromTheFileAndAHintOnlyWhereItIsMissing) {
   EXPECT_NE(m.find("--n-head 2 disagrees with n_head 4 recorded in weights file 'w.safetensors'"),
             std::string::npos)
       << m;
+}
+
+// Found by the fuzzer (tests/fuzz/safetensors_fuzz.cpp; its smallest crashing input, 8
+// bytes): a header length of 2^64 - 393 216 + ..., past the file's end, was cast to a negative
+// int64, passed the check and was allocated (std::length_error, not a refusal).
+TEST(Safetensors, FuzzFoundHeaderLengthPastTheFileIsRefused) {
+  const std::string path = (test::scratch_dir("st-fuzz") / "w.safetensors").string();
+  std::ofstream(path, std::ios::binary) << std::string("\x10\x00\x00\x06\x00\x00\xfa\xff", 8);
+  EXPECT_NE(refusal([&] { read_safetensors(path); }).find("bad header length"), std::string::npos);
+}
+
+// Found by reading (the fuzz harness then checked): numbers the header gives are integers in
+// range, else refused. Before: 1e19 converted to int64 (undefined behaviour), a shape whose
+// product overflows int64 (undefined), negative dimensions accepted.
+TEST(Safetensors, NumbersOutOfRangeAreRefusedNotConverted) {
+  const auto dir = test::scratch_dir("st-numbers");
+  auto refused = [&](const std::string& header, const std::string& data) {
+    const std::string path = raw_safetensors((dir / "w.safetensors").string(), header, data);
+    return refusal([&] { read_safetensors(path); });
+  };
+  std::string m =
+      refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,1e19]}})", std::string(4, '\0'));
+  EXPECT_NE(m.find("tensor 'a': data_offsets[1] must be an integer"), std::string::npos) << m;
+  m = refused(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})",
+              "");
+  EXPECT_NE(m.find("more elements than an int64 counts"), std::string::npos) << m;
+  m = refused(R"({"a":{"dtype":"F32","shape":[4611686018427387904,2],"data_offsets":[0,0]}})", "");
+  EXPECT_NE(m.find("more elements than an int64 counts"), std::string::npos) << m;
+  m = refused(R"({"a":{"dtype":"F32","shape":[-1,-4],"data_offsets":[0,16]}})",
+              std::string(16, '\0'));
+  EXPECT_NE(m.find("a dimension of its shape must be an integer in [0, "), std::string::npos) << m;
+  m = refused(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":[1]})",
+              std::string(8, '\0'));
+  EXPECT_NE(m.find("__metadata__ must be a JSON object"), std::string::npos) << m;
+}
+
+// Found by reading: tensors that share bytes made the reader decode the same bytes once per
+// tensor: a header of 10 000 entries over one 1 MB tensor would have allocated 40 GB.
+TEST(Safetensors, OverlappingTensorsAreRefused) {
+  const std::string path =
+      raw_safetensors((test::scratch_dir("st-overlap") / "w.safetensors").string(),
+                      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                      std::string(16, '\0'));
+  const std::string m = refusal([&] { read_safetensors(path); });
+  EXPECT_NE(m.find("tensors 'a' and 'b' overlap"), std::string::npos) << m;
+}
+
+// Found by reading: a header nested a million levels deep (a 2 MB file) overflowed the stack
+// when its metadata value was printed (nlohmann's dump recurses).
+TEST(Safetensors, DeepNestingIsRefusedNotAStackOverflow) {
+  const int depth = 1'000'000;
+  const std::string path = raw_safetensors(
+      (test::scratch_dir("st-deep") / "w.safetensors").string(),
+      R"({"__metadata__":{"k":)" + std::string(depth, '[') + std::string(depth, ']') + "}}");
+  const std::string m = refusal([&] { read_safetensors(path); });
+  EXPECT_NE(m.find("nested more than 64 levels"), std::string::npos) << m;
+}
+
+// An export of this model, as eval reads it (the hf_weights fuzz harness's path).
+SafetensorsFile small_hf_file(const std::string& name) {
+  model::GptConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 8;
+  c.d_ff = 16;
+  c.vocab = 11;
+  c.seq_len = 4;
+  const std::string path = (test::scratch_dir(name) / "w.safetensors").string();
+  export_hf_safetensors(model::Gpt(c, 1), path);
+  return read_safetensors(path);
+}
+
+// Found by the fuzzer (tests/fuzz/hf_weights_fuzz.cpp) on files of GPT-2 names whose tensors
+// or metadata do not make a model: each threw something else than a refusal naming the file.
+TEST(HfConfig, FuzzFoundFilesThatMakeNoModelAreRefusedNamingTheFile) {
+  const SafetensorsFile good = small_hf_file("hf-fuzz");
+  auto refused = [&](const SafetensorsFile& f) {
+    return refusal([&] { config_from_hf(f, "w.safetensors", std::nullopt); });
+  };
+  EXPECT_EQ(config_from_hf(good, "w.safetensors", std::nullopt).n_layer, 2);
+  // mlp.c_fc.weight one-dimensional: shape.at(1) threw std::out_of_range.
+  SafetensorsFile f = good;
+  f.arrays["transformer.h.0.mlp.c_fc.weight"].shape = {8};
+  std::string m = refused(f);
+  EXPECT_NE(m.find("weights file 'w.safetensors': tensor 'transformer.h.0.mlp.c_fc.weight' has "
+                   "shape [8]; GPT-2's has 2 dimensions"),
+            std::string::npos)
+      << m;
+  // n_head "0" in the metadata: "--n-head 0 must be at least 1", without the file.
+  f = good;
+  f.metadata["n_head"] = "0";
+  m = refused(f);
+  EXPECT_NE(m.find("weights file 'w.safetensors' records n_head '0'"), std::string::npos) << m;
+  // No block left (their names damaged): "--n-layer 0 must be at least 1", without the file.
+  f = good;
+  for (auto it = f.arrays.begin(); it != f.arrays.end();)
+    it = it->first.find(".h.") != std::string::npos ? f.arrays.erase(it) : std::next(it);
+  m = refused(f);
+  EXPECT_NE(m.find("weights file 'w.safetensors' describes no valid GPT model: --n-layer 0"),
+            std::string::npos)
+      << m;
+}
+
+// Found by reading: the metadata's n_head and the block numbers went through std::stoll
+// (std::invalid_argument / std::out_of_range, not refusals), and a name claiming block
+// 10^9 made a model of 10^9 blocks that the file does not hold (allocated before the
+// missing tensors were noticed). Now every tensor of the model is checked in the file
+// before the model is built.
+TEST(HfConfig, ClaimsTheFileDoesNotHoldAreRefused) {
+  const SafetensorsFile good = small_hf_file("hf-claims");
+  auto refused = [&](const SafetensorsFile& f) {
+    return refusal([&] { config_from_hf(f, "w.safetensors", std::nullopt); });
+  };
+  SafetensorsFile f = good;
+  f.metadata["n_head"] = "two";
+  EXPECT_NE(refused(f).find("records n_head 'two' in its metadata: not a positive integer"),
+            std::string::npos);
+  f = good;
+  f.arrays["transformer.h.99999999999999999999.ln_1.weight"] = {"", {8}, {}};
+  EXPECT_NE(refused(f).find("names block 99999999999999999999, but the file holds"),
+            std::string::npos);
+  f = good;
+  f.arrays["transformer.h.5.ln_1.weight"] = {"", {8}, {}};
+  EXPECT_NE(refused(f).find("has tensors of block 5 but not of all the blocks before it"),
+            std::string::npos);
+  f = good;
+  f.arrays.erase("transformer.h.1.attn.c_proj.weight");
+  EXPECT_NE(refused(f).find("has no tensor 'transformer.h.1.attn.c_proj.weight'"),
+            std::string::npos);
 }
 
 }  // namespace
