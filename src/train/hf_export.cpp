@@ -86,8 +86,12 @@ int64_t n_head_of(const SafetensorsFile& f, const std::string& path, std::option
   return recorded;
 }
 
+// A folder export: a path without the .safetensors suffix that is not an existing file (an
+// existing file, /dev/null included, is written in place as before).
 bool is_folder_path(const std::string& path) {
-  return path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0;
+  if (path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) return false;
+  std::error_code ec;
+  return !fs::exists(path, ec) || fs::is_directory(path, ec);
 }
 
 // A config.json field, refused by name when missing or of another type (files from

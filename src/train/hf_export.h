@@ -2,9 +2,9 @@
 // (GPT2LMHeadModel: Conv1D weights [in, out], ours are [out, in]) or Llama's
 // (LlamaForCausalLM: our fused q|k|v and gate|up split into q_proj, k_proj, v_proj and
 // gate_proj, up_proj), the vocabulary padding stripped, the shape in metadata. An export path
-// that does not end in .safetensors is a folder: model.safetensors and a config.json that
-// Hugging Face reads go into it (a file path gets the weights alone, so that no config.json
-// beside it is overwritten).
+// that does not end in .safetensors and is not an existing file is a folder:
+// model.safetensors and a config.json that Hugging Face reads go into it (a file path gets
+// the weights alone, so that no config.json beside it is overwritten).
 #pragma once
 
 #include <optional>
