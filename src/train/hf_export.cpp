@@ -42,6 +42,9 @@ std::vector<HfPart> hf_parts(const model::ParamSpec& s, const model::GptConfig& 
   if (rest == "ln_2.weight") return {{h + "post_attention_layernorm.weight", 0, rows}};
   if (rest == "attn.c_proj.weight") return {{h + "self_attn.o_proj.weight", 0, rows}};
   if (rest == "mlp.c_proj.weight") return {{h + "mlp.down_proj.weight", 0, rows}};
+  // With biases (config.json's attention_bias and mlp_bias, both from our one switch).
+  if (rest == "attn.c_proj.bias") return {{h + "self_attn.o_proj.bias", 0, rows}};
+  if (rest == "mlp.c_proj.bias") return {{h + "mlp.down_proj.bias", 0, rows}};
   for (const char* kind : {"weight", "bias"}) {
     const std::string k = kind;
     if (rest == "attn.c_attn." + k)
