@@ -1,7 +1,5 @@
 #include "kernels/peak.h"
 
-#include "kernels/dispatch.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
@@ -24,14 +23,43 @@ namespace {
 std::mutex g_mutex;
 std::map<std::pair<DType, int>, double> g_known;  // this process's values
 
+}  // namespace
+
+// A home directory outlives the machine under it (a VM moved to another host, a shared
+// $HOME): a peak measured on another CPU would make MFU wrong by the ratio of the two, so a
+// cache recorded for another CPU is ignored.
+std::string cpu_identity() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, id;
+  uint64_t flags_hash = 1469598103934665603ull;  // FNV-1a: stable across builds
+  while (std::getline(in, line)) {
+    if (line.empty()) break;  // the first processor's block is enough
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    const std::string value = line.substr(std::min(line.size(), colon + 2));
+    if (key == "model name" || key == "cpu family" || key == "model" || key == "stepping")
+      id += (id.empty() ? "" : " / ") + value;
+    if (key == "flags")
+      for (unsigned char c : value) flags_hash = (flags_hash ^ c) * 1099511628211ull;
+  }
+  return fmt::format("{} / flags {:016x} / {} cpus", id, flags_hash,
+                     ::sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+namespace {
+
 nlohmann::json read_cache() {
   std::ifstream in(peak_cache_path());
-  if (!in) return nlohmann::json::object();
+  const auto fresh = [] { return nlohmann::json{{"cpu", cpu_identity()}}; };
+  if (!in) return fresh();
   try {
     auto j = nlohmann::json::parse(in);
-    return j.is_object() ? j : nlohmann::json::object();
+    if (!j.is_object() || !j.contains("cpu") || j["cpu"] != cpu_identity()) return fresh();
+    return j;
   } catch (const std::exception&) {
-    return nlohmann::json::object();  // a damaged cache is re-measured, not fatal
+    return fresh();  // a damaged cache is re-measured, not fatal
   }
 }
 

@@ -1,6 +1,7 @@
 // The GEMM peak of this host, the denominator of MFU: the best f32 / bf16 GEMM rate
 // measured at a thread count, cached in $XDG_CACHE_HOME/meshtrain/peak.json (or
-// ~/.cache/meshtrain/peak.json) so that it is measured once per host and thread count.
+// ~/.cache/meshtrain/peak.json) so that it is measured once per CPU and thread count (a
+// cache recorded on another CPU, as when $HOME outlives the machine under it, is ignored).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,10 @@ double store_peak_flops(DType dtype, int threads, double flops);
 // The calling thread's GPU's GEMM peak (M = N = K = 8192, median of timed runs), measured
 // once per process, GPU and dtype: the MFU denominator with --device cuda.
 double gpu_peak_flops(DType dtype);
+
+// The CPU a cached peak belongs to (model, family, model number, stepping, a hash of the
+// feature flags, the CPU count), recorded in the cache file as "cpu".
+std::string cpu_identity();
 
 // Where the cache lives.
 std::string peak_cache_path();

@@ -42,8 +42,23 @@ TEST_F(PeakCache, AStoredPeakIsNeverLowered) {
 
 TEST_F(PeakCache, ReadsAValueAnotherProcessCached) {
   std::filesystem::create_directories(dir_ / "meshtrain");
-  std::ofstream(dir_ / "meshtrain" / "peak.json") << R"({"f32": {"93": 2.5e11}})";
+  std::ofstream(dir_ / "meshtrain" / "peak.json")
+      << R"({"cpu": ")" << cpu_identity() << R"(", "f32": {"93": 2.5e11}})";
   EXPECT_EQ(peak_flops(DType::kF32, 93), 2.5e11);
+}
+
+// A cache written on another CPU (the same $HOME on a faster or slower host) would put the
+// wrong denominator under MFU: its values are dropped, so a lower measurement here is kept
+// rather than raised to the other CPU's peak.
+TEST_F(PeakCache, IgnoresACacheMeasuredOnAnotherCpu) {
+  std::filesystem::create_directories(dir_ / "meshtrain");
+  std::ofstream(dir_ / "meshtrain" / "peak.json")
+      << R"({"cpu": "Some Other CPU / 6 / 143 / 8", "f32": {"91": 2.5e11}})";
+  EXPECT_EQ(store_peak_flops(DType::kF32, 91, 1e11), 1e11);
+  std::ifstream in(peak_cache_path());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(cpu_identity()), std::string::npos) << text;
+  EXPECT_EQ(text.find("Some Other CPU"), std::string::npos) << text;
 }
 
 TEST(Peak, TimedGemmIsPositive) {
