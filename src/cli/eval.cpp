@@ -24,8 +24,9 @@ void register_eval(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("eval", "mean loss of safetensors GPT-2 or Llama weights on a token file");
   cmd->add_option("--weights", f->weights,
-                  "safetensors file in Hugging Face GPT-2 names, or an export folder "
-                  "(model.safetensors and config.json; Llama weights need the folder)")
+                  "safetensors file in Hugging Face GPT-2 names, or a model folder "
+                  "(config.json and model.safetensors, or the hub's shards with "
+                  "model.safetensors.index.json; Llama weights need the folder)")
       ->required();
   cmd->add_option("--data", f->data, "tokens: an llm.c file, or a Megatron-LM PREFIX (.idx + .bin)")
       ->required();

@@ -77,7 +77,8 @@ void register_train(CLI::App& app) {
                   "folder (model.safetensors + config.json)");
   cmd->add_option("--init-from", f->init_from,
                   "start from Hugging Face weights (a .safetensors file, or a folder with "
-                  "config.json): fine-tuning, any layout; without --model, the file's model");
+                  "config.json and model.safetensors or the hub's shards): fine-tuning, any "
+                  "layout; without --model, the file's model");
   cmd->add_option("--peak-gflops", f->peak_gflops, "GEMM peak for MFU (default: measured, cached)");
   cmd->add_flag("--profile", f->profile, "print where the time went, by kernel");
   cmd->add_option("--checkpoint-dir", f->checkpoint_dir,

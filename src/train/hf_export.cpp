@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "train/safetensors_shards.h"
 
 namespace mt::train {
 
@@ -288,8 +289,17 @@ HfWeights read_hf_weights(const std::string& file_or_folder) {
   HfWeights w;
   std::error_code ec;
   if (fs::is_directory(file_or_folder, ec)) {
-    w.path = (fs::path(file_or_folder) / "model.safetensors").string();
-    const std::string cfg = (fs::path(file_or_folder) / "config.json").string();
+    const fs::path folder(file_or_folder);
+    w.path = (folder / "model.safetensors").string();
+    // The hub splits a model past a few GB over shards named by an index.
+    if (!fs::exists(w.path, ec) && fs::exists(folder / kSafetensorsIndexName, ec))
+      w.path = (folder / kSafetensorsIndexName).string();
+    else if (!fs::exists(w.path, ec))
+      fail(
+          "weights folder '{}' holds neither model.safetensors nor {} (a Hugging Face model "
+          "folder, as `meshtrain train --export FOLDER` writes, has one of them)",
+          file_or_folder, kSafetensorsIndexName);
+    const std::string cfg = (folder / "config.json").string();
     if (fs::exists(cfg, ec)) w.config_path = cfg;
   } else {
     w.path = file_or_folder;
@@ -297,7 +307,11 @@ HfWeights read_hf_weights(const std::string& file_or_folder) {
     // Beside a file, a config.json counts only for Llama weights (checked below).
     if (fs::exists(cfg, ec)) w.config_path = cfg.string();
   }
-  w.file = read_safetensors(w.path);
+  const std::string index_suffix = ".index.json";
+  const bool sharded =
+      w.path.size() > index_suffix.size() &&
+      w.path.compare(w.path.size() - index_suffix.size(), index_suffix.size(), index_suffix) == 0;
+  w.file = sharded ? read_safetensors_shards(w.path) : read_safetensors(w.path);
   return w;
 }
 
