@@ -75,7 +75,13 @@ SafetensorsFile read_safetensors_shards(const std::string& index_path) {
   const fs::path folder = fs::path(index_path).parent_path();
   SafetensorsFile all;
   for (const auto& [shard, expected] : tensors_in) {
-    SafetensorsFile f = read_safetensors((folder / shard).string());
+    SafetensorsFile f;
+    try {
+      f = read_safetensors((folder / shard).string());
+    } catch (const Error& e) {
+      if (e.code() != ExitCode::kBadInput) throw;
+      fail("weights index '{}': shard '{}': {}", index_path, shard, e.what());
+    }
     int found = 0;
     for (auto& [name, array] : f.arrays) {
       auto it = shard_of.find(name);

@@ -154,8 +154,45 @@ def seeds_checkpoint_index(index_path):
     put("checkpoint_index", "model-larger-than-files", compact(bad))
 
 
+# ---- safetensors_shards -------------------------------------------------------------------
+
+def shards_input(index, first, second):
+    """The harness's input: uint16 index length, uint16 first-shard length, then the three."""
+    if isinstance(index, str):
+        index = index.encode()
+    return struct.pack("<HH", len(index), len(first)) + index + first + second
+
+
+def seeds_safetensors_shards():
+    a = safetensors([("model.embed_tokens.weight", "F32", [2, 2], f32(1, 2, 3, 4))])
+    b = safetensors([("model.norm.weight", "BF16", [2], b"\x80\x3f\x00\x40"),
+                     ("lm_head.weight", "F16", [1, 2], b"\x00\x3c\x00\x40")])
+    one, two = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    good = {"metadata": {"total_size": 28},
+            "weight_map": {"model.embed_tokens.weight": one, "model.norm.weight": two,
+                           "lm_head.weight": two}}
+    put("safetensors_shards", "two-shards", shards_input(compact(good), a, b))
+    only = {"weight_map": {"model.embed_tokens.weight": one}}
+    put("safetensors_shards", "one-shard", shards_input(compact(only), a, b""))
+    for name, target in [("path-escape", "../" + one), ("absolute", "/etc/hostname"),
+                         ("not-safetensors", "model.bin"), ("empty-name", "")]:
+        bad = json.loads(compact(good))
+        bad["weight_map"]["model.embed_tokens.weight"] = target
+        put("safetensors_shards", name, shards_input(compact(bad), a, b))
+    wrong = json.loads(compact(good))
+    wrong["weight_map"]["model.norm.weight"] = one
+    put("safetensors_shards", "tensor-in-other-shard", shards_input(compact(wrong), a, b))
+    missing = json.loads(compact(good))
+    missing["weight_map"]["model.layers.0.mlp.up_proj.weight"] = two
+    put("safetensors_shards", "mapped-tensor-missing", shards_input(compact(missing), a, b))
+    put("safetensors_shards", "truncated-shard", shards_input(compact(good), a, b[:-3]))
+    put("safetensors_shards", "not-json", shards_input('{"weight_map": {', a, b))
+    put("safetensors_shards", "no-weight-map", shards_input("{}", a, b))
+
+
 def main():
     seeds_safetensors()
+    seeds_safetensors_shards()
     seeds_hf_weights()
     seeds_token_file()
     seeds_config_file()
