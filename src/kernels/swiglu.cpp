@@ -1,5 +1,6 @@
 // SwiGLU's gate (Llama's MLP: down(silu(gate(x)) · up(x))): h holds each row's gate | up
-// halves, f wide each; y = silu(gate) · up. The CPU only (see rmsnorm.cpp).
+// halves, f wide each; y = silu(gate) · up. The CUDA twin: kernels/cuda/llama.cu.
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"
 
@@ -13,6 +14,7 @@ inline float sigmoid(float g) { return 1.0f / (1.0f + detail::fast_exp(-g)); }
 }  // namespace
 
 void swiglu_forward(float* y, const float* h, int64_t n, int64_t f) {
+  MT_CUDA_DISPATCH(swiglu_forward(y, h, n, f));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* gate = h + i * 2 * f;
@@ -24,6 +26,7 @@ void swiglu_forward(float* y, const float* h, int64_t n, int64_t f) {
 }
 
 void swiglu_backward(float* dh, const float* h, const float* dy, int64_t n, int64_t f) {
+  MT_CUDA_DISPATCH(swiglu_backward(dh, h, dy, n, f));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* gate = h + i * 2 * f;

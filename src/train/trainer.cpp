@@ -179,12 +179,6 @@ void TrainOptions::validate() const {
     if (!why.empty()) fail("--attention fused: {} (use --attention naive)", why);
   }
   if (device == "cuda") {
-    if (model.llama_family() || model.norm == model::NormKind::kRmsNorm ||
-        model.mlp == model::MlpKind::kSwiGlu || model.kv_heads() != model.n_head)
-      fail(
-          "--device cuda: model {} uses RMSNorm, rotary positions, SwiGLU or grouped-query "
-          "attention, which have CPU kernels only so far (use --device cpu)",
-          model.name);
     if (!device::cuda_built())
       fail(
           "--device cuda: this meshtrain was built without CUDA (configure with "
