@@ -95,16 +95,39 @@ Layout layout_of(const json& r, int v) {
   return l;
 }
 
+// "lighter_ends": k — the first and the last pipeline chunk hold k layers fewer than the
+// others, all others equal (Llama 3 405B: "we reduce one Transformer layer each from the first
+// and the last stages"). Empty where no such split exists for this v.
+std::vector<int> lighter_ends_split(const json& r, int64_t n_layer, const Layout& l) {
+  const int k = r.at("lighter_ends").get<int>();
+  const int64_t chunks = int64_t(l.pp) * l.virtual_stages;
+  const int64_t slots = n_layer + 2 * k;
+  if (slots % chunks != 0 || slots / chunks <= k) return {};
+  std::vector<int> split(size_t(chunks), int(slots / chunks));
+  split.front() -= k;
+  split.back() -= k;
+  return split;
+}
+
 // The row's estimate: its v, or the best v the planner finds where the source gives none
 // (every v up to 16 that the software can split the layers into).
 Estimate estimate_row(const json& r, bool cudnn_attention) {
   const Job j = job_of(r, cudnn_attention);
-  if (!r.at("v").is_null()) return estimate(j, layout_of(r, r.at("v").get<int>()));
+  const bool ends = r.contains("lighter_ends");
+  if (!r.at("v").is_null()) {
+    Layout l = layout_of(r, r.at("v").get<int>());
+    if (ends) l.pp_layers = lighter_ends_split(r, j.model.n_layer, l);
+    return estimate(j, l);
+  }
   std::optional<Estimate> best;
   for (int v = 1; v <= 16; ++v) {
-    const Layout l = layout_of(r, v);
+    Layout l = layout_of(r, v);
     if (int64_t(l.pp) * v > j.model.n_layer) break;
     if (l.even_layers && j.model.n_layer % (int64_t(l.pp) * v) != 0) continue;
+    if (ends) {
+      l.pp_layers = lighter_ends_split(r, j.model.n_layer, l);
+      if (l.pp_layers.empty()) continue;
+    }
     if (invalid_reason(j, l)) continue;
     Estimate e = estimate(j, l);
     if (!best || e.step_time_s < best->step_time_s) best = std::move(e);
