@@ -138,12 +138,12 @@ TEST(PlanExplain, PlanExplainPrintsTheBestLayoutsList) {
   // sum to the best layout's step.
   const std::string args =
       "plan --model megatron-1.7b --cluster dgx-a100 --gpus 8 --batch 64 --top 2 --explain";
-  const auto text = test::run_meshtrain(args);
+  const auto text = mt::test::run_meshtrain(args);
   ASSERT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find("why the best layout takes"), std::string::npos) << text.output;
   EXPECT_NE(text.output.find("GEMM: MLP in"), std::string::npos);
-  const auto r =
-      test::run_command("sh -c '" + std::string(MT_BINARY) + " " + args + " --json 2>/dev/null'");
+  const auto r = mt::test::run_command("sh -c '" + std::string(MT_BINARY) + " " + args +
+                                       " --json 2>/dev/null'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto js = nlohmann::json::parse(r.output);
   double total = 0;
