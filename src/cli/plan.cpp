@@ -12,6 +12,7 @@
 #include "cli/plan_flags.h"
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
+#include "plan/explain.h"
 
 namespace mt::cli {
 
@@ -532,7 +533,7 @@ nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
 }
 
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
-              bool megatron_2021) {
+              bool megatron_2021, bool explain) {
   f.check(megatron_2021);
   plan::Job j = f.job();
   f.check_pins(j, /*search=*/true);
@@ -579,7 +580,26 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
     std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s --data FILE\n",
                  emit->c_str(), emit->c_str());
   }
-  if (f.json) std::printf("%s\n", plan_json(j, s, "").dump(2).c_str());
+  // --explain: the best layout's step as a stacked list (plan/explain.h).
+  std::vector<plan::StepItem> items;
+  if (explain) {
+    const plan::Estimate& best = s.top.front();
+    items = plan::explain(j, best);
+    std::fprintf(human, "%s",
+                 fmt::format("why the best layout takes {:.4f} s (busiest pipeline rank {}):\n{}",
+                             best.step_time_s, best.busiest_rank,
+                             plan::explain_text(items, best.step_time_s))
+                     .c_str());
+  }
+  if (f.json) {
+    nlohmann::json out = plan_json(j, s, "");
+    if (explain) {
+      out["explain"] = nlohmann::json::array();
+      for (const plan::StepItem& it : items)
+        out["explain"].push_back({{"name", it.name}, {"seconds", it.seconds}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+  }
 }
 
 }  // namespace
@@ -589,6 +609,7 @@ void register_plan(CLI::App& app) {
   auto top = std::make_shared<int>(10);
   auto emit = std::make_shared<std::optional<std::string>>();
   auto megatron_2021 = std::make_shared<bool>(false);
+  auto explain = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand(
       "plan", "search the layouts of a model on a cluster: step time, MFU, memory per GPU");
   f->add_to(*cmd);
@@ -599,9 +620,13 @@ void register_plan(CLI::App& app) {
                 "recomputation, pp divides n_layer, "
                 "interleaving with pp > 2, gradients reduced after the flush when pp > 1, "
                 "backward's TP all-reduces not overlapped)");
-  cmd->callback([f, top, emit, megatron_2021] {
+  cmd->add_flag("--explain", *explain,
+                "after the table, the best layout's step as a stacked list: GEMMs by kind, "
+                "attention, memory-bound kernels, each exposed communication, bubble, "
+                "optimizer (JSON: \"explain\")");
+  cmd->callback([f, top, emit, megatron_2021, explain] {
     if (*top < 1) fail("--top {} must be at least 1", *top);
-    run_plan(*f, *top, *emit, *megatron_2021);
+    run_plan(*f, *top, *emit, *megatron_2021, *explain);
   });
 }
 

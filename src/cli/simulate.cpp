@@ -12,6 +12,7 @@
 #include "cli/plan_flags.h"
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
+#include "plan/explain.h"
 
 namespace mt::cli {
 
@@ -109,7 +110,8 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
+void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021,
+                  bool explain) {
   f.check(megatron_2021);
   const plan::Job j = f.job();
   f.check_pins(j, /*search=*/false);
@@ -162,6 +164,14 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
       e.dp_exposed_s <= 0 ? "all" : (e.dp_exposed_s < e.dp_comm_s ? "partly" : "not"),
       e.tokens_per_s, e.tflops_per_gpu, e.hw_tflops_per_gpu, 100 * e.mfu);
   std::fprintf(human, "%s", text.c_str());
+  std::vector<plan::StepItem> items;
+  if (explain) {
+    items = plan::explain(j, e);
+    std::fprintf(human, "%s",
+                 fmt::format("the step as a stacked list (busiest pipeline rank {}):\n{}",
+                             e.busiest_rank, plan::explain_text(items, e.step_time_s))
+                     .c_str());
+  }
   if (trace) {
     std::ofstream out(*trace);
     if (!out) fail("--trace: cannot write '{}'", *trace);
@@ -170,6 +180,11 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
   }
   if (f.json) {
     nlohmann::json out = {{"job", job_json(j)}, {"layouts", {estimate_json(j, e)}}};
+    if (explain) {
+      out["explain"] = nlohmann::json::array();
+      for (const plan::StepItem& it : items)
+        out["explain"].push_back({{"name", it.name}, {"seconds", it.seconds}});
+    }
     std::printf("%s\n", out.dump(2).c_str());
   }
 }
@@ -187,7 +202,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_flag("--megatron-2021", *megatron_2021,
                 "as Megatron-LM ran in 2021 (Narayanan et al.): no comm overlap of the DP "
                 "reduction when pipelining nor of backward's TP all-reduces; layers split evenly");
-  cmd->callback([f, trace, megatron_2021] { run_simulate(*f, *trace, *megatron_2021); });
+  auto explain = std::make_shared<bool>(false);
+  cmd->add_flag("--explain", *explain,
+                "the step as a stacked list: GEMMs by kind, attention, memory-bound kernels, "
+                "each exposed communication, bubble, optimizer (JSON: \"explain\")");
+  cmd->callback(
+      [f, trace, megatron_2021, explain] { run_simulate(*f, *trace, *megatron_2021, *explain); });
 }
 
 }  // namespace mt::cli
