@@ -79,9 +79,11 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "auto (default: llm.c by its header, Megatron-LM by its .idx), llmc, nanogpt "
                  "(headerless uint16, nanoGPT's prepare.py) or megatron: every file of --data "
                  "and --val-data");
-  cmd.add_flag("--shuffle,!--no-shuffle", shuffle,
-               "read the training samples in a seeded permutation per epoch, the same in every "
-               "layout (default), or in file order");
+  cmd.add_flag("--shuffle", shuffle,
+               "read the training samples in a seeded permutation per epoch (by --seed), the "
+               "same in every layout (the default)");
+  cmd.add_flag("--no-shuffle", no_shuffle,
+               "read the training samples in file order (llm.c's batches)");
   cmd.add_option("--eval-every", eval_every, "validation loss every N steps (and at the end)");
   cmd.add_option("--eval-batches", eval_batches,
                  fmt::format("microbatches per validation (default {})", d.eval_batches));
@@ -164,7 +166,10 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "data", o.data, data);
     take_config(j, "val_data", o.val_data, val_data);
     take_config(j, "data_format", o.data_format, data_format);
-    take_config(j, "shuffle", o.shuffle, shuffle);
+    if (shuffle && no_shuffle) fail("--shuffle and --no-shuffle contradict each other");
+    if (j.contains("shuffle")) o.shuffle = config_value<bool>(j, "shuffle");
+    if (shuffle) o.shuffle = true;
+    if (no_shuffle) o.shuffle = false;
     take_config(j, "eval_every", o.eval_every, eval_every);
     take_config(j, "eval_batches", o.eval_batches, eval_batches);
     take_config(j, "threads", o.threads, threads);

@@ -18,7 +18,7 @@ struct TrainFlags {
   std::optional<int64_t> batch, microbatch, steps, seed, threads, warmup, eval_every, eval_batches;
   std::optional<float> lr, min_lr_ratio, weight_decay, grad_clip;
   std::optional<std::string> data, val_data, data_format;
-  std::optional<bool> shuffle;  // --shuffle / --no-shuffle
+  bool shuffle = false, no_shuffle = false;  // --shuffle / --no-shuffle (default: the config's)
   std::optional<double> bucket_mb, comm_timeout;
   std::optional<int> dp, zero, tp;
   std::optional<std::string> backend, mesh_order, recompute;

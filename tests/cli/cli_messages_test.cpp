@@ -27,11 +27,13 @@ class CliMessages : public ::testing::Test {
   static fs::path* dir_;
   static std::string* data_;
   static std::string path(const std::string& name) { return (*dir_ / name).string(); }
-  // A small run of `tiny` on `data` (default: the demo text), 2 layers unless `layers`.
-  static std::string run(const std::string& extra, const std::string& data = "", int layers = 2) {
+  // A small run of `tiny` on `data` (default: the demo text), 2 layers unless `layers`, 1
+  // thread unless `threads` ("": not given).
+  static std::string run(const std::string& extra, const std::string& data = "", int layers = 2,
+                         const std::string& threads = "1") {
     return "train --model tiny --n-layer " + std::to_string(layers) +
-           " --seq 32 --batch 4 --threads 1 --peak-gflops 100 --data " +
-           (data.empty() ? *data_ : data) + " " + extra;
+           " --seq 32 --batch 4 --peak-gflops 100 --data " + (data.empty() ? *data_ : data) +
+           (threads.empty() ? "" : " --threads " + threads) + " " + extra;
   }
   static test::RunResult expect_refused(const std::string& args, const std::string& says) {
     const test::RunResult r = test::run_meshtrain(args);
@@ -110,10 +112,11 @@ TEST_F(CliMessages, FlagsThatWouldDoLessThanAskedAreRefused) {
                  "--schedule interleaved needs --virtual-stages 2 or more");
   expect_refused(run("--steps 2 --warmup 1000"),
                  "--warmup 1000 is longer than --steps 2: the learning rate would never reach");
-  expect_refused(run("--steps 2 --threads 0"), "--threads 0: a rank needs at least 1 thread");
+  expect_refused(run("--steps 2", "", 2, "0"), "--threads 0: a rank needs at least 1 thread");
   const std::string cfg = path("threads0.json");
   std::ofstream(cfg) << R"({"threads": 0})";
-  expect_refused(run("--steps 2 --config " + cfg), "--threads 0");
+  expect_refused(run("--steps 2 --config " + cfg, "", 2, ""), "--threads 0");
+  expect_refused(run("--steps 2 --shuffle --no-shuffle"), "contradict each other");
   // What is allowed stays so: warmup equal to the steps, interleaving with 2 chunks.
   expect_ok(run("--steps 2 --warmup 2"));
   expect_ok(

@@ -68,7 +68,7 @@ TEST(ShuffleEquiv, EveryLayoutReadsTheSameSamplesAsTheSingleRank) {
   for (const auto& [g, s] : ref.samples) moved += *s.begin() != g;
   EXPECT_GT(moved, kSteps * one.batch / 2);
 
-  for (const test::Layout3d l :
+  for (const test::Layout3d& l :
        {test::Layout3d{.dp = 2}, test::Layout3d{.tp = 2}, test::Layout3d{.pp = 2},
         test::Layout3d{.dp = 2, .tp = 2, .pp = 2}}) {
     SCOPED_TRACE(test::name_of(l));
