@@ -361,27 +361,34 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
 }
 
 std::string estimate_table(const std::vector<plan::Estimate>& rows) {
+  // The memory unit of the largest total, so that a tiny model's columns are not all 0.00;
+  // TFLOP/s with 3 significant digits (a CPU rank's 0.0231).
+  double largest = 0;
+  for (const auto& e : rows) largest = std::max(largest, e.memory.total());
+  const auto [unit, scale] = largest >= 1e9   ? std::pair{"GB", 1e9}
+                             : largest >= 1e6 ? std::pair{"MB", 1e6}
+                                              : std::pair{"kB", 1e3};
   std::string out = fmt::format(
       "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} {:>6} "
-      "{:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} (GB per GPU; total = params + "
+      "{:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} ({} per GPU; total = params + "
       "grads + optim + max(activ + comm, f32grad), f32grad: the optimizer step's fp32 "
       "gradients)\n",
       "#", "dp", "tp", "pp", "cp", "v", "mb", "zero", "recompute", "sp", "step_s", "tokens/s",
       "TFLOPs", "MFU", "bubble", "sched", "params", "grads", "optim", "activ", "comm", "f32grad",
-      "total");
+      "total", unit);
   int i = 0;
   for (const auto& e : rows) {
     const auto& l = e.layout;
     const auto& m = e.memory;
     out += fmt::format(
-        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.1f} "
+        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.3g} "
         "{:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>7.2f} "
         "{:>6.2f}\n",
         ++i, l.dp, l.tp, l.pp, l.cp, l.virtual_stages, l.microbatch, l.zero,
         plan::recompute_name(l.recompute), l.sp ? "on" : "off", e.step_time_s, e.tokens_per_s,
-        e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / 1e9,
-        m.gradients / 1e9, m.optimizer / 1e9, m.activations / 1e9, m.communication / 1e9,
-        m.step_gradients_f32 / 1e9, m.total() / 1e9);
+        e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / scale,
+        m.gradients / scale, m.optimizer / scale, m.activations / scale, m.communication / scale,
+        m.step_gradients_f32 / scale, m.total() / scale);
   }
   return out;
 }

@@ -119,7 +119,6 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
   const auto& m = e.memory;
-  const double gb = 1e9;
   std::string text =
       fmt::format("simulate: {} ({} parameters) on {} x {} ({}), batch {} x seq {}, {}\n",
                   j.model.name, params_text(j.model.total_params()), j.gpus, j.cluster.gpu.name,
@@ -142,14 +141,19 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
         l.pp_layers.empty()
             ? (l.even_layers ? " (even split)" : " (balanced by cost, as train splits them)")
             : " (--pp-layers)");
+  // In units that suit the numbers (a tiny model's are kB and MB, not 0.000 GB).
+  const auto b = [](double bytes) {
+    const auto [unit, scale] = bytes >= 1e9   ? std::pair{"GB", 1e9}
+                               : bytes >= 1e6 ? std::pair{"MB", 1e6}
+                                              : std::pair{"kB", 1e3};
+    return fmt::format("{:.4g} {}", bytes / scale, unit);
+  };
   text += fmt::format(
       "memory per GPU (worst: pp rank {}, {} microbatch-chunks in flight):\n"
-      "  parameters {:.3f} GB, gradients {:.3f} GB, optimizer {:.3f} GB, activations {:.3f} "
-      "GB, communication {:.3f} GB; at the optimizer step (activations freed) fp32 gradients "
-      "{:.3f} GB: peak {:.3f} GB of {:.1f} GB{}\n",
-      e.worst_stage, e.in_flight, m.parameters / gb, m.gradients / gb, m.optimizer / gb,
-      m.activations / gb, m.communication / gb, m.step_gradients_f32 / gb, m.total() / gb,
-      plan::memory_per_rank(j) / gb,
+      "  parameters {}, gradients {}, optimizer {}, activations {}, communication {}; at the "
+      "optimizer step (activations freed) fp32 gradients {}: peak {} of {}{}\n",
+      e.worst_stage, e.in_flight, b(m.parameters), b(m.gradients), b(m.optimizer), b(m.activations),
+      b(m.communication), b(m.step_gradients_f32), b(m.total()), b(plan::memory_per_rank(j)),
       m.total() > plan::memory_per_rank(j) ? "  (DOES NOT FIT)" : "");
   text += fmt::format(
       "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + tied embedding sync "
@@ -157,7 +161,7 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
       "  busiest rank (pp rank {}): forward {:.4g} s, backward (+recompute) {:.4g} s, of which tp "
       "comm {:.4g} s, cp comm {:.4g} s; gradient accumulation adds {:.4g} s; p2p {:.4g} s; dp "
       "comm {:.4g} s ({} hidden)\n"
-      "  {:.4g} tokens/s, {:.1f} model TFLOP/s per GPU, {:.1f} with recomputation, MFU {:.1f}%\n",
+      "  {:.4g} tokens/s, {:.3g} model TFLOP/s per GPU, {:.3g} with recomputation, MFU {:.1f}%\n",
       e.step_time_s, e.pipeline_s, 100 * e.bubble_fraction, e.embedding_sync_s, e.dp_exposed_s,
       e.optimizer_s, e.busiest_rank, e.forward_s, e.backward_s, e.tp_comm_s, e.cp_comm_s,
       e.grad_accum_s, e.pp_comm_s, e.dp_comm_s,

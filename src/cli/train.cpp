@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "cli/commands.h"
+#include "cli/memory_check.h"
 #include "cli/train_flags.h"
 #include "core/error.h"
 #include "train/init_from.h"
@@ -28,6 +29,7 @@ train::TrainOptions to_options(const TrainCommandFlags& f) {
   const nlohmann::json j = f.run.config_json(train_command_config_keys());
   train::TrainOptions o;
   f.run.apply_to(o, j);
+  infer_dp_under_mpirun(o, f.run.dp.has_value() || j.contains("dp"));
   try {
     take_config(j, "metrics", o.metrics, f.metrics);
     take_config(j, "export", o.export_path, f.export_path);
@@ -93,6 +95,8 @@ void register_train(CLI::App& app) {
     const train::TrainOptions o = to_options(*f);
     // Any local job under mpirun, even of one rank: every process writes the same files.
     if (o.backend == "local") train::refuse_local_backend_under_mpirun();
+    o.validate();
+    check_memory_fits(o);  // before anything is allocated: refuses a run that cannot fit
     train::run_training(o);
   });
 }

@@ -453,14 +453,35 @@ MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int*
   return memory_with_flight(j, l, max_in_flight(sched, spare_set(j)), worst_stage, in_flight);
 }
 
+std::vector<MemoryBytes> memory_by_stage(const Job& j, const Layout& l) {
+  const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
+  PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
+  return stage_memory(j, l, max_in_flight(sched, spare_set(j)));
+}
+
 MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<int>& flight,
                                int* worst_stage, int* in_flight) {
+  const std::vector<MemoryBytes> stages = stage_memory(j, l, flight);
+  MemoryBytes worst;
+  for (int r = 0; r < l.pp; ++r) {
+    const MemoryBytes& mb = stages[size_t(r)];
+    if (mb.total() > worst.total()) {
+      worst = mb;
+      if (worst_stage) *worst_stage = r;
+      if (in_flight) *in_flight = flight[r];
+    }
+  }
+  return worst;
+}
+
+std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
+                                      const std::vector<int>& flight) {
   const ModelSpec& m = j.model;
   const Split split = split_of(j, l);
   const double act_layer = layer_activation_bytes(j, l, l.recompute);
   const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, t = l.tp,
                V = m.vocab, wb = weight_bytes(j);
-  MemoryBytes worst;
+  std::vector<MemoryBytes> stages;
   for (int r = 0; r < l.pp; ++r) {
     const double psi_r = stage_params(j, l, split, r);
     MemoryBytes mb = zero_model_states(psi_r, l.dp * l.cp, l.zero, j.dtype);
@@ -543,13 +564,9 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
         comm += scratch(double(m.vocab) * h / t * gb, 2);
     }
     mb.communication = comm;
-    if (mb.total() > worst.total()) {
-      worst = mb;
-      if (worst_stage) *worst_stage = r;
-      if (in_flight) *in_flight = flight[r];
-    }
+    stages.push_back(mb);
   }
-  return worst;
+  return stages;
 }
 
 namespace {

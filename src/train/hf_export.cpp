@@ -349,6 +349,17 @@ HfWeights read_hf_weights(const std::string& file_or_folder) {
   if (fs::is_directory(file_or_folder, ec)) {
     const fs::path folder(file_or_folder);
     w.path = (folder / "model.safetensors").string();
+    // A meshtrain checkpoint (step-N with index.json, or a --checkpoint-dir holding them) is
+    // sharded optimizer state, not weights: `meshtrain export` turns it into weights.
+    bool checkpoint = fs::exists(folder / "index.json", ec) || fs::exists(folder / "latest", ec);
+    for (const auto& e : fs::directory_iterator(folder, ec))
+      if (e.path().filename().string().rfind("step-", 0) == 0) checkpoint = true;
+    if (!fs::exists(w.path, ec) && checkpoint)
+      fail(
+          "'{}' is a meshtrain checkpoint, not Hugging Face weights: write its weights with "
+          "`meshtrain export {} --out weights.safetensors` and name that file (to go on "
+          "training from it, use train --resume)",
+          file_or_folder, file_or_folder);
     // The hub splits a model past a few GB over shards named by an index.
     if (!fs::exists(w.path, ec) && fs::exists(folder / kSafetensorsIndexName, ec))
       w.path = (folder / kSafetensorsIndexName).string();

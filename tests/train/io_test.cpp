@@ -8,7 +8,7 @@
 #include "test_util.h"
 #include "train/hf_export.h"
 #include "train/safetensors.h"
-#include "train/token_file.h"
+#include "train/token_corpus.h"
 
 namespace mt::train {
 namespace {
