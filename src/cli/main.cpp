@@ -2,13 +2,17 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "obs/run_info.h"
 
 int main(int argc, char** argv) {
+  mt::obs::set_command_line(argc, argv);
   CLI::App app{"meshtrain: trains GPT-style transformers with composed parallelism"};
   app.require_subcommand(1);
   mt::cli::register_train(app);
   mt::cli::register_verify(app);
   mt::cli::register_eval(app);
+  mt::cli::register_sample(app);
+  mt::cli::register_report(app);
   mt::cli::register_prepare(app);
   mt::cli::register_plan(app);
   mt::cli::register_simulate(app);
