@@ -24,6 +24,7 @@
 #include "model/gpt.h"
 #include "obs/metrics.h"
 #include "obs/run_info.h"
+#include "obs/tensorboard.h"
 #include "parallel/data.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule.h"
@@ -629,6 +630,10 @@ void run_rank(Shared& sh, comm::Group& world) {
   // stay, those after it (trained again now) go.
   std::unique_ptr<obs::MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<obs::MetricsWriter>(o.metrics, start_step);
+  // The same scalars as TensorBoard events (tags: the metrics keys).
+  std::unique_ptr<obs::TensorBoardWriter> tensorboard;
+  if (lead && !o.tensorboard.empty())
+    tensorboard = std::make_unique<obs::TensorBoardWriter>(o.tensorboard);
 
   RankRecord rec;
   rec.rank = world.rank();
@@ -777,6 +782,12 @@ void run_rank(Shared& sh, comm::Group& world) {
       before = bytes_now();
     }
     if (metrics) metrics->write(row);
+    if (tensorboard) {
+      for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
+                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes", "bubble"})
+        if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
+      tensorboard->flush();
+    }
     if (talk) {
       std::string text = fmt::format(
           "step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
@@ -938,6 +949,7 @@ TrainResult run_training(const TrainOptions& o) {
   // process writes its checkpoint shards.
   if (comm::mpi_env_world_rank() == 0) {
     check_output_file(o.metrics, "--metrics");
+    check_output_dir(o.tensorboard, "--tensorboard");
     // --export DIR (no .safetensors suffix): a folder for model.safetensors + config.json.
     if (!o.export_path.empty() && export_weights_file(o.export_path) != o.export_path)
       check_export_folder(o.export_path);
