@@ -33,15 +33,7 @@ void register_report(CLI::App& app) {
   cmd->callback([f] {
     const nlohmann::json data = obs::report_data(f->in);
     const std::string html = obs::report_html(data);
-    const std::string tmp = f->out + ".tmp";
-    {
-      std::ofstream o(tmp, std::ios::binary);
-      if (!o) fail("cannot write '{}' (check that its directory exists)", f->out);
-      o << html;
-      if (!o) fail("cannot write '{}'", f->out);
-    }
-    if (std::rename(tmp.c_str(), f->out.c_str()) != 0)
-      fail("cannot rename '{}' to '{}'", tmp, f->out);
+    obs::write_text_file(f->out, html, "-o");
     fmt::print(stderr, "wrote {} ({} run(s){}{}, {:.0f} KiB)\n", f->out, data["runs"].size(),
                data["trace"].is_null() ? "" : ", pipeline timeline",
                data["plan"].is_null() ? "" : ", plan vs measured",

@@ -151,6 +151,26 @@ std::string report_html(const nlohmann::json& data) {
   return html;
 }
 
+std::string plan_html(const nlohmann::json& plan_json, const std::string& title) {
+  return report_html({{"title", title},
+                      {"runs", nlohmann::json::array()},
+                      {"trace", nullptr},
+                      {"plan", nullptr},
+                      {"ranked", plan_json}});
+}
+
+void write_text_file(const std::string& path, const std::string& text, const char* flag) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream o(tmp, std::ios::binary);
+    if (!o) fail("{} '{}': cannot write (check that its folder exists)", flag, path);
+    o << text;
+    if (!o) fail("{} '{}': cannot write", flag, path);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    fail("{} '{}': cannot rename '{}' to it", flag, path, tmp);
+}
+
 nlohmann::json report_data_of_html(const std::string& html) {
   const std::string open = "<script type=\"application/json\" id=\"mt-data\">";
   const size_t a = html.find(open);

@@ -30,4 +30,12 @@ std::string report_html(const nlohmann::json& data);
 // The embedded data of a page report_html wrote (for tests and scripts).
 nlohmann::json report_data_of_html(const std::string& html);
 
+// `plan --html`: the same page holding a plan --json document (key "ranked"): the ranked
+// layouts as a table and their memory and time breakdowns as stacked bars.
+std::string plan_html(const nlohmann::json& plan_json, const std::string& title);
+
+// Writes `text` to `path` through a temporary name and a rename; `flag` names the option in
+// the error (mt::Error, exit 2).
+void write_text_file(const std::string& path, const std::string& text, const char* flag);
+
 }  // namespace mt::obs

@@ -72,7 +72,7 @@
                     el("td", {}, (fl != null ? fl.toFixed(4) : "") + (fv != null ? ` (val ${fv.toFixed(4)})` : "")),
                     el("td", {}, si(median(c.tokens_per_s || []), ""))));
   });
-  header.append(table);
+  if (D.runs.length) header.append(table);
 
   // ---- charts
   const main = document.getElementById("mt-charts");
@@ -128,7 +128,7 @@
         value: (u, v) => (v == null ? "" : yFmt ? yFmt(v) : +v.toPrecision(4)),
       }));
     }
-    if (!tables.length) return null;
+    if (!tables.length || !parent) return null;
     const data = uPlot.join(tables);
     return chart(parent, id, title, {
       scales: {x: {time: false}},
@@ -137,7 +137,7 @@
     }, data);
   }
 
-  const curves = section("Training curves");
+  const curves = D.runs.length ? section("Training curves") : null;
   lineChart(curves, "loss-step", "Loss against step", "step", "step",
             [["loss", " loss", false], ["val_loss", " val loss", true]], "loss (nats/token)");
   lineChart(curves, "loss-tokens", "Loss against tokens", "tokens", "tokens trained",
@@ -284,6 +284,53 @@
                   paths: uPlot.paths.bars({size: [0.35, 50], align: 1}), value: (u, v) => bytes(v)}]},
         [x, predicted, measured], "Categories the planner does not model (workspace) have no predicted bar.");
     }
+  }
+
+  // ---- plan --html: the ranked layouts, a table and their memory and time as stacked bars
+  if (D.ranked) {
+    const P = D.ranked, L = P.layouts || [];
+    const sec = section(`${L.length} ranked layouts (of ${P.considered} considered, ${P.fit} fit in memory)`);
+    const name = (l) => `dp ${l.dp} tp ${l.tp}${l.sp ? "+sp" : ""} pp ${l.pp}` + (l.cp > 1 ? ` cp ${l.cp}` : "") +
+      (l.virtual_stages > 1 ? ` v ${l.virtual_stages}` : "");
+    const t = el("table", {class: "runs"});
+    t.append(el("tr", {}, ...["#", "layout", "microbatch × count", "ZeRO", "recompute", "schedule", "step time",
+                              "tokens/s", "MFU", "bubble", "memory per GPU", "fits"].map((h) => el("th", {}, h))));
+    L.forEach((l, i) => t.append(el("tr", {}, ...[i + 1, name(l), `${l.microbatch} × ${l.microbatches}`, l.zero,
+      l.recompute, l.pp > 1 ? l.schedule : "", (+l.step_time_s.toPrecision(3)) + " s", si(l.tokens_per_s, ""),
+      (100 * l.mfu).toFixed(1) + "%", (100 * l.bubble_fraction).toFixed(1) + "%",
+      `${bytes(l.memory_bytes_per_gpu.total)} of ${bytes(l.hbm_bytes_per_gpu)}`, l.fits ? "yes" : "no"]
+      .map((v) => el("td", {}, String(v))))));
+    sec.append(el("div", {class: "wide"}, t));
+    const x = L.map((l, i) => i);
+    const xAxis = Object.assign(axis("layout (rank in the table)", null), {splits: () => x, values: (u, vs) => vs.map((v) => `#${v + 1}`)});
+    // Stacked bars from parts: drawn tallest (cumulative) first, so each band is one part.
+    function stacked(id, title, parts, yLabel, fmt) {
+      const series = [{}], data = [x];
+      for (let j = parts.length - 1; j >= 0; --j) {
+        const [label, color, get] = parts[j];
+        data.push(L.map((l) => parts.slice(0, j + 1).reduce((s, p) => s + Math.max(0, p[2](l)), 0)));
+        series.push({label, fill: color, stroke: "#ffffff", width: 1, points: {show: false},
+                     paths: uPlot.paths.bars({size: [0.6, 60], align: 0})});
+      }
+      chart(sec, id, title, {
+        scales: {x: {time: false, range: [-0.6, L.length - 0.4]}, y: {range: (u, mn, mx) => [0, mx * 1.1]}},
+        axes: [xAxis, yaxis(yLabel, fmt)], series}, data);
+    }
+    const m = (k) => (l) => l.memory_bytes_per_gpu[k] || 0;
+    const hbm = Math.min(...L.map((l) => l.hbm_bytes_per_gpu));
+    stacked("ranked-memory", `Memory per GPU by category (the worst stage); the GPU has ${bytes(hbm)}`, [
+      ["parameters", categoryColor.parameters, m("parameters")], ["gradients", categoryColor.gradients, m("gradients")],
+      ["optimizer", categoryColor.optimizer, m("optimizer")],
+      ["activations + comm. (or f32 step gradients)", categoryColor.activations,
+       (l) => l.memory_bytes_per_gpu.total - m("parameters")(l) - m("gradients")(l) - m("optimizer")(l)]],
+      "bytes per GPU", bytes);
+    const ts = (k) => (l) => (l.time_s && l.time_s[k]) || 0;
+    stacked("ranked-time", "Step time: busiest rank's compute, pipeline waits, exposed communication, optimizer", [
+      ["forward", "#4e79a7", ts("forward")], ["backward (+ recompute)", "#e15759", ts("backward")],
+      ["pipeline: bubble and p2p", "#bab0ac", (l) => ts("pipeline")(l) - ts("forward")(l) - ts("backward")(l)],
+      ["tied embedding sync", "#b07aa1", ts("embedding_sync")], ["exposed dp comm.", "#f28e2b", ts("dp_exposed")],
+      ["optimizer", "#59a14f", ts("optimizer")]],
+      "seconds per step", (v) => +v.toPrecision(3) + " s");
   }
 
   // ---- the check a test reads: points per chart, painted pixels in each plot area, errors

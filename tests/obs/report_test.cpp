@@ -1,7 +1,7 @@
 // `meshtrain report`: the page's embedded data is the metrics file's numbers, read back from
 // the HTML; bad input is refused; and each kind of page (one run, two runs overlaid, a
-// pipeline run with its trace, plan against measured) renders in headless Chromium with no
-// script error and every chart present with data points and painted pixels, a screenshot
+// pipeline run with its trace, plan against measured, and plan --html) renders in headless Chromium
+// with no script error and every chart present with data points and painted pixels, a screenshot
 // saved (into $MT_REPORT_SCREENSHOTS when set: docs/report/ keeps them). Without Chromium
 // the browser test is skipped with a message (scripts/setup.sh installs Debian's).
 #include "obs/report.h"
@@ -153,9 +153,30 @@ std::string unescape_attribute(const std::string& s) {
 }
 
 struct Kind {
-  std::string name, args;
+  std::string name, args;           // `report` arguments, or (plan_html) `plan` arguments
   std::vector<std::string> charts;  // every chart the page must hold
+  bool plan_html = false;
 };
+
+// plan --html of a Llama 3 8B search: the ranked layouts.
+const std::string kPlanArgs =
+    "--model llama3-8b --cluster dgx-h100 --gpus 64 --batch 256 --seq 4096 --top 8";
+
+TEST_F(Report, PlanHtmlEmbedsThePlanJson) {
+  const std::string page = path("plan.html");
+  const test::RunResult r = test::run_meshtrain("plan " + kPlanArgs + " --html " + page);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string cmd = "(";
+  cmd += MT_BINARY;
+  cmd += " plan " + kPlanArgs + " --json 2>/dev/null)";
+  const test::RunResult j = test::run_command(cmd);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  json expected = json::parse(j.output), got = obs::report_data_of_html(read(page))["ranked"];
+  expected.erase("search_s");  // the search's own time differs between the two runs
+  got.erase("search_s");
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got["layouts"].size(), 8u);
+}
 
 TEST_F(Report, RendersEachKindInChromium) {
   const std::string browser = chromium();
@@ -175,7 +196,8 @@ TEST_F(Report, RendersEachKindInChromium) {
       {"pipeline", path("pp.jsonl") + " --label 'pp 2 x dp 2' --trace " + path("pp.trace.json"),
        with({"memory-0", "bytes-0", "timeline"})},
       {"plan", path("pp.jsonl") + " --label 'pp 2 x dp 2' --plan " + path("sim.json"),
-       with({"memory-0", "bytes-0", "plan-step-time", "plan-bubble", "plan-memory"})}};
+       with({"memory-0", "bytes-0", "plan-step-time", "plan-bubble", "plan-memory"})},
+      {"plan-html", kPlanArgs, {"ranked-memory", "ranked-time"}, true}};
   const char* shots_env = std::getenv("MT_REPORT_SCREENSHOTS");
   const std::filesystem::path shots = shots_env ? shots_env : *dir_;
   std::filesystem::create_directories(shots);
@@ -184,7 +206,8 @@ TEST_F(Report, RendersEachKindInChromium) {
       "--virtual-time-budget=5000 --enable-logging=stderr --v=0 ";
   for (const Kind& k : kinds) {
     const std::string page = path("report-" + k.name + ".html");
-    const test::RunResult r = test::run_meshtrain("report " + k.args + " -o " + page);
+    const test::RunResult r = test::run_meshtrain(k.plan_html ? "plan " + k.args + " --html " + page
+                                                              : "report " + k.args + " -o " + page);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // The page after its scripts ran: the check it wrote into <body data-mt-check>, and
     // Chromium's log of the console (an uncaught error is logged as CONSOLE ... Uncaught).
