@@ -9,7 +9,10 @@
 
 namespace mt::obs {
 
-extern const char* const kGitCommit;  // generated: build/.../git_commit.cpp
+// Generated (build/.../generated/git_commit.cpp) and linked into the meshtrain executable
+// only, so that a new commit relinks one binary rather than every test: weak, and null in
+// the test executables.
+extern const char* const kGitCommit __attribute__((weak));
 
 namespace {
 std::mutex mu;
@@ -46,7 +49,10 @@ std::string command_line() {
   return recorded;
 }
 
-std::string git_commit() { return kGitCommit[0] ? kGitCommit : "unknown"; }
+std::string git_commit() {
+  const char* const* commit = &kGitCommit;
+  return commit && (*commit)[0] ? *commit : "unknown";
+}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");

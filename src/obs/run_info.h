@@ -10,7 +10,8 @@ namespace mt::obs {
 void set_command_line(int argc, const char* const* argv);
 std::string command_line();
 // The commit the binary was built from: `git describe --always --dirty` at build time
-// (cmake/git_commit.cmake), "unknown" outside a git checkout.
+// (cmake/git_commit.cmake), "unknown" outside a git checkout and in the test executables
+// (only `meshtrain` links the generated commit).
 std::string git_commit();
 std::string cpu_model();  // /proc/cpuinfo's "model name", "unknown" when absent
 std::string host_name();
