@@ -351,5 +351,7 @@
     }
     document.body.dataset.mtCheck = JSON.stringify(out);
   }
-  requestAnimationFrame(() => requestAnimationFrame(check));
+  // uPlot draws in a microtask after each chart is made: a task after them sees every chart
+  // drawn (animation frames may not come at all in a headless browser under load).
+  setTimeout(check, 0);
 })();
