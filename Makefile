@@ -31,8 +31,18 @@ data/demo.bin: | build
 	@mkdir -p $(@D)
 	$(MT) prepare $(DEMO_TEXT) -o $@
 
+# Trains the byte-level tiny model, writes its report (docs/report.md) and ends with text the
+# model writes (meshtrain sample, from the weights the run exported).
+DEMO_OUT := build/demo
 demo: build data/demo.bin
-	$(MT) train --model tiny --data data/demo.bin --steps 300 --lr 2e-3 --eval-every 50
+	@mkdir -p $(DEMO_OUT)
+	$(MT) train --model tiny --data data/demo.bin --steps 300 --lr 2e-3 --eval-every 50 \
+	  --metrics $(DEMO_OUT)/metrics.jsonl --export $(DEMO_OUT)/model
+	$(MT) report $(DEMO_OUT)/metrics.jsonl --label demo -o $(DEMO_OUT)/report.html
+	@echo "--- a sample of the model it trained (temperature 0.8, top-k 40):"
+	@$(MT) sample --weights $(DEMO_OUT)/model --prompt "The " --tokens 120 --temperature 0.8 \
+	  --top-k 40 --seed 1
+	@echo "--- its report: $(abspath $(DEMO_OUT))/report.html"
 
 bench: build
 	bench/run-all.sh $(BUILD)

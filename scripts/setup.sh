@@ -21,16 +21,39 @@ if [ "${1:-}" = fuzz ]; then
   packages+=(clang libclang-rt-14-dev libomp-dev)
 fi
 
+# Optional: the report's browser test renders pages in Debian's Chromium (skipped with a
+# message without it), and npm fetches a new uPlot version (third_party/uplot/fetch.sh; the
+# committed files need no npm). Installed when possible; a failure only warns.
+# A failed try is remembered (this file), so that every `make` does not try again: delete it
+# to retry.
+optional_tried="${XDG_CACHE_HOME:-$HOME/.cache}/meshtrain/setup-optional-failed"
+optional=(chromium:chromium fc-list:fonts-dejavu-core npm:npm)  # command:package
+optional_missing=()
+[ -e "$optional_tried" ] && optional=()
+for c in "${optional[@]}"; do
+  command -v "${c%%:*}" >/dev/null 2>&1 || optional_missing+=("${c#*:}")
+done
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
+if [ ${#missing[@]} -eq 0 ] && [ ${#optional_missing[@]} -eq 0 ]; then
   exit 0
 fi
-echo "setup: installing ${missing[*]}" >&2
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ ${#optional_missing[@]} -gt 0 ]; then
+  echo "setup: installing ${optional_missing[*]} (optional)" >&2
+  if ! $SUDO apt-get install -y -qq --no-install-recommends "${optional_missing[@]}" >/dev/null; then
+    echo "setup: could not install ${optional_missing[*]} (optional: without chromium the" \
+         "report's browser test is skipped; delete $optional_tried to try again)" >&2
+    mkdir -p "$(dirname "$optional_tried")" && touch "$optional_tried"
+  fi
+fi

@@ -8,6 +8,8 @@ namespace mt::cli {
 void register_train(CLI::App& app);
 void register_verify(CLI::App& app);  // verify.cpp: a layout against the single-rank oracle
 void register_eval(CLI::App& app);
+void register_sample(CLI::App& app);  // sample.cpp: text from exported weights
+void register_report(CLI::App& app);  // report.cpp: one HTML page of runs
 void register_prepare(CLI::App& app);
 void register_plan(CLI::App& app);        // plan.cpp
 void register_simulate(CLI::App& app);    // simulate.cpp

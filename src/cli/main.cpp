@@ -7,6 +7,7 @@
 #include "comm/launch.h"
 #include "comm/mpi.h"
 #include "core/error.h"
+#include "obs/run_info.h"
 #include "meshtrain_version.h"  // generated at build time (cmake/version.cmake)
 
 namespace {
@@ -27,6 +28,7 @@ std::string rank_prefix() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mt::obs::set_command_line(argc, argv);
   CLI::App app{"meshtrain: trains GPT-style transformers with composed parallelism"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("meshtrain ") + MESHTRAIN_VERSION + " (commit " +
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
   mt::cli::register_train(app);
   mt::cli::register_verify(app);
   mt::cli::register_eval(app);
+  mt::cli::register_sample(app);
+  mt::cli::register_report(app);
   mt::cli::register_prepare(app);
   mt::cli::register_plan(app);
   mt::cli::register_simulate(app);

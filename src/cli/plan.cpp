@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "core/error.h"
+#include "obs/report.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/explain.h"
 
@@ -540,7 +541,7 @@ nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
 }
 
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
-              bool megatron_2021, bool explain) {
+              const std::optional<std::string>& html, bool megatron_2021, bool explain) {
   f.check(megatron_2021);
   plan::Job j = f.job();
   f.check_pins(j, /*search=*/true);
@@ -598,6 +599,15 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
                              plan::explain_text(items, best.step_time_s))
                      .c_str());
   }
+  if (html) {
+    obs::write_text_file(
+        *html,
+        obs::plan_html(plan_json(j, s, ""),
+                       fmt::format("meshtrain plan: {} on {} x {}, batch {} x seq {}", j.model.name,
+                                   j.gpus, j.cluster.gpu.name, j.batch, j.seq)),
+        "--html");
+    std::fprintf(human, "wrote %s\n", html->c_str());
+  }
   if (f.json) {
     nlohmann::json out = plan_json(j, s, "");
     if (explain) {
@@ -622,6 +632,10 @@ void register_plan(CLI::App& app) {
   f->add_to(*cmd);
   cmd->add_option("--top", *top, "layouts to print (default 10)");
   cmd->add_option("--emit-config", *emit, "write the best layout as a `train --config` file");
+  auto html = std::make_shared<std::optional<std::string>>();
+  cmd->add_option("--html", *html,
+                  "write the ranked layouts, their memory and time breakdowns as bars, to an "
+                  "offline HTML page (docs/report.md)");
   cmd->add_flag("--megatron-2021", *megatron_2021,
                 "search only what Megatron-LM did in 2021 (no ZeRO, no SP, no selective "
                 "recomputation, pp divides n_layer, "
@@ -631,9 +645,9 @@ void register_plan(CLI::App& app) {
                 "after the table, the best layout's step as a stacked list: GEMMs by kind, "
                 "attention, memory-bound kernels, each exposed communication, bubble, "
                 "optimizer (JSON: \"explain\")");
-  cmd->callback([f, top, emit, megatron_2021, explain] {
+  cmd->callback([f, top, emit, html, megatron_2021, explain] {
     if (*top < 1) fail("--top {} must be at least 1", *top);
-    run_plan(*f, *top, *emit, *megatron_2021, *explain);
+    run_plan(*f, *top, *emit, *html, *megatron_2021, *explain);
   });
 }
 

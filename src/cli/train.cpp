@@ -17,7 +17,7 @@ namespace {
 // The shared run flags (cli/train_flags.h) plus what only `train` writes.
 struct TrainCommandFlags {
   TrainFlags run;
-  std::optional<std::string> metrics, export_path, trace, init_from;
+  std::optional<std::string> metrics, tensorboard, export_path, trace, init_from;
   std::optional<double> peak_gflops;
   bool profile = false;
   std::optional<std::string> checkpoint_dir, resume;  // docs/checkpoints.md
@@ -32,6 +32,7 @@ train::TrainOptions to_options(const TrainCommandFlags& f) {
   infer_dp_under_mpirun(o, f.run.dp.has_value() || j.contains("dp"));
   try {
     take_config(j, "metrics", o.metrics, f.metrics);
+    take_config(j, "tensorboard", o.tensorboard, f.tensorboard);
     take_config(j, "export", o.export_path, f.export_path);
     take_config(j, "trace", o.pipeline.trace, f.trace);
     double peak_gflops = 0;
@@ -74,6 +75,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--trace", f->trace,
                   "write a Chrome/Perfetto trace of the pipeline (one row per rank)");
   cmd->add_option("--metrics", f->metrics, "write one JSON object per step to FILE");
+  cmd->add_option("--tensorboard", f->tensorboard,
+                  "write the step scalars as TensorBoard event files into DIR (made if missing)");
   cmd->add_option("--export", f->export_path,
                   "write the final weights in Hugging Face names: a FILE.safetensors, or a "
                   "folder (model.safetensors + config.json)");

@@ -25,8 +25,8 @@ const std::vector<std::string> kConfigKeys = {
 
 const std::vector<std::string>& train_command_config_keys() {
   static const std::vector<std::string> keys = {
-      "metrics",          "export", "trace",  "peak_gflops",  "profile",  "checkpoint_dir",
-      "checkpoint_every", "keep",   "resume", "max_restarts", "init_from"};
+      "metrics",          "export", "trace",  "peak_gflops",  "profile",   "checkpoint_dir",
+      "checkpoint_every", "keep",   "resume", "max_restarts", "init_from", "tensorboard"};
   return keys;
 }
 

@@ -102,6 +102,13 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 // keep less.
 int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T);
 int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T);
+// One query position against a key/value cache (generation, model/decode.h; the CPU only):
+// q [heads·hd] of the newest position, k and v [len, kv_heads·hd] of positions 0..len-1
+// (the newest included), query head h reading kv head h / (heads / kv_heads) as
+// expand_kv_heads repeats them. out [heads·hd] = softmax(q·kᵀ / sqrt(hd)) v per head;
+// scores: at least heads·len floats of scratch.
+void attention_decode(float* out, float* scores, const float* q, const float* k, const float* v,
+                      int64_t len, int64_t heads, int64_t kv_heads, int64_t hd);
 // The GPU's fused attention (flash-attention-2 style on bf16 tensor cores; it keeps B*NH*T
 // floats between forward and backward, not the probabilities): on or off for the calling
 // thread, off until set (the trainer sets it on each rank thread: --attention). The CPU

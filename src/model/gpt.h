@@ -97,6 +97,12 @@ class Gpt {
   int head_unit() const { return num_units() - 1; }
   // The tied wte, when this rank holds a copy of it (first or last stage), else null.
   Param* wte() { return wte_; }
+  // Read-only views of the layers, for inference one position at a time (model/decode.h).
+  const Param* wte() const { return wte_; }
+  const Param* wpe() const { return wpe_; }  // null with rotary positions
+  const Param* lm_head() const { return lm_head_; }
+  const Norm& final_norm() const { return ln_f_; }
+  const Block& block(int k) const { return blocks_[static_cast<size_t>(k)]; }
   // n_units + 1 entries: unit u is parameters [v[u], v[u + 1]).
   std::vector<int> unit_first_params() const;
   // With --sp, the parameters whose gradients each tp rank computes from its own sequence

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "comm/launch.h"
 #include "comm/mesh.h"
@@ -22,6 +23,8 @@
 #include "kernels/peak.h"
 #include "model/gpt.h"
 #include "obs/metrics.h"
+#include "obs/run_info.h"
+#include "obs/tensorboard.h"
 #include "parallel/data.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule.h"
@@ -403,6 +406,74 @@ struct Shared {
   TrainResult result;
 };
 
+// The first metrics row's "run": what `meshtrain report` puts in its header.
+nlohmann::json run_header(const TrainOptions& o, int threads, comm::Group& world,
+                          const model::GptConfig& padded) {
+  const model::GptConfig& m = o.model;
+  return {{"command", obs::command_line()},
+          {"commit", obs::git_commit()},
+          {"started", obs::utc_now()},
+          {"machine",
+           {{"host", obs::host_name()},
+            {"cpu", obs::cpu_model()},
+            {"cores", std::thread::hardware_concurrency()},
+            {"threads_per_rank", threads},
+            {"device", o.device},
+            {"backend", world.backend_kind()}}},
+          {"model",
+           {{"name", m.name},
+            {"n_layer", m.n_layer},
+            {"n_head", m.n_head},
+            {"n_kv_head", m.kv_heads()},
+            {"d_model", m.d_model},
+            {"d_ff", m.d_ff},
+            {"vocab", m.vocab},
+            {"padded_vocab", padded.padded_vocab()},
+            {"seq", m.seq_len},
+            {"params", model::count_params(model::gpt_param_specs(m))}}},
+          {"layout",
+           {{"world", world.size()},
+            {"dp", o.dp},
+            {"tp", o.tp},
+            {"pp", o.pipeline.pp},
+            {"sp", o.sp},
+            {"zero", o.zero},
+            {"schedule", o.pipeline.pp > 1 ? o.pipeline.schedule : ""},
+            {"virtual_stages", o.pipeline.virtual_stages},
+            {"microbatches", o.microbatches_per_step()},
+            {"microbatch", o.microbatch_size()},
+            {"recompute", o.recompute},
+            {"dtype", o.dtype}}},
+          {"batch", o.batch},
+          {"tokens_per_step", o.batch * m.seq_len},
+          {"steps", o.steps},
+          {"data", o.data}};
+}
+
+// Every rank's peak bytes by category, rank-ordered, and the rank with the largest total.
+nlohmann::json memory_by_rank(comm::Group* scalars, const mem::Tracker& tracker) {
+  const mem::Snapshot snap = tracker.snapshot();
+  std::vector<int64_t> mine(snap.peak_bytes.begin(), snap.peak_bytes.end());
+  mine.push_back(snap.total_peak_bytes);
+  const std::vector<int64_t> all = gather_int64(scalars, mine);
+  const size_t w = mine.size();
+  nlohmann::json out = {{"categories", nlohmann::json::array()},
+                        {"peak_bytes", nlohmann::json::array()},
+                        {"total_peak_bytes", nlohmann::json::array()}};
+  for (int c = 0; c < mem::kNumCategories; ++c)
+    out["categories"].push_back(mem::category_name(static_cast<mem::Category>(c)));
+  size_t worst = 0;
+  for (size_t r = 0; r < all.size() / w; ++r) {
+    out["peak_bytes"].push_back(
+        std::vector<int64_t>(all.begin() + static_cast<std::ptrdiff_t>(r * w),
+                             all.begin() + static_cast<std::ptrdiff_t>(r * w + w - 1)));
+    out["total_peak_bytes"].push_back(all[r * w + w - 1]);
+    if (all[r * w + w - 1] > all[worst * w + w - 1]) worst = r;
+  }
+  out["worst_rank"] = worst;
+  return out;
+}
+
 void run_rank(Shared& sh, comm::Group& world) {
   const TrainOptions& o = sh.o;
   mem::Tracker tracker;
@@ -519,6 +590,10 @@ void run_rank(Shared& sh, comm::Group& world) {
   // stay, those after it (trained again now) go.
   std::unique_ptr<obs::MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<obs::MetricsWriter>(o.metrics, start_step);
+  // The same scalars as TensorBoard events (tags: the metrics keys).
+  std::unique_ptr<obs::TensorBoardWriter> tensorboard;
+  if (lead && !o.tensorboard.empty())
+    tensorboard = std::make_unique<obs::TensorBoardWriter>(o.tensorboard);
 
   RankRecord rec;
   rec.rank = world.rank();
@@ -649,7 +724,11 @@ void run_rank(Shared& sh, comm::Group& world) {
                           {"dp_bytes", r.dp_bytes},
                           {"tp_bytes", r.tp_bytes},
                           {"pp_bytes", r.pp_bytes}};
+    row["tokens"] = r.step * B * T;  // trained on so far (the x axis of loss vs tokens)
     if (P > 1) row["bubble"] = r.bubble;
+    if (step == start_step) row["run"] = run_header(o, sh.threads, world, rep.gpt.config());
+    // The last step: every rank's peak bytes by category (a collective: all ranks join).
+    if (r.step == o.steps) row["memory_by_rank"] = memory_by_rank(scalars, tracker);
     const bool eval_now =
         data.val && ((o.eval_every > 0 && r.step % o.eval_every == 0) || r.step == o.steps);
     if (eval_now) {
@@ -663,6 +742,12 @@ void run_rank(Shared& sh, comm::Group& world) {
       before = bytes_now();
     }
     if (metrics) metrics->write(row);
+    if (tensorboard) {
+      for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
+                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes", "bubble"})
+        if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
+      tensorboard->flush();
+    }
     if (talk) {
       std::string text = fmt::format(
           "step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
@@ -829,6 +914,7 @@ TrainResult run_training(const TrainOptions& o) {
   // process writes its checkpoint shards.
   if (comm::mpi_env_world_rank() == 0) {
     check_output_file(o.metrics, "--metrics");
+    check_output_dir(o.tensorboard, "--tensorboard");
     // --export DIR (no .safetensors suffix): a folder for model.safetensors + config.json.
     if (!o.export_path.empty() && export_weights_file(o.export_path) != o.export_path)
       check_export_folder(o.export_path);

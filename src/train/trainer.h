@@ -46,6 +46,7 @@ struct TrainOptions {
   int64_t eval_batches = 4;
   int threads = 0;          // per rank; 0: cores on the host / ranks on the host
   std::string metrics;      // JSON lines, one per step
+  std::string tensorboard;  // folder of TensorBoard event files (obs/tensorboard.h), "" none
   std::string export_path;  // safetensors of the final weights
   // Hugging Face weights to start from (a file, or an export folder with config.json): a
   // fine-tuning run; "" trains from the seed's initialisation (train/init_from.h).

@@ -1,0 +1,259 @@
+// `meshtrain report`: the page's embedded data is the metrics file's numbers, read back from
+// the HTML; bad input is refused; and each kind of page (one run, two runs overlaid, a
+// pipeline run with its trace, plan against measured, and plan --html) renders in headless
+// Chromium with no script error and every chart present with data points and painted pixels,
+// a screenshot saved (into $MT_REPORT_SCREENSHOTS when set: docs/report/ keeps them). Without
+// Chromium the browser test is skipped with a message (scripts/setup.sh installs Debian's).
+#include "obs/report.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace mt {
+namespace {
+
+using nlohmann::json;
+
+std::string read(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+std::vector<json> rows_of(const std::filesystem::path& p) {
+  std::vector<json> rows;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line)) rows.push_back(json::parse(line));
+  return rows;
+}
+
+class Report : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(test::scratch_dir("report"));
+    const std::string data = test::demo_tokens(*dir_);
+    const std::string common =
+        " --model tiny --seq 32 --threads 1 --peak-gflops 250 --data " + data;
+    for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
+             {"a", "--n-layer 2 --batch 4 --steps 12 --eval-every 4 --lr 1e-3"},
+             {"b", "--n-layer 2 --batch 4 --steps 12 --eval-every 4 --lr 3e-3"},
+             {"pp", "--n-layer 4 --batch 8 --steps 4 --pp 2 --dp 2 --microbatches 4 --trace " +
+                        path("pp.trace.json")}}) {
+      const test::RunResult r = test::run_meshtrain("train" + common + " " + extra + " --metrics " +
+                                                    path(name + ".jsonl"));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+    // The prediction of the pp run's layout (stdout alone: run_command adds 2>&1 outside).
+    std::string sim = "(";
+    sim += MT_BINARY;
+    sim +=
+        " simulate --model tiny --n-layer 4 --seq 32 --cluster this-host --gpus 4 --batch 8 "
+        "--dtype f32 --dp 2 --pp 2 --microbatches 4 --json 2>/dev/null > ";
+    sim += path("sim.json");
+    sim += ")";
+    const test::RunResult s = test::run_command(sim);
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+  }
+  static std::string path(const std::string& name) { return (*dir_ / name).string(); }
+  static std::filesystem::path* dir_;
+};
+std::filesystem::path* Report::dir_ = nullptr;
+
+TEST_F(Report, EmbeddedDataIsTheMetricsFilesNumbers) {
+  for (const std::string run : {"a", "pp"}) {
+    const std::string page = path(run + ".html");
+    const test::RunResult r = test::run_meshtrain("report " + path(run + ".jsonl") + " -o " + page);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json d = obs::report_data_of_html(read(page));
+    const std::vector<json> rows = rows_of(path(run + ".jsonl"));
+    const json& cols = d["runs"][0]["columns"];
+    ASSERT_EQ(cols["step"].size(), rows.size());
+    // Every number of every row, at its step, exactly (JSON round-trips doubles).
+    int64_t compared = 0;
+    for (const auto& [key, values] : cols.items())
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i].contains(key)) {
+          EXPECT_EQ(values[i].get<double>(), rows[i][key].get<double>()) << key << " row " << i;
+          ++compared;
+        } else {
+          EXPECT_TRUE(values[i].is_null()) << key << " row " << i;
+        }
+      }
+    EXPECT_GE(compared, static_cast<int64_t>(rows.size()) * 12) << run;
+    for (const char* key : {"loss", "val_loss", "tokens", "lr", "grad_norm", "tokens_per_s", "mfu"})
+      EXPECT_TRUE(cols.contains(key)) << key;
+    // The header is the first row's "run", the memory the last row's "memory_by_rank".
+    EXPECT_EQ(d["runs"][0]["run"], rows.front()["run"]);
+    EXPECT_EQ(d["runs"][0]["memory"], rows.back()["memory_by_rank"]);
+    EXPECT_EQ(d["runs"][0]["memory"]["peak_bytes"].size(), run == "pp" ? 4u : 1u);
+  }
+}
+
+TEST_F(Report, MetricsRecordTheRunHeader) {
+  const json run = rows_of(path("pp.jsonl")).front()["run"];
+  EXPECT_NE(run["command"].get<std::string>().find("train --model tiny"), std::string::npos);
+  EXPECT_FALSE(run["commit"].get<std::string>().empty());
+  EXPECT_EQ(run["layout"]["pp"], 2);
+  EXPECT_EQ(run["layout"]["dp"], 2);
+  EXPECT_EQ(run["model"]["n_layer"], 4);
+  EXPECT_FALSE(run["machine"]["cpu"].get<std::string>().empty());
+  EXPECT_EQ(run["tokens_per_step"], 8 * 32);
+}
+
+TEST_F(Report, RefusesBadInput) {
+  auto refused = [&](const std::string& args, const std::string& says) {
+    const test::RunResult r = test::run_meshtrain("report " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << args << "\n" << r.output;
+  };
+  refused(path("missing.jsonl") + " -o " + path("x.html"), "cannot read the metrics file");
+  {
+    std::ofstream f(path("bad.jsonl"));
+    f << R"({"step": 1, "loss": 2})"
+      << "\n{not json\n";
+  }
+  refused(path("bad.jsonl") + " -o " + path("x.html"), "line 2 is not JSON");
+  refused(path("a.jsonl") + " " + path("b.jsonl") + " --label one -o " + path("x.html"),
+          "--label was given 1 times for 2 metrics files");
+  refused(path("a.jsonl") + " --plan " + path("a.jsonl") + " -o " + path("x.html"), "is not JSON");
+  refused(path("a.jsonl") + " --trace " + path("sim.json") + " -o " + path("x.html"),
+          "has no traceEvents");
+}
+
+// ---- the browser
+std::string chromium() {
+  if (const char* c = std::getenv("MT_CHROMIUM")) return c;
+  for (const char* c : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
+    if (std::filesystem::exists(c)) return c;
+  return "";
+}
+
+// An HTML attribute's value as the DOM serialiser escapes it (&quot; &amp; &lt; &gt;).
+std::string unescape_attribute(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    bool done = false;
+    for (const auto& [entity, ch] : {std::pair<std::string_view, char>{"&quot;", '"'},
+                                     {"&amp;", '&'},
+                                     {"&lt;", '<'},
+                                     {"&gt;", '>'}})
+      if (!done && s.compare(i, entity.size(), entity) == 0) {
+        out.push_back(ch);
+        i += entity.size() - 1;
+        done = true;
+      }
+    if (!done) out.push_back(s[i]);
+  }
+  return out;
+}
+
+struct Kind {
+  std::string name, args;           // `report` arguments, or (plan_html) `plan` arguments
+  std::vector<std::string> charts;  // every chart the page must hold
+  bool plan_html = false;
+};
+
+// plan --html of a Llama 3 8B search: the ranked layouts.
+const std::string kPlanArgs =
+    "--model llama3-8b --cluster dgx-h100 --gpus 64 --batch 256 --seq 4096 --top 8";
+
+TEST_F(Report, PlanHtmlEmbedsThePlanJson) {
+  const std::string page = path("plan.html");
+  const test::RunResult r = test::run_meshtrain("plan " + kPlanArgs + " --html " + page);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string cmd = "(";
+  cmd += MT_BINARY;
+  cmd += " plan " + kPlanArgs + " --json 2>/dev/null)";
+  const test::RunResult j = test::run_command(cmd);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  json expected = json::parse(j.output), got = obs::report_data_of_html(read(page))["ranked"];
+  expected.erase("search_s");  // the search's own time differs between the two runs
+  got.erase("search_s");
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got["layouts"].size(), 8u);
+}
+
+TEST_F(Report, RendersEachKindInChromium) {
+  const std::string browser = chromium();
+  if (browser.empty())
+    GTEST_SKIP() << "no Chromium (install Debian's `chromium`: scripts/setup.sh); the page was "
+                    "not rendered";
+  const std::vector<std::string> curves = {"loss-step", "loss-tokens", "tokens-per-s",
+                                           "mfu",       "lr",          "grad-norm"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), curves.begin(), curves.end());
+    return more;
+  };
+  const std::vector<Kind> kinds = {
+      {"single", path("a.jsonl") + " --label 'lr 1e-3'", with({"memory-0"})},
+      {"two-runs", path("a.jsonl") + " " + path("b.jsonl") + " --label 'lr 1e-3' --label 'lr 3e-3'",
+       with({"memory-0", "memory-1"})},
+      {"pipeline", path("pp.jsonl") + " --label 'pp 2 x dp 2' --trace " + path("pp.trace.json"),
+       with({"memory-0", "bytes-0", "timeline"})},
+      {"plan", path("pp.jsonl") + " --label 'pp 2 x dp 2' --plan " + path("sim.json"),
+       with({"memory-0", "bytes-0", "plan-step-time", "plan-bubble", "plan-memory"})},
+      {"plan-html", kPlanArgs, {"ranked-memory", "ranked-time"}, true}};
+  const char* shots_env = std::getenv("MT_REPORT_SCREENSHOTS");
+  const std::filesystem::path shots = shots_env ? shots_env : *dir_;
+  std::filesystem::create_directories(shots);
+  // A profile folder of its own: a Chromium already running on the default profile (another
+  // test, another session) would otherwise take the request over and exit.
+  const std::string flags =
+      " --headless --no-sandbox --disable-gpu --hide-scrollbars "
+      "--virtual-time-budget=5000 --enable-logging=stderr --v=0 --user-data-dir=" +
+      path("chromium-profile") + " ";
+  for (const Kind& k : kinds) {
+    const std::string page = path("report-" + k.name + ".html");
+    const test::RunResult r = test::run_meshtrain(k.plan_html ? "plan " + k.args + " --html " + page
+                                                              : "report " + k.args + " -o " + page);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The page after its scripts ran: the check it wrote into <body data-mt-check>, and
+    // Chromium's log of the console (an uncaught error is logged as CONSOLE ... Uncaught).
+    // A browser that exits before the page's task ran (seen once on a loaded host) is asked
+    // again, twice at most; a page whose script fails never writes the check and still fails.
+    const std::string key = "data-mt-check=\"";
+    test::RunResult dom;
+    size_t a = std::string::npos;
+    for (int attempt = 0; attempt < 3 && a == std::string::npos; ++attempt) {
+      dom =
+          test::run_command(browser + flags + "--window-size=1280,1600 --dump-dom file://" + page);
+      ASSERT_EQ(dom.exit_code, 0) << dom.output;
+      a = dom.output.find(key);
+    }
+    ASSERT_NE(a, std::string::npos) << k.name << ": the page's script did not finish\n"
+                                    << dom.output;
+    const json check = json::parse(unescape_attribute(
+        dom.output.substr(a + key.size(), dom.output.find('"', a + key.size()) - a - key.size())));
+    const std::string text = check.dump();
+    EXPECT_TRUE(check["errors"].empty()) << k.name << ": " << check["errors"].dump();
+    EXPECT_EQ(dom.output.find("Uncaught"), std::string::npos) << k.name << "\n" << dom.output;
+    for (const std::string& id : k.charts) {
+      ASSERT_TRUE(check["charts"].contains(id)) << k.name << ": no chart " << id << " in " << text;
+      const json& c = check["charts"][id];
+      EXPECT_GT(c["points"].get<int>(), 0) << k.name << " " << id;
+      // Painted: pixels with a hue in the plot area (grid and axes are grey).
+      EXPECT_GT(c["painted"].get<int>(), 100) << k.name << " " << id;
+      EXPECT_GT(c["width"].get<int>(), 0) << k.name << " " << id;
+    }
+    EXPECT_EQ(check["charts"].size(), k.charts.size()) << k.name << ": " << check["charts"].dump();
+    if (k.name == "two-runs") {  // overlaid: each run's loss and validation loss
+      EXPECT_EQ(check["charts"]["loss-step"]["series"], 4);
+    }
+    const int height = check["height"].get<int>() + 16;
+    const std::string png = (shots / ("report-" + k.name + ".png")).string();
+    std::filesystem::remove(png);
+    const test::RunResult shot =
+        test::run_command(browser + flags + "--window-size=1280," + std::to_string(height) +
+                          " --screenshot=" + png + " file://" + page);
+    EXPECT_EQ(shot.exit_code, 0) << shot.output;
+    EXPECT_GT(std::filesystem::exists(png) ? std::filesystem::file_size(png) : 0, 10000u) << png;
+  }
+}
+
+}  // namespace
+}  // namespace mt
