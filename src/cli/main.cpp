@@ -7,8 +7,8 @@
 #include "comm/launch.h"
 #include "comm/mpi.h"
 #include "core/error.h"
-#include "obs/run_info.h"
 #include "meshtrain_version.h"  // generated at build time (cmake/version.cmake)
+#include "obs/run_info.h"
 
 namespace {
 
