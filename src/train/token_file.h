@@ -137,6 +137,11 @@ class SequenceSampler {
   int64_t num_samples() const { return num_samples_; }
   // Fills inputs and targets ([n, T] each) with samples global_index .. global_index+n-1.
   void fill(int64_t global_index, int64_t n, int32_t* inputs, int32_t* targets) const;
+  // Context parallelism: only the positions a rank holds ([n, positions.size()] each: row t
+  // of a sample is its token at positions[t], and the target the token after it). Empty
+  // positions: the whole sample, as fill.
+  void fill(int64_t global_index, int64_t n, int32_t* inputs, int32_t* targets,
+            const std::vector<int32_t>& positions) const;
 
  private:
   const TokenFile* file_;
