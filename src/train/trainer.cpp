@@ -891,10 +891,9 @@ TrainResult run_training(const TrainOptions& o) {
   if (kind == comm::BackendKind::kLocal && o.world_size() > 1) refuse_local_backend_under_mpirun();
   const int world = comm::launch_world_size(lo);
   if (world != o.world_size())
-    fail(
-        "mpirun started {} processes but --pp {} x --dp {} x --cp {} x --tp {} is {} (run mpirun "
-        "-np {})",
-        world, o.pipeline.pp, o.dp, o.cp, o.tp, o.world_size(), o.world_size());
+    fail("mpirun started {} processes but --pp {} x --dp {}{} x --tp {} is {} (run mpirun -np {})",
+         world, o.pipeline.pp, o.dp, o.cp > 1 ? fmt::format(" x --cp {}", o.cp) : "", o.tp,
+         o.world_size(), o.world_size());
   // The pipeline schedule (verified: complete and deadlock-free) and the layer split.
   std::unique_ptr<parallel::pp::Schedule> sched;
   std::unique_ptr<parallel::pp::Partition> part;
