@@ -35,8 +35,7 @@ int64_t activation_bytes(GptConfig c, int L, int N, int64_t B) {
 
 int64_t formula(const GptConfig& c, int N, int64_t B) {
   const int64_t C = c.d_model;
-  return 4 * B * (c.seq_len / N) *
-         (5 * C + c.qkv_dim() + c.fc_dim() + c.d_ff + 4 + c.n_head);
+  return 4 * B * (c.seq_len / N) * (5 * C + c.qkv_dim() + c.fc_dim() + c.d_ff + 4 + c.n_head);
 }
 
 TEST(CpMemory, OneLayerFollowsTheFormulaAndFallsAsOneOverN) {
