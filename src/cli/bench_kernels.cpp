@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "kernels/flash_attention.h"
 #include "kernels/kernels.h"
 #include "kernels/peak.h"
 
@@ -126,18 +127,34 @@ void run_ops(const GemmFlags& f) {
     std::fflush(human);
     rows.push_back({{"op", op}, {"shape", shape}, {"threads", threads}, {"time_s", t}});
   };
-  for (int64_t B : {4, 8}) {
-    const int64_t T = 256, C = 768, NH = 12;
-    std::vector<float> qkv(B * T * 3 * C, 0.1f), out(B * T * C), att(B * NH * T * T),
-        scratch(att.size()), dqkv(qkv.size()), dout(out.size(), 0.01f);
+  // GPT-2 124M's attention, then Model S's widths at long sequences: the naive kernel
+  // against the blockwise one (kernels/flash_attention.h).
+  struct AttnShape {
+    int64_t B, T, C, NH;
+  };
+  for (const AttnShape& a : {AttnShape{4, 256, 768, 12}, AttnShape{8, 256, 768, 12},
+                             AttnShape{1, 2048, 256, 4}, AttnShape{1, 8192, 256, 4}}) {
+    const int64_t B = a.B, T = a.T, C = a.C, NH = a.NH;
+    std::vector<float> qkv(B * T * 3 * C, 0.1f), out(B * T * C), lse(B * NH * T), dqkv(qkv.size()),
+        dout(out.size(), 0.01f);
     for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 13) * 0.05f - 0.3f;
     const std::string shape = fmt::format("B{} T{} C{} NH{}", B, T, C, NH);
-    row("attention_forward", shape, best_time(f.reps, [&] {
-          kernels::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    if (T <= 2048) {  // the naive kernel's T x T buffers: 1 GiB each at T = 8192
+      std::vector<float> att(B * NH * T * T), scratch(att.size());
+      row("attention_forward", shape, best_time(f.reps, [&] {
+            kernels::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+          }));
+      row("attention_backward", shape, best_time(f.reps, [&] {
+            kernels::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(),
+                                        att.data(), B, T, C, NH);
+          }));
+    }
+    row("flash_attention_fwd", shape, best_time(f.reps, [&] {
+          kernels::flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
         }));
-    row("attention_backward", shape, best_time(f.reps, [&] {
-          kernels::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(),
-                                      att.data(), B, T, C, NH);
+    row("flash_attention_bwd", shape, best_time(f.reps, [&] {
+          kernels::flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                            lse.data(), B, T, C, NH);
         }));
   }
   {

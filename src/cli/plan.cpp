@@ -425,11 +425,11 @@ void check_trainable(const plan::Job& j, const PlanFlags& f) {
   if (j.dtype != "f32" && j.dtype != "bf16")
     fail("--emit-config: train runs f32 or bf16, not --dtype {}; plan with --dtype bf16 (or f32)",
          j.dtype);
-  // The config would have no cp key and so dp x tp x pp = half (a cp-th) of the planned ranks.
-  if (f.cp && *f.cp > 1)
+  // train runs context parallelism on CPU ranks only (docs/context_parallel.md).
+  if (f.cp && *f.cp > 1 && j.cluster.compute_units == 0)
     fail(
-        "--emit-config: train has no context parallelism yet, so it cannot run --cp {}; drop "
-        "--cp to plan a layout train runs, or drop --emit-config",
+        "--emit-config: train runs context parallelism on the CPU only so far, so it cannot run "
+        "--cp {} on GPUs; plan it for --cluster this-host, drop --cp, or drop --emit-config",
         *f.cp);
 }
 
@@ -458,6 +458,10 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   c["dp"] = l.dp;
   c["tp"] = l.tp;
   c["sp"] = l.sp;
+  if (l.cp > 1) {
+    c["cp"] = l.cp;
+    c["cp_comm"] = "ring";  // the exchange the planner costs (overlapped ring attention)
+  }
   c["zero"] = l.zero;
   c["recompute"] = plan::recompute_name(l.recompute);
   // The planned hardware: a GPU per rank (NCCL between them), or this host's CPU ranks.

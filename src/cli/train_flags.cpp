@@ -19,7 +19,7 @@ const std::vector<std::string> kConfigKeys = {
     "threads",    "dp",           "zero",      "bucket_mb",      "backend",      "tp",
     "sp",         "mesh_order",   "recompute", "dtype",          "device",       "comm_timeout",
     "pp",         "microbatches", "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",
-    "attention",  "data_format",  "shuffle"};
+    "attention",  "data_format",  "shuffle",      "cp",           "cp_comm"};
 
 }  // namespace
 
@@ -33,18 +33,19 @@ const std::vector<std::string>& train_command_config_keys() {
 void infer_dp_under_mpirun(train::TrainOptions& o, bool dp_given) {
   const int world = comm::mpi_env_world_size();
   if (dp_given || world < 1 || o.backend == "local") return;
-  const int64_t others = static_cast<int64_t>(o.tp) * o.pipeline.pp;
-  if (o.tp < 1 || o.pipeline.pp < 1) return;  // validate() names the bad value
+  if (o.tp < 1 || o.pipeline.pp < 1 || o.cp < 1) return;  // validate() names the bad value
+  const int64_t others = static_cast<int64_t>(o.tp) * o.pipeline.pp * o.cp;
   if (world % others != 0) {
     std::string np, divisors;
     for (int k = 1; k <= 3; ++k) np += fmt::format("{}{}", k > 1 ? ", " : "", k * others);
     for (int d = 1; d <= world; ++d)
       if (world % d == 0) divisors += fmt::format("{}{}", divisors.empty() ? "" : ", ", d);
     fail(
-        "mpirun started {} processes, which --tp {} x --pp {} = {} does not divide: dp = "
-        "processes / (tp x pp) would not be whole (run mpirun -np {} ..., or give a --tp x --pp "
-        "that divides {}: one of {})",
-        world, o.tp, o.pipeline.pp, others, np, world, divisors);
+        "mpirun started {} processes, which --tp {} x --pp {}{} = {} does not divide: dp = "
+        "processes / (tp x pp{}) would not be whole (run mpirun -np {} ..., or give a --tp x "
+        "--pp{} that divides {}: one of {})",
+        world, o.tp, o.pipeline.pp, o.cp > 1 ? fmt::format(" x --cp {}", o.cp) : "", others,
+        o.cp > 1 ? " x cp" : "", np, o.cp > 1 ? " x --cp" : "", world, divisors);
   }
   o.dp = static_cast<int>(world / others);
 }
@@ -97,6 +98,14 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split; world = dp "
                  "x tp)");
   cmd.add_flag("--sp", sp, "sequence parallelism in the tp group (needs --tp 2 or more)");
+  cmd.add_option("--cp", cp,
+                 "context-parallel ranks: every sequence split over them, rank i holding chunks "
+                 "i and 2cp-1-i of 2cp (world = pp x dp x cp x tp; docs/context_parallel.md)");
+  cmd.add_option("--cp-comm", cp_comm,
+                 fmt::format("how --cp ranks exchange keys and values: ring (point to point, "
+                             "overlapped), all-gather, or a2a (Ulysses: heads split over cp; "
+                             "default {})",
+                             d.cp_comm));
   cmd.add_option("--pp", pp, "pipeline ranks (world = pp x dp; docs/pipeline.md)");
   cmd.add_option("--microbatches", microbatches,
                  "microbatches per step and dp replica (default: --pp; with --pp 1, gradient "
@@ -116,8 +125,8 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "communication: auto (mpi under mpirun), local, mpi, or nccl (GPUs, with "
                  "--device cuda)");
   cmd.add_option("--mesh-order", mesh_order,
-                 "mesh dimensions slowest to fastest (default pp,dp,tp: a tp group on "
-                 "neighbouring ranks)");
+                 "mesh dimensions slowest to fastest (default pp,dp,cp,tp: a tp group on "
+                 "neighbouring ranks; cp left out goes just before tp)");
   cmd.add_option("--recompute", recompute,
                  "activation recomputation: none, selective (attention probabilities), full "
                  "(each block's forward again in backward)");
@@ -128,9 +137,12 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "where each rank computes: cpu, or cuda (one GPU per rank: rank r on GPU r mod "
                  "the host's GPUs; docs/cuda.md)");
   cmd.add_option("--attention", attention,
-                 "attention kernel on a GPU: auto (default: fused for --dtype bf16 where the "
-                 "kernel has the head dim, else naive), fused (flash-attention style, bf16 tensor "
-                 "cores, O(T) memory) or naive (f32 GEMMs and softmax over T x T; the CPU's)");
+                 "attention kernel: auto (default: on the CPU flash from --seq " +
+                     std::to_string(train::kCpuFlashMinSeq) +
+                     ", on a GPU flash for --dtype bf16 where the fused kernel has the head dim), "
+                     "flash (flash-attention style, O(T) memory: the CPU's blockwise f32 kernel, a "
+                     "GPU's fused bf16 kernel; also named fused) or naive (f32 GEMMs and softmax "
+                     "over T x T)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));
@@ -181,6 +193,8 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "dp", o.dp, dp);
     take_config(j, "zero", o.zero, zero);
     take_config(j, "tp", o.tp, tp);
+    take_config(j, "cp", o.cp, cp);
+    take_config(j, "cp_comm", o.cp_comm, cp_comm);
     if (j.contains("sp")) o.sp = config_value<bool>(j, "sp");
     if (sp) o.sp = true;
     take_config(j, "bucket_mb", o.bucket_mb, bucket_mb);

@@ -20,11 +20,12 @@ struct TrainFlags {
   std::optional<std::string> data, val_data, data_format;
   bool shuffle = false, no_shuffle = false;  // --shuffle / --no-shuffle (default: the config's)
   std::optional<double> bucket_mb, comm_timeout;
-  std::optional<int> dp, zero, tp;
+  std::optional<int> dp, zero, tp, cp;
+  std::optional<std::string> cp_comm;  // --cp-comm all-gather
   std::optional<std::string> backend, mesh_order, recompute;
   std::optional<std::string> dtype;      // --dtype f32 | bf16
   std::optional<std::string> device;     // --device cpu | cuda
-  std::optional<std::string> attention;  // --attention auto | fused | naive
+  std::optional<std::string> attention;  // --attention auto | flash (fused) | naive
   std::optional<int> pp, microbatches, virtual_stages;
   std::optional<std::string> schedule, pp_exchanges, pp_layers;
   bool sp = false;

@@ -94,6 +94,7 @@ nlohmann::json to_json(const train::TrainOptions& layout, const train::VerifyRep
   return {{"layout", train::describe_layout(layout)},
           {"dp", layout.dp},
           {"tp", layout.tp},
+          {"cp", layout.cp},
           {"pp", layout.pipeline.pp},
           {"zero", layout.zero},
           {"sp", layout.sp},

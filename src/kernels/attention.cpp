@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "kernels/dispatch.h"
+#include "kernels/flash_attention.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"
@@ -31,6 +32,9 @@ namespace mt::kernels {
 namespace {
 
 constexpr int64_t kBlock = 64;
+
+// The calling rank thread's choice (--attention): the flash-style kernel of its device.
+thread_local bool t_fused = false;
 
 bool per_head_schedule() {
   static const bool v = [] {
@@ -146,6 +150,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
   MT_CUDA_DISPATCH(attention_forward(out, att, qkv, B, T, C, NH));
   check_shape(T, C, NH);
   if (B == 0) return;
+  if (t_fused) return flash_attention_forward(out, att, qkv, B, T, C, NH);
   if (per_head_schedule()) return forward_per_head(out, att, qkv, B, T, C, NH);
   const int64_t hd = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -171,6 +176,10 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
   MT_CUDA_DISPATCH(attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH));
   check_shape(T, C, NH);
+  if (t_fused)
+    fail(
+        "attention_backward: the blockwise CPU kernel is on for this thread and its backward "
+        "reads the forward's output: call flash_attention_backward");
   if (B == 0) return;
   if (per_head_schedule()) return backward_per_head(dqkv, scratch, dout, qkv, att, B, T, C, NH);
   const int64_t hd = C / NH, C3 = 3 * C;
@@ -203,20 +212,13 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 }
 
 void set_fused_attention(bool on) {
+  t_fused = on;
 #if MESHTRAIN_CUDA
   cuda::detail::set_flash_attention(on);
-#else
-  if (on) fail("--attention fused: this meshtrain was built without CUDA");
 #endif
 }
 
-bool fused_attention() {
-#if MESHTRAIN_CUDA
-  return cuda::detail::flash_attention_enabled();
-#else
-  return false;
-#endif
-}
+bool fused_attention() { return t_fused; }
 
 std::string fused_attention_unsupported(int64_t head_dim, int64_t T) {
 #if MESHTRAIN_CUDA
@@ -233,14 +235,16 @@ std::string fused_attention_unsupported(int64_t head_dim, int64_t T) {
 #endif
 }
 
+// The blockwise CPU kernel (flash_attention.h) keeps the log-sum-exp of each row and needs
+// no scratch beyond its own per-thread blocks (one float: a buffer is never empty).
 int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T) {
   MT_CUDA_DISPATCH(attention_stash_elems(B, NH, T));
-  return B * NH * T * T;
+  return t_fused ? B * NH * T : B * NH * T * T;
 }
 
 int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T) {
   MT_CUDA_DISPATCH(attention_scratch_elems(B, NH, T));
-  return B * NH * T * T;
+  return t_fused ? 1 : B * NH * T * T;
 }
 
 }  // namespace mt::kernels

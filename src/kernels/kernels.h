@@ -98,8 +98,8 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
 // The floats of `att` (kept from forward to backward) and of backward's scratch on the
-// current device: B*NH*T*T each on the CPU (the probabilities); a fused GPU kernel may
-// keep less.
+// current device: B*NH*T*T each on the CPU (the probabilities); the flash-style kernels keep
+// B*NH*T (the rows' log-sum-exp).
 int64_t attention_stash_elems(int64_t B, int64_t NH, int64_t T);
 int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T);
 // One query position against a key/value cache (generation, model/decode.h; the CPU only):
@@ -109,11 +109,14 @@ int64_t attention_scratch_elems(int64_t B, int64_t NH, int64_t T);
 // scores: at least heads·len floats of scratch.
 void attention_decode(float* out, float* scores, const float* q, const float* k, const float* v,
                       int64_t len, int64_t heads, int64_t kv_heads, int64_t hd);
-// The GPU's fused attention (flash-attention-2 style on bf16 tensor cores; it keeps B*NH*T
-// floats between forward and backward, not the probabilities): on or off for the calling
-// thread, off until set (the trainer sets it on each rank thread: --attention). The CPU
-// always runs the kernels above. `fused_attention_unsupported` is "" when this build can run
-// a head dim and sequence length fused, else the reason.
+// The flash-style attention of the calling thread's device, on or off for that thread, off
+// until set (the trainer sets it on each rank thread: --attention flash, or auto where it is
+// at least as fast). On a GPU: the fused kernel (flash-attention-2 style on bf16 tensor
+// cores). On the CPU: the blockwise f32 kernel of flash_attention.h, which attention_forward
+// then runs (att = the log-sum-exp); its backward reads the forward's output, so callers run
+// flash_attention_backward instead of attention_backward (which refuses while it is on).
+// `fused_attention_unsupported` is "" when this build can run a head dim and sequence length
+// fused on a GPU, else the reason.
 void set_fused_attention(bool on);
 bool fused_attention();
 std::string fused_attention_unsupported(int64_t head_dim, int64_t T);

@@ -1,10 +1,10 @@
-#include "kernels/dispatch.h"
 #include "kernels/vocab_parallel.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "kernels/dispatch.h"
 #include "kernels/vec_math.h"
 
 namespace mt::kernels {
@@ -24,7 +24,8 @@ void vocab_parallel_max(float* mx, const float* logits, int64_t n, int64_t cols,
 void vocab_parallel_sum_exp(float* sum_exp, float* target_logit, const float* logits,
                             const float* mx, const int32_t* targets, int64_t n, int64_t cols,
                             int64_t real, int64_t v0) {
-  MT_CUDA_DISPATCH(vocab_parallel_sum_exp(sum_exp, target_logit, logits, mx, targets, n, cols, real, v0));
+  MT_CUDA_DISPATCH(
+      vocab_parallel_sum_exp(sum_exp, target_logit, logits, mx, targets, n, cols, real, v0));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = logits + i * cols;
@@ -49,7 +50,8 @@ void vocab_parallel_lse(float* lse, float* losses, const float* mx, const float*
 void vocab_parallel_ce_backward(float* dlogits, const float* logits, const float* lse,
                                 const int32_t* targets, float dloss, int64_t n, int64_t cols,
                                 int64_t real, int64_t v0) {
-  MT_CUDA_DISPATCH(vocab_parallel_ce_backward(dlogits, logits, lse, targets, dloss, n, cols, real, v0));
+  MT_CUDA_DISPATCH(
+      vocab_parallel_ce_backward(dlogits, logits, lse, targets, dloss, n, cols, real, v0));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = logits + i * cols;
@@ -110,6 +112,25 @@ void position_embedding_backward(float* dwpe, const float* dy, int64_t first, in
   MT_CUDA_DISPATCH(position_embedding_backward(dwpe, dy, first, n, T, C));
   for (int64_t i = 0; i < n; ++i) {
     float* p = dwpe + ((first + i) % T) * C;
+    const float* g = dy + i * C;
+    for (int64_t c = 0; c < C; ++c) p[c] += g[c];
+  }
+}
+
+void add_position_rows(float* y, const float* wpe, const int32_t* pos, int64_t first, int64_t n,
+                       int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* p = wpe + pos[(first + i) % T] * C;
+    float* out = y + i * C;
+    for (int64_t c = 0; c < C; ++c) out[c] += p[c];
+  }
+}
+
+void position_rows_backward(float* dwpe, const float* dy, const int32_t* pos, int64_t first,
+                            int64_t n, int64_t T, int64_t C) {
+  for (int64_t i = 0; i < n; ++i) {  // in row order: the same sums as the single rank's
+    float* p = dwpe + pos[(first + i) % T] * C;
     const float* g = dy + i * C;
     for (int64_t c = 0; c < C; ++c) p[c] += g[c];
   }

@@ -37,6 +37,12 @@ void add_position_embedding(float* y, const float* wpe, int64_t first, int64_t n
 // dwpe[(first + i) % T, :] += dy[i, :].
 void position_embedding_backward(float* dwpe, const float* dy, int64_t first, int64_t n, int64_t T,
                                  int64_t C);
+// The same with the positions of a context-parallel split (CPU only): row i of the n rows
+// is local row (first + i) % T of its sequence, at global position pos[(first + i) % T].
+void add_position_rows(float* y, const float* wpe, const int32_t* pos, int64_t first, int64_t n,
+                       int64_t T, int64_t C);
+void position_rows_backward(float* dwpe, const float* dy, const int32_t* pos, int64_t first,
+                            int64_t n, int64_t T, int64_t C);
 // y[i, :] += b for the n rows of [n, c].
 void add_bias(float* y, const float* b, int64_t n, int64_t c);
 

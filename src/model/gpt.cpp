@@ -87,6 +87,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
     : config_(with_tp_padding(config, tp)),
       parts_(std::move(parts)),
       params_(rank_specs(config_, tp, parts_), DType::kF32, store),
+      cp_(std::make_unique<parallel::cp::CpContext>()),
       tp_(tp) {
   config_.validate();
   params_.initialize(seed);  // by global name and element index: the same on any layout
@@ -116,6 +117,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
     b.mlp = config_.mlp;
     b.rope = rope_.get();
     b.tp = tp_;
+    b.cp = cp_.get();
     b.ln_1 = norm(h + "ln_1");
     b.c_attn = {&params_.get(h + "attn.c_attn.weight"), maybe(params_, h + "attn.c_attn.bias"), C,
                 config_.qkv_dim() / tp.size};
@@ -129,6 +131,16 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
     for (Linear* l : {&b.c_attn, &b.attn_proj, &b.c_fc, &b.mlp_proj}) l->mp = mp_.get();
     blocks_.push_back(b);
   }
+}
+
+void Gpt::set_context_parallel(const parallel::cp::CpContext& cp) {
+  parallel::cp::check_split(config_.seq_len, cp.size);
+  *cp_ = cp;
+  positions_.clear();
+  if (!cp.active()) return;
+  positions_ = cp.positions(config_.seq_len);
+  if (rope_) *rope_ = make_rope_tables(config_, positions_);
+  scratch_tokens_ = 0;  // the scratch gains the exchange buffers
 }
 
 std::vector<int> Gpt::unit_first_params() const {
@@ -171,6 +183,10 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
   if (T > config_.seq_len)
     fail("sequence length {} is longer than the model's seq_len {} (use --seq {} or less)", T,
          config_.seq_len, config_.seq_len);
+  if (cp_->active() && T * cp_->size != config_.seq_len)
+    fail(
+        "context parallelism splits sequences of seq_len {}: activations for {} local rows x cp {}",
+        config_.seq_len, T, cp_->size);
   if (tp_.sp && (B * T) % tp_.size != 0)
     fail("--sp: {} tokens per microbatch do not split over --tp {}", B * T, tp_.size);
   const int64_t N = B * T, C = config_.d_model, Nl = tp_.local_rows(N);
@@ -226,7 +242,7 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
   if (B * T == scratch_tokens_ && scratch_.datt.defined() &&
       scratch_.datt.numel() == kernels::attention_scratch_elems(B, config_.n_head / tp_.size, T))
     return;
-  scratch_ = Block::make_scratch(config_, B, T, tp_);
+  scratch_ = Block::make_scratch(config_, B, T, tp_, *cp_);
   dres_ = Tensor::empty({B * T, config_.d_model}, DType::kF32, mem::Category::kWorkspace);
   scratch_tokens_ = B * T;
   if (mp_) {  // bf16: the largest GEMM input (C or F/t wide) and output gradient
@@ -278,9 +294,12 @@ void Gpt::embed_forward(Activations& a) {
   hooks().before_forward(0);
   upload(a.tokens, a.tokens_dev);
   profile::Scope p("embedding.fwd");
+  const bool split = cp_->active();  // positions follow the cp split
   if (!tp_.active()) {
     kernels::embedding_forward(a.encoded.f32(), a.token_ids(), wte_->value.f32(),
-                               wpe_ ? wpe_->value.f32() : nullptr, B, T, C);
+                               wpe_ && !split ? wpe_->value.f32() : nullptr, B, T, C);
+    if (wpe_ && split)
+      kernels::add_position_rows(a.encoded.f32(), wpe_->value.f32(), positions_.data(), 0, N, T, C);
     return;
   }
   ensure_scratch(B, T);
@@ -293,7 +312,11 @@ void Gpt::embed_forward(Activations& a) {
     tpo::reduce_scatter_rows(tp_, partial, a.encoded.f32(), Nl * C);
   else
     tpo::all_reduce(tp_, a.encoded.f32(), N * C);
-  if (wpe_) kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
+  if (wpe_ && split)
+    kernels::add_position_rows(a.encoded.f32(), wpe_->value.f32(), positions_.data(), row0, Nl, T,
+                               C);
+  else if (wpe_)
+    kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
 }
 
 void Gpt::blocks_forward(Activations& a, int k0, int n) {
@@ -419,14 +442,20 @@ void Gpt::embed_backward(Activations& a, const float* dres) {
   hooks().before_backward(0);
   {
     profile::Scope p("embedding.bwd");
+    const bool split = cp_->active();
     if (!tp_.active()) {
-      kernels::embedding_backward(wte_->grad.f32(), wpe_ ? wpe_->grad.f32() : nullptr, dres,
-                                  a.token_ids(), B, T, C);
+      kernels::embedding_backward(wte_->grad.f32(), wpe_ && !split ? wpe_->grad.f32() : nullptr,
+                                  dres, a.token_ids(), B, T, C);
+      if (wpe_ && split)
+        kernels::position_rows_backward(wpe_->grad.f32(), dres, positions_.data(), 0, N, T, C);
     } else {
       const int64_t Nl = tp_.local_rows(N), row0 = tp_.first_row(N);
       const int64_t Vl = config_.padded_vocab() / tp_.size, v0 = tp_.rank * Vl;
       ensure_scratch(B, T);
-      if (wpe_) kernels::position_embedding_backward(wpe_->grad.f32(), dres, row0, Nl, T, C);
+      if (wpe_ && split)
+        kernels::position_rows_backward(wpe_->grad.f32(), dres, positions_.data(), row0, Nl, T, C);
+      else if (wpe_)
+        kernels::position_embedding_backward(wpe_->grad.f32(), dres, row0, Nl, T, C);
       const float* d = dres;  // g backward: identity; ḡ backward: all-gather
       if (tp_.sp) {
         tpo::all_gather_rows(tp_, dres, scratch_.gath.f32(), Nl * C);

@@ -115,6 +115,16 @@ class Gpt {
 
   // Call before make_activations (the activations it makes depend on it).
   void set_recompute(Recompute r) { recompute_ = r; }
+  // Context parallelism (parallel/context.h): this rank holds the rows of its cp split of
+  // every sequence; activations are then made for the local length (seq_len / cp), the
+  // positions (RoPE tables, the learned table's rows) follow the split, and each block's
+  // attention exchanges keys and values over the cp group. Call before make_activations.
+  void set_context_parallel(const parallel::cp::CpContext& cp);
+  const parallel::cp::CpContext& cp() const { return *cp_; }
+  // The global positions of the local rows (empty without context parallelism).
+  const std::vector<int32_t>& local_positions() const { return positions_; }
+  // Rows of one sequence on this rank: seq_len, or seq_len / cp.
+  int64_t local_seq_len() const { return cp_->local_len(config_.seq_len); }
   Recompute recompute() const { return recompute_; }
 
   // The whole stage's activations (every block this rank holds, the head if it has it).
@@ -176,6 +186,10 @@ class Gpt {
   // Rotary positions: the cos/sin tables of seq_len positions, read by every block (on the
   // heap, so that the blocks' pointers survive moving the model). Null: learned positions.
   std::unique_ptr<RopeTables> rope_;
+  // Context parallelism (on the heap: the blocks point at it); size 1 by default. With cp,
+  // the global positions of the local rows (the learned table's rows to add).
+  std::unique_ptr<parallel::cp::CpContext> cp_;
+  std::vector<int32_t> positions_;
   std::vector<Block> blocks_;
   BlockScratch scratch_;
   Tensor dres_;  // [N, C] gradient of the residual stream

@@ -1,7 +1,9 @@
 #include "model/layers.h"
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/profile.h"
+#include "kernels/flash_attention.h"
 #include "kernels/kernels.h"
 #include "kernels/mixed.h"
 #include "kernels/vocab_parallel.h"
@@ -101,13 +103,17 @@ void Block::recompute_attention(BlockActivations& a, int64_t B, int64_t T, Block
 }
 
 BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
-                                 const parallel::tp::TpContext& tp) {
+                                 const parallel::tp::TpContext& tp,
+                                 const parallel::cp::CpContext& cp) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
   const int64_t QKVl = c.qkv_dim() / tp.size, FCl = c.fc_dim() / tp.size;
   BlockScratch s{
       scratch({N, C}),    scratch({N, Cl}),
       scratch({N, QKVl}), scratch({N, FCl}),
       scratch({N, F}),    scratch({kernels::attention_scratch_elems(B, c.n_head / tp.size, T)}),
+      Tensor(),           Tensor(),
+      Tensor(),           Tensor(),
+      Tensor(),           Tensor(),
       Tensor(),           Tensor(),
       Tensor(),           Tensor()};
   if (c.kv_heads() != c.n_head) {
@@ -118,8 +124,31 @@ BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
     s.gath = scratch({N, C});
     s.part = scratch({N, C});
   }
+  if (cp.active()) {
+    const parallel::cp::AttentionShape sh{
+        B, T * cp.size, c.n_head / tp.size, c.kv_heads() / tp.size, c.head_dim(), 0, 0};
+    const parallel::cp::WorkspaceElems e = parallel::cp::workspace_elems(cp, sh);
+    s.cp_local = scratch({e.local});
+    s.cp_ranked = scratch({e.ranked});
+    s.cp_kv = scratch({e.kv});
+    s.cp_dkv = scratch({e.dkv});
+    s.cp_o = scratch({e.o});
+    s.cp_lse = scratch({e.lse});
+  }
   return s;
 }
+
+parallel::cp::AttentionShape Block::cp_shape(int64_t B, int64_t T) const {
+  const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
+  return {B, T * cp->size, heads, kvh, hd, c_attn.out, heads * hd};
+}
+
+namespace {
+parallel::cp::Workspace cp_workspace(BlockScratch& s) {
+  return {s.cp_local.f32(), s.cp_ranked.f32(), s.cp_kv.f32(),
+          s.cp_dkv.f32(),   s.cp_o.f32(),      s.cp_lse.f32()};
+}
+}  // namespace
 
 void Block::rotate_qkv(float* qkv, int64_t B, int64_t T, bool backward) const {
   if (!rope) return;
@@ -135,6 +164,11 @@ void Block::rotate_qkv(float* qkv, int64_t B, int64_t T, bool backward) const {
 void Block::attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s,
                    const char* scope) const {
   profile::Scope p(scope);
+  if (context_parallel()) {  // the keys and values of the whole sequence, over cp
+    parallel::cp::attention_forward(*cp, cp_shape(B, T), a.qkv.f32(), a.atty.f32(), a.att.f32(),
+                                    cp_workspace(s));
+    return;
+  }
   const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
   const float* qkv = a.qkv.f32();
   if (kvh != heads) {
@@ -147,6 +181,12 @@ void Block::attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s,
 void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations& a, int64_t B,
                             int64_t T) const {
   profile::Scope p("attention.bwd");
+  if (context_parallel()) {
+    parallel::cp::attention_backward(*cp, cp_shape(B, T), a.qkv.f32(), a.atty.f32(), a.att.f32(),
+                                     s.datty.f32(), dqkv, cp_workspace(s));
+    rotate_qkv(dqkv, B, T, true);
+    return;
+  }
   const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
   const float* qkv = a.qkv.f32();
   float* dfull = dqkv;
@@ -155,8 +195,12 @@ void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations
     qkv = s.qkvx.f32();
     dfull = s.dqkvx.f32();
   }
-  kernels::attention_backward(dfull, s.datt.f32(), s.datty.f32(), qkv, a.att.f32(), B, T,
-                              heads * hd, heads);
+  if (!device::on_cuda() && kernels::fused_attention())  // the blockwise CPU kernel
+    kernels::flash_attention_backward(dfull, s.datty.f32(), qkv, a.atty.f32(), a.att.f32(), B, T,
+                                      heads * hd, heads);
+  else
+    kernels::attention_backward(dfull, s.datt.f32(), s.datty.f32(), qkv, a.att.f32(), B, T,
+                                heads * hd, heads);
   if (dfull != dqkv) kernels::reduce_kv_heads(dqkv, dfull, B * T, heads, kvh, hd);
   rotate_qkv(dqkv, B, T, true);
 }

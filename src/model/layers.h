@@ -9,6 +9,7 @@
 
 #include "model/params.h"
 #include "model/rope.h"
+#include "parallel/context.h"
 #include "parallel/tp.h"
 
 namespace mt::model {
@@ -58,7 +59,7 @@ struct Linear {
 struct BlockActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // [N, C], [N], [N]
   Tensor qkv;                      // [N, qkv_dim] q | k | v (rotated, with RoPE)
-  Tensor att;                      // [B, NH, T, T] softmax probabilities
+  Tensor att;                      // [B, NH, T, T] softmax probabilities (flash: [B, NH, T] lse)
   Tensor atty;                     // [N, C] attention output before c_proj
   Tensor res2;                     // [N, C] x + attention branch
   Tensor ln2, ln2_mean, ln2_rstd;  // [N, C], [N], [N]
@@ -84,7 +85,7 @@ struct BlockScratch {
   Tensor dqkv;   // [N, qkv_dim]
   Tensor dfch;   // [N, fc_dim]
   Tensor dgelu;  // [N, F]
-  Tensor datt;   // [B, NH, T, T]
+  Tensor datt;   // [B, NH, T, T] (flash: unused)
   // Grouped-query attention: the q | k | v rows with the kv heads repeated per query head,
   // and their gradient ([N, 3C] each; undefined with multi-head attention).
   Tensor qkvx;
@@ -94,6 +95,9 @@ struct BlockScratch {
   // reduce-scatter. [N, C] each; undefined otherwise.
   Tensor gath;
   Tensor part;
+  // Context parallelism: the attention's exchange buffers (parallel/context.h Workspace);
+  // undefined otherwise.
+  Tensor cp_local, cp_ranked, cp_kv, cp_dkv, cp_o, cp_lse;
 };
 
 // With tensor parallelism (tp.size = t > 1) the block is Megatron's: c_attn and c_fc are
@@ -110,6 +114,10 @@ struct Block {
   MlpKind mlp = MlpKind::kGelu;
   const RopeTables* rope = nullptr;  // rotary positions on q and k; null: none (GPT-2)
   parallel::tp::TpContext tp;
+  // Context parallelism: the sequence split over the cp group (parallel/context.h); the
+  // block then runs on the local rows (T below is the local sequence) and its attention
+  // exchanges keys and values over cp. Null: the whole sequence.
+  const parallel::cp::CpContext* cp = nullptr;
 
   // What a block keeps for backward (activation recomputation, Korthikanti et al. 2022):
   // everything; everything but the attention probabilities (selective: recomputed from qkv
@@ -122,8 +130,10 @@ struct Block {
                                            Keep keep = Keep::kAll);
   // Selective recomputation: the attention probabilities again, from the kept qkv.
   void recompute_attention(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const;
+  // T: the local sequence (T / cp with context parallelism).
   static BlockScratch make_scratch(const GptConfig& c, int64_t B, int64_t T,
-                                   const parallel::tp::TpContext& tp = {});
+                                   const parallel::tp::TpContext& tp = {},
+                                   const parallel::cp::CpContext& cp = {});
 
   // x: [N, C] (with --sp this rank's [N/t, C] rows). `s` is needed with tensor parallelism.
   void forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
@@ -151,6 +161,8 @@ struct Block {
               const char* scope = "attention.fwd") const;
   void attend_backward(float* dqkv, BlockScratch& s, const BlockActivations& a, int64_t B,
                        int64_t T) const;
+  bool context_parallel() const { return cp && cp->active(); }
+  parallel::cp::AttentionShape cp_shape(int64_t B, int64_t T) const;
   void activation_forward(BlockActivations& a) const;
   void activation_backward(float* dfch, const float* dy, const BlockActivations& a) const;
   void forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T, BlockScratch& s) const;

@@ -31,13 +31,14 @@ std::vector<double> rope_inv_freq(const GptConfig& c) {
   return f;
 }
 
-RopeTables make_rope_tables(const GptConfig& c, int64_t T) {
+RopeTables make_rope_tables(const GptConfig& c, const std::vector<int32_t>& positions) {
   const std::vector<double> f = rope_inv_freq(c);
-  const int64_t half = static_cast<int64_t>(f.size());
+  const int64_t half = static_cast<int64_t>(f.size()), T = static_cast<int64_t>(positions.size());
   std::vector<float> cs(static_cast<size_t>(T * half)), sn(cs.size());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const double a = static_cast<double>(t) * f[static_cast<size_t>(i)];
+      const double a =
+          static_cast<double>(positions[static_cast<size_t>(t)]) * f[static_cast<size_t>(i)];
       cs[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(a));
       sn[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(a));
     }
@@ -47,6 +48,12 @@ RopeTables make_rope_tables(const GptConfig& c, int64_t T) {
     return t;
   };
   return {put(cs), put(sn)};
+}
+
+RopeTables make_rope_tables(const GptConfig& c, int64_t T) {
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  return make_rope_tables(c, positions);
 }
 
 }  // namespace mt::model

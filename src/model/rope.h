@@ -21,5 +21,7 @@ struct RopeTables {
   Tensor cos, sin;
 };
 RopeTables make_rope_tables(const GptConfig& c, int64_t T);
+// Row t at position positions[t] (a rank's local rows under context parallelism).
+RopeTables make_rope_tables(const GptConfig& c, const std::vector<int32_t>& positions);
 
 }  // namespace mt::model

@@ -46,7 +46,7 @@ PipelineStage::PipelineStage(model::Gpt& gpt, const pp::Schedule& s, const pp::P
       chunks_(s.chunks_of_rank(pp_rank)),
       chunk_k0_(static_cast<size_t>(s.num_chunks()), -1),
       B_(microbatch_size),
-      T_(gpt.config().seq_len) {
+      T_(gpt.local_seq_len()) {
   // The rank's blocks are its chunks' layers in ascending order: chunk c's first local
   // block is the number of the rank's layers in its earlier chunks.
   int k = 0;
@@ -172,7 +172,8 @@ void PipelineStage::sent(const pp::Action& a, const comm::WorkPtr& w) {
 }
 
 void PipelineStage::fill_batch(Slot& s, int mb) {
-  data_->fill(first_sample_ + mb * B_, B_, s.acts.tokens.data(), s.acts.targets.data());
+  data_->fill(first_sample_ + mb * B_, B_, s.acts.tokens.data(), s.acts.targets.data(),
+              gpt_.local_positions());
 }
 
 void PipelineStage::forward(int mb, int chunk) {
@@ -213,7 +214,8 @@ double PipelineStage::forward_only(comm::Group& pp_group, const SequenceSampler&
   for (int mb = 0; mb < microbatches; ++mb)
     for (int ch : chunks_) {
       if (ch == 0 || is_last(ch))
-        data.fill(first_sample + mb * B_, B_, s.acts.tokens.data(), s.acts.targets.data());
+        data.fill(first_sample + mb * B_, B_, s.acts.tokens.data(), s.acts.targets.data(),
+                  gpt_.local_positions());
       if (ch == 0)
         gpt_.embed_forward(s.acts);
       else

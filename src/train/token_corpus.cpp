@@ -159,4 +159,27 @@ void SequenceSampler::fill(int64_t global_index, int64_t n, int32_t* inputs,
   }
 }
 
+void SequenceSampler::fill(int64_t global_index, int64_t n, int32_t* inputs, int32_t* targets,
+                           const std::vector<int32_t>& positions) const {
+  if (positions.empty()) return fill(global_index, n, inputs, targets);
+  const FillObserver observe = g_fill_observer.load(std::memory_order_relaxed);
+  const int64_t L = static_cast<int64_t>(positions.size());
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t sample = sample_of(global_index + s);
+    if (observe) observe(*this, global_index + s, sample);
+    const int64_t j = first_ + sample;
+    for (int64_t t = 0; t < L;) {  // runs of consecutive positions, one read each
+      int64_t e = t + 1;
+      while (e < L &&
+             positions[static_cast<size_t>(e)] == positions[static_cast<size_t>(e - 1)] + 1)
+        ++e;
+      const int64_t p = positions[static_cast<size_t>(t)];
+      MT_ASSERT(p >= 0 && p + (e - t) <= T_);
+      corpus_->read(j * T_ + p, e - t, inputs + s * L + t);
+      corpus_->read(j * T_ + p + 1, e - t, targets + s * L + t);
+      t = e;
+    }
+  }
+}
+
 }  // namespace mt::train

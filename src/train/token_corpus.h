@@ -66,6 +66,11 @@ class SequenceSampler {
   int64_t sample_of(int64_t g) const { return order_.sample(g, num_samples_); }
   // Fills inputs and targets ([n, T] each) with global indices global_index .. + n - 1.
   void fill(int64_t global_index, int64_t n, int32_t* inputs, int32_t* targets) const;
+  // Context parallelism: only the positions a rank holds ([n, positions.size()] each: row t
+  // of a sample is its token at positions[t], and the target the token after it). Empty
+  // positions: the whole sample, as fill.
+  void fill(int64_t global_index, int64_t n, int32_t* inputs, int32_t* targets,
+            const std::vector<int32_t>& positions) const;
 
   // Tests: called (from whichever rank thread reads) with every global index that fill()
   // reads and the split's sample it maps to, so that a test can check that every layout

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include "obs/metrics.h"
 #include "obs/run_info.h"
 #include "obs/tensorboard.h"
+#include "parallel/context.h"
 #include "parallel/data.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule.h"
@@ -124,6 +126,29 @@ void check_batch_split(const TrainOptions& o) {
   }
 }
 
+// Context parallelism: the split, the exchange, the kernel, what it does not compose with yet.
+void check_context_parallel(const TrainOptions& o) {
+  parallel::cp::check_split(o.model.seq_len, o.cp);
+  const parallel::cp::CpComm comm = parallel::cp::parse_cp_comm(o.cp_comm);
+  if (o.cp == 1) return;
+  if (comm == parallel::cp::CpComm::kA2a)
+    parallel::cp::check_a2a(o.model.n_head / o.tp, o.model.kv_heads() / o.tp, o.model.seq_len,
+                            o.cp);
+  if (o.device == "cuda")
+    fail("--cp {}: context parallelism runs on the CPU so far (use --device cpu, or --cp 1)", o.cp);
+  if (o.attention == "naive")
+    fail(
+        "--cp {} runs the flash-style attention kernel on its pieces of the sequence: use "
+        "--attention flash or auto (not naive)",
+        o.cp);
+  const int64_t local = o.model.seq_len / o.cp;
+  if (o.sp && local % o.tp != 0)
+    fail(
+        "--sp with --cp {}: each rank's {} tokens of a sequence (--seq {} / --cp {}) do not "
+        "split over --tp {} (use a --seq that is a multiple of {})",
+        o.cp, local, o.model.seq_len, o.cp, o.tp, 2 * o.cp * o.tp);
+}
+
 }  // namespace
 
 void TrainOptions::validate() const {
@@ -133,6 +158,7 @@ void TrainOptions::validate() const {
   if (dp < 1) fail("--dp {} must be at least 1", dp);
   if (pipeline.pp < 1) fail("--pp {} must be at least 1", pipeline.pp);
   model::check_tp(model, tp, sp);  // tensor parallelism: refusals naming the valid --tp
+  check_context_parallel(*this);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
   check_batch_split(*this);
@@ -175,19 +201,19 @@ void TrainOptions::validate() const {
     fail(
         "--backend nccl moves GPU buffers between GPUs: add --device cuda (or use --backend "
         "local / mpi on the CPU)");
-  if (attention != "auto" && attention != "naive" && attention != "fused")
-    fail("--attention '{}' is not an attention kernel (choose auto, fused or naive)", attention);
-  if (attention == "fused") {
-    if (device != "cuda")
-      fail(
-          "--attention fused runs on a GPU (add --device cuda); the CPU computes attention "
-          "with the naive kernel");
+  if (attention != "auto" && attention != "naive" && attention != "flash" && attention != "fused")
+    fail(
+        "--attention '{}' is not an attention kernel (choose auto, flash or naive; fused is "
+        "flash's other name)",
+        attention);
+  if ((attention == "flash" || attention == "fused") && device == "cuda") {
     if (dtype != "bf16")
       fail(
-          "--attention fused computes on bf16 tensor cores: add --dtype bf16 (or use "
-          "--attention naive for f32)");
+          "--attention {} on a GPU computes on bf16 tensor cores: add --dtype bf16 (or use "
+          "--attention naive for f32)",
+          attention);
     const std::string why = kernels::fused_attention_unsupported(model.head_dim(), model.seq_len);
-    if (!why.empty()) fail("--attention fused: {} (use --attention naive)", why);
+    if (!why.empty()) fail("--attention {}: {} (use --attention naive)", attention, why);
   }
   if (device == "cuda") {
     if (!device::cuda_built())
@@ -214,11 +240,16 @@ void TrainOptions::validate() const {
 }
 
 bool TrainOptions::fused_attention() const {
-  if (device != "cuda" || attention == "naive") return false;
-  if (attention == "fused") return true;
-  return dtype == "bf16" &&
-         kernels::fused_attention_unsupported(model.head_dim(), model.seq_len).empty();
+  if (attention == "naive") return false;
+  if (cp > 1) return true;  // context parallelism runs the blockwise kernel
+  if (attention == "flash" || attention == "fused") return true;
+  if (device == "cuda")
+    return dtype == "bf16" &&
+           kernels::fused_attention_unsupported(model.head_dim(), model.seq_len).empty();
+  return cpu_flash_by_default(model.seq_len);
 }
+
+bool cpu_flash_by_default(int64_t seq_len) { return seq_len >= kCpuFlashMinSeq; }
 
 namespace {
 
@@ -244,7 +275,8 @@ int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
   return std::max(1, kernels::host_cores() / ranks_on_host(o, backend));
 }
 
-// The mesh: --mesh-order names pp, dp and tp, slowest first (ep and cp have size 1 here).
+// The mesh: --mesh-order names pp, dp, cp and tp, slowest first (cp left out: just before
+// tp); ep has size 1 here.
 comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
   std::vector<std::string> order;
   std::string name;
@@ -253,34 +285,39 @@ comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
       name += ch;
       continue;
     }
-    if (name != "pp" && name != "dp" && name != "tp")
-      fail("--mesh-order '{}': '{}' is not pp, dp or tp (e.g. --mesh-order pp,dp,tp)", o.mesh_order,
-           name);
+    if (name != "pp" && name != "dp" && name != "cp" && name != "tp")
+      fail("--mesh-order '{}': '{}' is not pp, dp, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
+           o.mesh_order, name);
     order.push_back(name);
     name.clear();
   }
-  if (order.size() != 3 || std::set<std::string>(order.begin(), order.end()).size() != 3)
-    fail("--mesh-order '{}' must name pp, dp and tp once each (e.g. pp,dp,tp)", o.mesh_order);
-  order.push_back("ep");
-  order.push_back("cp");
-  return comm::MeshShape({{"pp", o.pipeline.pp}, {"dp", o.dp}, {"tp", o.tp}}, world, order);
+  const std::set<std::string> names(order.begin(), order.end());
+  if (names.size() != order.size() || !names.count("pp") || !names.count("dp") ||
+      !names.count("tp") || order.size() < 3)
+    fail("--mesh-order '{}' must name pp, dp, cp and tp once each (e.g. pp,dp,cp,tp)",
+         o.mesh_order);
+  if (!names.count("cp")) order.insert(std::find(order.begin(), order.end(), "tp"), "cp");
+  order.insert(order.begin(), "ep");
+  return comm::MeshShape({{"pp", o.pipeline.pp}, {"dp", o.dp}, {"cp", o.cp}, {"tp", o.tp}}, world,
+                         order);
 }
 
 // Mean loss over the first `batches` global batches of the held-out split; each rank
 // evaluates its share (the same samples as training's sharding picks). Counted on one rank
 // of each tp group, on the last pipeline stage.
-float evaluate(Replica& r, model::Activations* acts, PipelineStage* stage, comm::Group& ppg,
-               const SequenceSampler& val, int64_t batches, int64_t B, int64_t n_micro, int64_t mb,
-               comm::Group* scalars, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
+float evaluate(Replica& r, int d, int D, model::Activations* acts, PipelineStage* stage,
+               comm::Group& ppg, const SequenceSampler& val, int64_t batches, int64_t B,
+               int64_t n_micro, int64_t mb, comm::Group* scalars, std::vector<int32_t>& in,
+               std::vector<int32_t>& tgt) {
   double sum = 0;
   for (int64_t k = 0; k < batches; ++k) {
     if (stage) {
-      sum += stage->forward_only(ppg, val, first_sample(k, B, r.dp.rank(), r.dp.size(), 0, mb),
-                                 static_cast<int>(n_micro));
+      sum +=
+          stage->forward_only(ppg, val, first_sample(k, B, d, D, 0, mb), static_cast<int>(n_micro));
       continue;
     }
     for (int64_t m = 0; m < n_micro; ++m) {
-      val.fill(first_sample(k, B, r.dp.rank(), r.dp.size(), m, mb), mb, in.data(), tgt.data());
+      val.fill(first_sample(k, B, d, D, m, mb), mb, in.data(), tgt.data(), r.gpt.local_positions());
       sum += r.gpt.forward(*acts, in.data(), tgt.data());
     }
   }
@@ -290,6 +327,7 @@ float evaluate(Replica& r, model::Activations* acts, PipelineStage* stage, comm:
     scalars->all_reduce(comm::Buf(&s, 1));
     sum = s;
   }
+  // r.dp: dp x cp (each cp rank's loss a mean over its rows).
   return static_cast<float>(sum / static_cast<double>(batches * n_micro * r.dp.size()));
 }
 
@@ -479,12 +517,11 @@ void run_rank(Shared& sh, comm::Group& world) {
   mem::Tracker tracker;
   mem::ScopedTracker track(tracker);
   // Before the first allocation: tensors go to the thread's device.
-  if (o.device == "cuda") {
+  if (o.device == "cuda")
     device::use_cuda(gpu_of_rank(world.rank()));
-    kernels::set_fused_attention(o.fused_attention());  // before the buffers are sized
-  } else {
+  else
     device::use_cpu();  // under mpirun this is the main thread: nothing left from a GPU run
-  }
+  kernels::set_fused_attention(o.fused_attention());  // before the buffers are sized
   kernels::set_threads(sh.threads);
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
@@ -492,7 +529,11 @@ void run_rank(Shared& sh, comm::Group& world) {
   comm::Group& dp = mesh.group("dp");
   comm::Group& tp_group = mesh.group("tp");
   comm::Group& ppg = mesh.group("pp");
-  const int D = dp.size(), d = dp.rank(), P = ppg.size(), p = ppg.rank();
+  comm::Group& cpg = mesh.group("cp");
+  // Gradients are reduced (and ZeRO shards) over dp x cp: the cp ranks of a replica hold the
+  // same parameters and each computes their gradient from its part of the sequences.
+  comm::Group& grads_group = o.cp > 1 ? mesh.group({"dp", "cp"}) : dp;
+  const int D = dp.size(), d = dp.rank(), P = ppg.size(), p = ppg.rank(), CP = cpg.size();
   const bool lead = world.rank() == 0;
   // Scalars (loss, norm, peak bytes) travel on their own group so that the byte counters
   // of dp, tp and pp hold exactly the model's traffic.
@@ -503,7 +544,7 @@ void run_rank(Shared& sh, comm::Group& world) {
   const bool tied_sync = o.model.tied && P > 1;
   std::unique_ptr<comm::Group> tied;
   if (tied_sync) {
-    const int pos = d * o.tp + tp_group.rank();
+    const int pos = (d * CP + cpg.rank()) * o.tp + tp_group.rank();
     tied = world.split(p == 0 || p == P - 1 ? pos : -1, p, "tied[" + std::to_string(pos) + "]");
   }
 
@@ -516,11 +557,16 @@ void run_rank(Shared& sh, comm::Group& world) {
   ro.pipelined = P > 1;
   ro.skip_tied_copy_in_norm = tied_sync && p == P - 1;
   ro.bf16 = o.dtype == "bf16";
-  Replica rep(o.model, o.seed, o.adamw, ro, dp,
+  Replica rep(o.model, o.seed, o.adamw, ro, grads_group,
               o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{},
               P > 1 ? stage_parts(*sh.schedule, *sh.partition, p) : model::StageParts{});
   rep.gpt.set_recompute(model::parse_recompute(o.recompute));
-  const int64_t T = o.model.seq_len, B = o.batch, mb = o.microbatch_size();
+  if (CP > 1)
+    rep.gpt.set_context_parallel(
+        parallel::cp::CpContext::of(cpg, parallel::cp::parse_cp_comm(o.cp_comm)));
+  // T: a sequence; Tl: this rank's rows of it (T / cp).
+  const int64_t T = o.model.seq_len, Tl = rep.gpt.local_seq_len(), B = o.batch,
+                mb = o.microbatch_size();
   const int64_t n_micro = o.microbatches_per_step();
   std::unique_ptr<PipelineStage> stage;
   std::unique_ptr<parallel::pp::Executor> exec;
@@ -529,9 +575,9 @@ void run_rank(Shared& sh, comm::Group& world) {
     stage = std::make_unique<PipelineStage>(rep.gpt, *sh.schedule, *sh.partition, p, mb);
     exec = std::make_unique<parallel::pp::Executor>(*sh.schedule, p, ppg);
   } else {
-    acts = rep.gpt.make_activations(mb, T);
+    acts = rep.gpt.make_activations(mb, Tl);
   }
-  std::vector<int32_t> inputs(mb * T), targets(mb * T);
+  std::vector<int32_t> inputs(mb * Tl), targets(mb * Tl);
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
   const double flops_per_token = model::training_flops_per_token(o.model, T);
   const DType gemm_dtype = ro.bf16 ? DType::kBF16 : DType::kF32;
@@ -542,12 +588,13 @@ void run_rank(Shared& sh, comm::Group& world) {
   const Splits& data = sh.data;
 
   if (talk) {
-    std::string layout = fmt::format("dtype {}{}{}; dp {} (ZeRO-{}, {} backend)", o.dtype,
-                                     ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "",
-                                     !device::on_cuda()    ? ""
-                                     : o.fused_attention() ? ", fused attention"
-                                                           : ", naive attention",
-                                     D, o.zero, world.backend_kind());
+    std::string layout =
+        fmt::format("dtype {}{}{}; dp {} (ZeRO-{}, {} backend)", o.dtype,
+                    ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "",
+                    o.fused_attention() ? ", flash attention" : ", naive attention", D, o.zero,
+                    world.backend_kind());
+    if (CP > 1)
+      layout += fmt::format(", cp {} ({} exchange, causal load-balanced split)", CP, o.cp_comm);
     if (o.tp > 1)
       layout += fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "");
     if (P > 1)
@@ -579,7 +626,7 @@ void run_rank(Shared& sh, comm::Group& world) {
   }
 
   // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
-  const ckpt::RankGroups groups{world, dp, tp_group, ppg};
+  const ckpt::RankGroups groups{world, grads_group, tp_group, ppg};
   const int64_t start_step = ckpt::resume(o, groups, rep, talk);
   // A checkpoint wins over --init-from: a restarted fine-tuning run goes on from it.
   if (start_step == 0 && sh.init) {
@@ -612,12 +659,14 @@ void run_rank(Shared& sh, comm::Group& world) {
   int64_t allocations_after_step1 = 0;
   auto bytes_of = [](comm::Group& g) { return g.recorder().bytes_of_group(g.name()).recv_bytes; };
   // This rank's byte counters over each mesh dimension; a step's traffic is the difference.
+  // dp: the gradient traffic (over dp x cp with context parallelism); cp: the attention's.
   struct Bytes {
-    int64_t dp, dp_sent, tp, pp;
+    int64_t dp, dp_sent, tp, pp, cp;
   };
   auto bytes_now = [&] {
-    return Bytes{bytes_of(dp), dp.recorder().bytes_of_group(dp.name()).sent_bytes,
-                 bytes_of(tp_group), bytes_of(ppg)};
+    return Bytes{bytes_of(grads_group),
+                 grads_group.recorder().bytes_of_group(grads_group.name()).sent_bytes,
+                 bytes_of(tp_group), bytes_of(ppg), bytes_of(cpg)};
   };
   Bytes before = bytes_now();
   const double run_t0 = now_s();
@@ -639,7 +688,8 @@ void run_rank(Shared& sh, comm::Group& world) {
     } else {
       for (int64_t m = 0; m < n_micro; ++m) {
         rep.begin_microbatch(m == n_micro - 1);
-        data.train->fill(first_sample(step, B, d, D, m, mb), mb, inputs.data(), targets.data());
+        data.train->fill(first_sample(step, B, d, D, m, mb), mb, inputs.data(), targets.data(),
+                         rep.gpt.local_positions());
         loss_sum += rep.gpt.forward(acts, inputs.data(), targets.data());
         rep.gpt.backward(acts, 1.0f / static_cast<float>(B * T));
       }
@@ -655,7 +705,8 @@ void run_rank(Shared& sh, comm::Group& world) {
       sums[0] = f[0];
       sums[1] = f[1];
     }
-    const float loss = static_cast<float>(sums[0] / static_cast<double>(n_micro * D));
+    // Each cp rank's loss is the mean over its rows: the sequences' mean is their mean.
+    const float loss = static_cast<float>(sums[0] / static_cast<double>(n_micro * D * CP));
     if (!std::isfinite(loss))
       fail_run("loss is {} at step {} (lower --lr, raise --warmup, or check the data)", loss,
                step + 1);
@@ -674,11 +725,12 @@ void run_rank(Shared& sh, comm::Group& world) {
     rec.step_sent_bytes.push_back(now.dp_sent - before.dp_sent);
     rec.step_tp_recv_bytes.push_back(now.tp - before.tp);
     rec.step_pp_recv_bytes.push_back(now.pp - before.pp);
+    rec.step_cp_recv_bytes.push_back(now.cp - before.cp);
     // One gather per step: each rank's peak bytes, bytes per dimension and compute time
     // (ns): the worst peak and the job's sums, exact.
     const std::vector<int64_t> ranks = gather_int64(
         scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp, now.tp - before.tp,
-                  now.pp - before.pp, static_cast<int64_t>(compute * 1e9)});
+                  now.pp - before.pp, now.cp - before.cp, static_cast<int64_t>(compute * 1e9)});
     before = now;
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
@@ -695,20 +747,21 @@ void run_rank(Shared& sh, comm::Group& world) {
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
     r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
-    int64_t job[4] = {};  // dp, tp, pp bytes, compute ns: sums over ranks
-    for (size_t k = 0; k < ranks.size(); k += 5) {
+    int64_t job[5] = {};  // dp, tp, pp, cp bytes, compute ns: sums over ranks
+    for (size_t k = 0; k < ranks.size(); k += 6) {
       if (ranks[k] > r.peak_bytes) {
         r.peak_bytes = ranks[k];
-        r.worst_rank = static_cast<int>(k / 5);
+        r.worst_rank = static_cast<int>(k / 6);
       }
-      for (int i = 0; i < 4; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
+      for (int i = 0; i < 5; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
     }
     r.comm_bytes = rec.step_recv_bytes.back();
     r.dp_bytes = static_cast<double>(job[0]);
     r.tp_bytes = static_cast<double>(job[1]);
     r.pp_bytes = static_cast<double>(job[2]);
+    r.cp_bytes = static_cast<double>(job[3]);
     if (P > 1)
-      r.bubble = std::max(0.0, 1 - static_cast<double>(job[3]) * 1e-9 / (world.size() * dt));
+      r.bubble = std::max(0.0, 1 - static_cast<double>(job[4]) * 1e-9 / (world.size() * dt));
     steps.push_back(r);
 
     nlohmann::json row = {{"step", r.step},
@@ -725,6 +778,7 @@ void run_rank(Shared& sh, comm::Group& world) {
                           {"tp_bytes", r.tp_bytes},
                           {"pp_bytes", r.pp_bytes}};
     row["tokens"] = r.step * B * T;  // trained on so far (the x axis of loss vs tokens)
+    if (CP > 1) row["cp_bytes"] = r.cp_bytes;
     if (P > 1) row["bubble"] = r.bubble;
     if (step == start_step) row["run"] = run_header(o, sh.threads, world, rep.gpt.config());
     // The last step: every rank's peak bytes by category (a collective: all ranks join).
@@ -734,8 +788,8 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (eval_now) {
       const int64_t batches =
           std::max<int64_t>(1, std::min(o.eval_batches, data.val->num_samples() / B));
-      const float vl = evaluate(rep, &acts, stage.get(), ppg, *data.val, batches, B, n_micro, mb,
-                                scalars, inputs, targets);
+      const float vl = evaluate(rep, d, D, &acts, stage.get(), ppg, *data.val, batches, B, n_micro,
+                                mb, scalars, inputs, targets);
       val_losses.emplace_back(r.step, vl);
       row["val_loss"] = vl;
       // The validation's traffic (pipeline activations) is not the next step's.
@@ -751,10 +805,11 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (talk) {
       std::string text = fmt::format(
           "step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-          "peak {} (rank {}) | comm dp {} tp {} pp {}{} | {:.0f} ms",
+          "peak {} (rank {}) | comm dp {} tp {} pp {}{}{} | {:.0f} ms",
           r.step, o.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, 100 * r.mfu,
           obs::human_bytes(static_cast<double>(r.peak_bytes)), r.worst_rank,
           obs::human_bytes(r.dp_bytes), obs::human_bytes(r.tp_bytes), obs::human_bytes(r.pp_bytes),
+          CP > 1 ? " cp " + obs::human_bytes(r.cp_bytes) : "",
           P > 1 ? fmt::format(" | bubble {:.0f}%", 100 * r.bubble) : "", 1000 * dt);
       if (row.contains("val_loss"))
         text += fmt::format(" | val loss {:.4f}", row["val_loss"].get<float>());
@@ -788,9 +843,10 @@ void run_rank(Shared& sh, comm::Group& world) {
             fmt::format("{}{} {}", c ? ", " : "", mem::category_name(static_cast<mem::Category>(c)),
                         obs::human_bytes(static_cast<double>(all[worst * w + c])));
       const auto at = mesh.shape().coords(static_cast<int>(worst));
-      progress.line(fmt::format(
-          "peak memory: worst rank {} (pp {} dp {} tp {}) {}: {}", worst, at.at("pp"), at.at("dp"),
-          at.at("tp"), obs::human_bytes(static_cast<double>(all[worst * w + w - 1])), cats));
+      progress.line(
+          fmt::format("peak memory: worst rank {} (pp {} dp {}{} tp {}) {}: {}", worst, at.at("pp"),
+                      at.at("dp"), CP > 1 ? fmt::format(" cp {}", at.at("cp")) : "", at.at("tp"),
+                      obs::human_bytes(static_cast<double>(all[worst * w + w - 1])), cats));
     }
   }
   if (stage) {
@@ -884,9 +940,10 @@ TrainResult run_training(const TrainOptions& o) {
   const int world = comm::launch_world_size(lo);
   if (world != o.world_size())
     fail(
-        "mpirun started {} processes but --pp {} x --dp {} x --tp {} is {} (run mpirun -np {}, "
-        "or leave --dp out: train takes dp = processes / (tp x pp))",
-        world, o.pipeline.pp, o.dp, o.tp, o.world_size(), o.world_size());
+        "mpirun started {} processes but --pp {} x --dp {}{} x --tp {} is {} (run mpirun -np {}, "
+        "or leave --dp out: train takes dp = processes / (tp x pp{}))",
+        world, o.pipeline.pp, o.dp, o.cp > 1 ? fmt::format(" x --cp {}", o.cp) : "", o.tp,
+        o.world_size(), o.world_size(), o.cp > 1 ? " x cp" : "");
   // The pipeline schedule (verified: complete and deadlock-free) and the layer split.
   std::unique_ptr<parallel::pp::Schedule> sched;
   std::unique_ptr<parallel::pp::Partition> part;

@@ -17,11 +17,15 @@ namespace mt::train {
 
 struct TrainOptions {
   model::GptConfig model = model::preset("tiny");
-  int64_t batch = 16;            // global batch, in sequences (the same whatever the layout)
-  int64_t microbatch = 0;        // sequences per forward/backward on a rank; 0 = batch / dp
-  int dp = 1;                    // data-parallel ranks
-  int tp = 1;                    // tensor-parallel ranks (world = pp x dp x tp)
-  bool sp = false;               // sequence parallelism inside the tp group
+  int64_t batch = 16;      // global batch, in sequences (the same whatever the layout)
+  int64_t microbatch = 0;  // sequences per forward/backward on a rank; 0 = batch / dp
+  int dp = 1;              // data-parallel ranks
+  int tp = 1;              // tensor-parallel ranks (world = pp x dp x cp x tp)
+  bool sp = false;         // sequence parallelism inside the tp group
+  // Context parallelism: every sequence split over cp ranks (parallel/context.h), and how
+  // the attention gets the keys and values of the other ranks (docs/context_parallel.md).
+  int cp = 1;
+  std::string cp_comm = "ring";
   int zero = 0;                  // ZeRO stage: 0 DDP, 1 optimizer state, 2 + gradients, 3 + params
   double bucket_mb = 25;         // DDP / ZeRO-1 gradient bucket (MiB, PyTorch DDP's default)
   std::string backend = "auto";  // auto (mpi under mpirun, else local), local, mpi, nccl
@@ -59,17 +63,19 @@ struct TrainOptions {
   // cpu, or cuda: each rank computes on a GPU (rank r on GPU r mod GPUs on its host;
   // docs/cuda.md). Buffers, kernels and the optimizer all live there.
   std::string device = "cpu";
-  // The attention kernel on a GPU: auto (fused for bf16 where the kernel has the head dim and
-  // sequence length, else naive), fused (flash-attention style on bf16 tensor cores, O(T)
-  // memory) or naive (GEMMs and a softmax over the T x T probabilities, in f32). The CPU
-  // runs the naive kernel.
+  // The attention kernel: flash (flash-attention style, O(T) memory: on the CPU the blockwise
+  // f32 kernel of kernels/flash_attention.h, on a GPU the fused kernel on bf16 tensor cores;
+  // `fused` is its other name), naive (GEMMs and a softmax over the T x T probabilities, in
+  // f32) or auto: on a GPU fused for bf16 where the kernel has the head dim and sequence
+  // length, on the CPU flash from kCpuFlashMinSeq tokens (where it measured at least as fast).
   std::string attention = "auto";
   bool quiet = false;              // no per-step lines (tests)
   bool keep_final_params = false;  // copy the final weights into TrainResult
   PipelineOptions pipeline;        // --pp > 1: train/pipeline_stage.h
   // The mesh's dimensions, slowest to fastest: tp fastest keeps a tp group's ranks on
   // neighbouring ranks (one host under mpirun's default mapping), pp slowest.
-  std::string mesh_order = "pp,dp,tp";
+  // pp, dp, cp and tp (cp may be left out: it then goes just before tp).
+  std::string mesh_order = "pp,dp,cp,tp";
   std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
   // Checkpoints (train/checkpoint.h, docs/checkpoints.md).
   std::string checkpoint_dir;    // "": none
@@ -78,7 +84,7 @@ struct TrainOptions {
   std::string resume;            // "": no; "auto": newest valid in checkpoint_dir (or scratch)
   int max_restarts = 0;          // local backend: re-run from the newest checkpoint on failure
 
-  int world_size() const { return pipeline.pp * dp * tp; }
+  int world_size() const { return pipeline.pp * dp * cp * tp; }
   // Sequences per forward/backward: --microbatch, else batch / (dp x microbatch_count()).
   int64_t microbatch_size() const;
   // --microbatches if given (pipeline microbatches, or gradient accumulation with --pp 1),
@@ -89,10 +95,15 @@ struct TrainOptions {
   // Whether --export is possible for this layout: not yet for tp > 1 or pp > 1 on a GPU (the
   // shard gathers of export read tensors through the host).
   bool export_supported() const { return device != "cuda" || (tp == 1 && pipeline.pp == 1); }
-  // Whether the ranks run the fused attention (--attention resolved; validate() refuses a
-  // fused request that cannot run).
+  // Whether the ranks run the flash-style attention of their device (--attention resolved;
+  // validate() refuses a flash request that cannot run).
   bool fused_attention() const;
 };
+
+// --attention auto on the CPU: the blockwise kernel from this sequence length on (measured:
+// bench/attention, bench/results/attention.md).
+inline constexpr int64_t kCpuFlashMinSeq = 1024;
+bool cpu_flash_by_default(int64_t seq_len);
 
 struct StepRecord {
   int64_t step = 0;
@@ -105,8 +116,9 @@ struct StepRecord {
   int worst_rank = 0;       // ... and which rank that is
   double time_s = 0;
   int64_t comm_bytes = 0;  // bytes rank 0 received over the dp group in this step
-  // Bytes received in this step by all ranks together, per mesh dimension.
-  double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0;
+  // Bytes received in this step by all ranks together, per mesh dimension (dp: the gradient
+  // traffic, over dp x cp with context parallelism; cp: the attention's exchanges).
+  double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0, cp_bytes = 0;
   double bubble = 0;  // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
 };
 
@@ -115,9 +127,10 @@ struct StepRecord {
 struct RankRecord {
   int rank = -1;
   mem::Snapshot memory;  // at the end of the last step (peaks over the whole run)
-  std::vector<int64_t> step_sent_bytes, step_recv_bytes;  // over the dp group, per step
+  std::vector<int64_t> step_sent_bytes, step_recv_bytes;  // over dp (x cp), per step
   std::vector<int64_t> step_tp_recv_bytes;                // over the tp group, per step
   std::vector<int64_t> step_pp_recv_bytes;                // over the pp group, per step
+  std::vector<int64_t> step_cp_recv_bytes;                // over the cp group, per step
   std::vector<float> final_params;  // this rank's flat values (keep_final_params; TP shards,
                                     // the pipeline stage's parameters)
   int64_t allocations_after_first_step = 0;

@@ -93,11 +93,12 @@ TrainOptions oracle_options(const TrainOptions& layout) {
   o.dp = 1;
   o.tp = 1;
   o.sp = false;
+  o.cp = 1;
   o.zero = 0;
   o.pipeline = PipelineOptions{};
   o.microbatch = layout.microbatch_size();  // each forward sees the same sequences
   o.device = "cpu";                         // the oracle: one CPU rank
-  o.attention = "naive";                    // the CPU's kernel
+  o.attention = "naive";                    // the T x T kernel: the plainest arithmetic
   return o;
 }
 
@@ -109,6 +110,7 @@ std::string describe_layout(const TrainOptions& o) {
         fmt::format("pp {} ({}, {} microbatches)", o.pipeline.pp, o.pipeline.schedule, m));
   }
   if (o.dp > 1) parts.push_back(fmt::format("dp {} (ZeRO-{})", o.dp, o.zero));
+  if (o.cp > 1) parts.push_back(fmt::format("cp {} ({})", o.cp, o.cp_comm));
   if (o.tp > 1) parts.push_back(fmt::format("tp {}{}", o.tp, o.sp ? " (sp)" : ""));
   std::string s = parts.empty() ? "1 rank" : parts[0];
   for (size_t i = 1; i < parts.size(); ++i) s += " x " + parts[i];

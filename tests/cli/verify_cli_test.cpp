@@ -32,6 +32,26 @@ TEST(VerifyCli, DataParallelPasses) {
   EXPECT_NE(r.output.find("\nPASS\n"), std::string::npos) << r.output;
 }
 
+// Context parallelism (docs/context_parallel.md): the layout on the blockwise kernel against
+// the oracle on the naive one, in f32 and with bf16 GEMMs.
+TEST(VerifyCli, ContextParallelPasses) {
+  const RunResult r = run_meshtrain(small_verify(20) + " --cp 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("verify: cp 2 (ring) against the oracle"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nPASS\n"), std::string::npos) << r.output;
+  const RunResult b =
+      run_meshtrain(small_verify() + " --cp 2 --cp-comm all-gather --dp 2 --zero 1 --dtype bf16");
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("\nPASS\n"), std::string::npos) << b.output;
+  const RunResult a2a = run_meshtrain(small_verify() + " --cp 2 --cp-comm a2a");
+  EXPECT_EQ(a2a.exit_code, 0) << a2a.output;
+  EXPECT_NE(a2a.output.find("\nPASS\n"), std::string::npos) << a2a.output;
+  const RunResult bad = run_meshtrain(small_verify() + " --cp 3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--seq 32 is not divisible by 2 x --cp 3 = 6"), std::string::npos)
+      << bad.output;
+}
+
 // A 3D layout (dp 2 x tp 2 x pp 2 with ZeRO-3 and recomputation), in f32 and in bf16 (the
 // oracle in bf16 too, with the bf16 default tolerances; a 0 tolerance still fails).
 TEST(VerifyCli, ThreeDimensionalLayoutPassesInF32AndBf16) {

@@ -555,13 +555,32 @@ std::string line_starting(const std::string& text, const std::string& start) {
   return "";
 }
 
-TEST(PlanCliReview, EmitConfigRefusesContextParallelism) {
-  // train has no --cp: the config used to say dp 8 x tp 1 (8 ranks of the planned 16).
-  const auto cfg = (test::scratch_dir("plan-cli-cp") / "cp.json").string();
+TEST(PlanCliReview, EmitConfigCarriesContextParallelismOnTheCpu) {
+  // train runs --cp on CPU ranks only: on GPUs the config is refused, not written.
+  const auto dir = test::scratch_dir("plan-cli-cp");
+  const auto cfg = (dir / "cp.json").string();
   expect_refused(
       "plan --model gpt2-774m --cluster dgx-a100 --gpus 16 --batch 64 --cp 2 --emit-config " + cfg,
-      "train has no context parallelism yet, so it cannot run --cp 2");
+      "train runs context parallelism on the CPU only so far, so it cannot run --cp 2 on GPUs");
   EXPECT_FALSE(std::filesystem::exists(cfg));
+  // On this host the config has the cp key, so its ranks are the planned ones.
+  const auto r = test::run_meshtrain(
+      "plan --model tiny --n-layer 2 --seq 64 --cluster this-host --gpus 4 --batch 4 --cp 2 "
+      "--dp 2 --tp 1 --pp 1 --emit-config " +
+      cfg);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(cfg);
+  const nlohmann::json c = nlohmann::json::parse(in);
+  EXPECT_EQ(c["cp"], 2) << c;
+  EXPECT_EQ(c["cp_comm"], "ring") << c;
+  EXPECT_EQ(c["dp"], 2) << c;
+  // train runs it as planned, from the config alone.
+  const auto t = test::run_meshtrain("train --config " + cfg +
+                                     " --steps 1 --threads 1 --peak-gflops 100 --backend local "
+                                     "--data " +
+                                     test::demo_tokens(dir));
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("cp 2 (ring exchange"), std::string::npos) << t.output;
 }
 
 TEST(PlanCliReview, TablesShowCpAndMemoryThatAddsUp) {

@@ -80,10 +80,16 @@ TEST_F(CudaTrain, AttentionChoice) {
     return "";
   };
   TrainOptions o = tiny(2, "cpu");  // tiny: head dim 32
-  o.attention = "flash";
-  EXPECT_NE(refusal(o).find("--attention 'flash' is not an attention kernel"), std::string::npos);
-  o.attention = "fused";
-  EXPECT_NE(refusal(o).find("runs on a GPU (add --device cuda)"), std::string::npos);
+  o.attention = "blockwise";
+  EXPECT_NE(refusal(o).find("--attention 'blockwise' is not an attention kernel"),
+            std::string::npos);
+  // flash (also named fused) is the device's flash-style kernel: on the CPU the blockwise
+  // f32 kernel, in any --dtype.
+  for (const char* name : {"flash", "fused"}) {
+    o.attention = name;
+    EXPECT_EQ(refusal(o), "");
+    EXPECT_TRUE(o.fused_attention());
+  }
   o.device = "cuda";
   EXPECT_NE(refusal(o).find("add --dtype bf16"), std::string::npos);
   o.dtype = "bf16";
@@ -111,8 +117,8 @@ TEST_F(CudaTrain, AttentionChoice) {
   b.dtype = "f32";
   EXPECT_FALSE(b.fused_attention());
   b = a;
-  b.device = "cpu";
-  EXPECT_FALSE(b.fused_attention());
+  b.device = "cpu";  // the CPU's auto: by sequence length (seq 64 here)
+  EXPECT_EQ(b.fused_attention(), cpu_flash_by_default(64));
   b = a;
   b.model.n_head = 8;
   EXPECT_FALSE(b.fused_attention());
@@ -132,8 +138,14 @@ TEST_F(CudaTrain, FusedAttentionIsPerThread) {
   kernels::set_fused_attention(false);
   EXPECT_FALSE(kernels::fused_attention());
 #else
+  // Without CUDA the switch is the CPU's blockwise kernel, per thread all the same.
+  kernels::set_fused_attention(true);
+  bool other = true;
+  std::thread([&] { other = kernels::fused_attention(); }).join();
+  EXPECT_TRUE(kernels::fused_attention());
+  EXPECT_FALSE(other);
+  kernels::set_fused_attention(false);
   EXPECT_FALSE(kernels::fused_attention());
-  EXPECT_THROW(kernels::set_fused_attention(true), Error);
 #endif
 }
 
