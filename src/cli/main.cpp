@@ -27,7 +27,11 @@ int main(int argc, char** argv) {
     app.exit(e);
     return static_cast<int>(mt::ExitCode::kBadInput);
   } catch (const mt::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    // A run stopped on request (a signal) says where it stopped, once (rank 0's process).
+    if (e.code() != mt::ExitCode::kStopped)
+      std::fprintf(stderr, "error: %s\n", e.what());
+    else if (*e.what())
+      std::fprintf(stderr, "%s\n", e.what());
     return e.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -5,8 +5,10 @@
 
 #include "cli/commands.h"
 #include "cli/train_flags.h"
+#include "comm/mpi.h"
 #include "core/error.h"
 #include "train/init_from.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -92,7 +94,10 @@ void register_train(CLI::App& app) {
     const train::TrainOptions o = to_options(*f);
     // Any local job under mpirun, even of one rank: every process writes the same files.
     if (o.backend == "local") train::refuse_local_backend_under_mpirun();
-    train::run_training(o);
+    // SIGINT, SIGTERM, SIGUSR1: finish the step, save, exit 3 (train/stop_signals.h).
+    const train::StopSignals signals(/*announce=*/comm::mpi_env_world_rank() <= 0);
+    const train::TrainResult r = train::run_training(o);
+    if (r.stop_signal != 0) throw Error(r.stop_message, ExitCode::kStopped);
   });
 }
 

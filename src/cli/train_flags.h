@@ -19,7 +19,7 @@ struct TrainFlags {
   std::optional<float> lr, min_lr_ratio, weight_decay, grad_clip;
   std::optional<std::string> data, val_data;
   std::optional<double> bucket_mb, comm_timeout;
-  std::optional<int> dp, zero, tp;
+  std::optional<int> dp, zero, tp, skip_nonfinite;
   std::optional<std::string> backend, mesh_order, recompute;
   std::optional<std::string> dtype;      // --dtype f32 | bf16
   std::optional<std::string> device;     // --device cpu | cuda
