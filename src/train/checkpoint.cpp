@@ -309,7 +309,7 @@ int64_t write_shard(const fs::path& path, std::vector<PieceData>& pieces,
     if (start) flush(start, len);
   });
   if (::fsync(fd) != 0) fail_run("fsync of '{}' failed: {}", name, std::strerror(errno));
-  ::close(fd);
+  if (::close(fd) != 0) fail_run("writing '{}' failed: {}", name, std::strerror(errno));
   return base + off;
 }
 
