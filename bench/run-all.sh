@@ -10,6 +10,7 @@ run() { echo "== $*" >&2; "$@"; }
 run "$MT" bench peak
 [ -x "$root/bench/gemm-vs-openblas" ] && run "$root/bench/gemm-vs-openblas" "$MT"
 run "$root/bench/vs-pytorch" "$MT"
+run "$root/bench/vs-pytorch-llama" "$MT"
 [ -x "$root/bench/comm" ] && run "$root/bench/comm" "$MT"
 [ -x "$root/bench/dp" ] && run "$root/bench/dp" "$MT"
 run "$root/bench/plan" "$build"

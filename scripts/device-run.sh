@@ -8,7 +8,8 @@
 #                    bundle's ldd; every bundled CUDA test (--gtest_brief), pass/fail each
 #   verify           meshtrain verify --device cuda against the CPU oracle: tiny bf16 50 steps,
 #                    tiny f32 20 steps, GPT-2 124M widths (2 layers, seq 256) bf16 10 steps;
-#                    the bf16 runs with the fused attention (the default) and the naive one
+#                    the bf16 runs with the fused attention (the default) and the naive one;
+#                    llama-tiny f32 20 steps and bf16 50 steps (the Llama kernels, llama.cu)
 #   bench            bench/gpu/run.sh: meshtrain vs PyTorch eager / compile, 124M and 350M
 #   all              check verify bench (about 10 minutes: better two calls, docs/...)
 #   unpack           only unpack into $MT_BUNDLE (then run your own: /tmp/mt/mt PROGRAM ...)
@@ -189,6 +190,8 @@ stage_verify() {
     "tiny f32 20 steps|-|--model tiny --steps 20 --dtype f32 $lr"
     "124M widths, 2 layers, seq 256, bf16, 10, fused|-|--model gpt2-124m --n-layer 2 --seq 256 --batch 8 --steps 10 --dtype bf16 $lr"
     "the same, naive attention|-|--model gpt2-124m --n-layer 2 --seq 256 --batch 8 --steps 10 --dtype bf16 $lr --attention naive"
+    "llama-tiny f32 20 steps|-|--model llama-tiny --steps 20 --dtype f32 $lr"
+    "llama-tiny bf16 50 steps, fused attention|-|--model llama-tiny --steps 50 --dtype bf16 $lr"
   )
   local r name envs flags lim rc
   for r in "${runs[@]}"; do

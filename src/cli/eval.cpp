@@ -10,13 +10,13 @@
 #include "kernels/kernels.h"
 #include "model/gpt.h"
 #include "train/hf_export.h"
-#include "train/token_file.h"
+#include "train/token_corpus.h"
 
 namespace mt::cli {
 
 void register_eval(CLI::App& app) {
   struct Flags {
-    std::string weights, data;
+    std::string weights, data, data_format = "auto";
     int64_t batch = 4, batches = 1;
     std::optional<int64_t> seq, n_head, threads;
   };
@@ -24,11 +24,17 @@ void register_eval(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("eval", "mean loss of safetensors GPT-2 or Llama weights on a token file");
   cmd->add_option("--weights", f->weights,
-                  "safetensors file in Hugging Face GPT-2 names, or an export folder "
-                  "(model.safetensors and config.json; Llama weights need the folder)")
+                  "safetensors file in Hugging Face GPT-2 names, or a model folder "
+                  "(config.json and model.safetensors, or the hub's shards with "
+                  "model.safetensors.index.json; Llama weights need the folder)")
       ->required();
-  cmd->add_option("--data", f->data, "tokens: an llm.c file, or a Megatron-LM PREFIX (.idx + .bin)")
+  cmd->add_option("--data", f->data,
+                  "tokens: llm.c files, Megatron-LM PREFIXes (.idx + .bin), a comma-separated "
+                  "list or a glob, read as one stream (docs/data.md)")
       ->required();
+  cmd->add_option("--data-format", f->data_format,
+                  "auto (default: llm.c by its header, Megatron-LM by its .idx), llmc, nanogpt "
+                  "(headerless uint16) or megatron");
   cmd->add_option("--batch", f->batch, "sequences per batch");
   cmd->add_option("--seq", f->seq, "sequence length (default: the model's)");
   cmd->add_option("--batches", f->batches, "batches to average over, from the start of the file");
@@ -46,11 +52,11 @@ void register_eval(CLI::App& app) {
       fail("--batch {} and --batches {} must be at least 1", f->batch, f->batches);
     model::Gpt gpt(c, 0);
     train::load_hf_weights(gpt, file, w.path);
-    train::TokenFile tokens(f->data, c.vocab);
+    const train::TokenCorpus tokens(f->data, c.vocab, train::parse_data_format(f->data_format));
     const int64_t need = f->batches * f->batch * T + 1;
     if (tokens.num_tokens() < need)
-      fail("data file '{}' has {} tokens; {} batches of {} x {} need {}", f->data,
-           tokens.num_tokens(), f->batches, f->batch, T, need);
+      fail("data '{}' has {} tokens; {} batches of {} x {} need {}", f->data, tokens.num_tokens(),
+           f->batches, f->batch, T, need);
     train::SequenceSampler sampler(tokens, T, 0, (tokens.num_tokens() - 1) / T);
     model::Activations acts = gpt.make_activations(f->batch, T);
     std::vector<int32_t> in(f->batch * T), tgt(f->batch * T);

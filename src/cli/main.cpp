@@ -1,11 +1,36 @@
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
+#include "cli/suggest.h"
+#include "comm/launch.h"
+#include "comm/mpi.h"
 #include "core/error.h"
+#include "meshtrain_version.h"  // generated at build time (cmake/version.cmake)
+
+namespace {
+
+// Under mpirun every process reads the same command line, so an error in it (bad input,
+// exit 2) is the same on every rank: the first process of each host prints it (rank 0's
+// host, and a host whose files differ), the others only exit with its code. Errors while
+// running are every rank's own and keep their "[rank N]" prefix.
+bool prints_input_errors() {
+  return !mt::comm::started_by_mpirun() || mt::comm::mpi_env_local_rank() <= 0;
+}
+
+std::string rank_prefix() {
+  const int rank = mt::comm::mpi_env_world_rank();
+  return rank > 0 ? "[rank " + std::to_string(rank) + "] " : "";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: trains GPT-style transformers with composed parallelism"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("meshtrain ") + MESHTRAIN_VERSION + " (commit " +
+                                        MESHTRAIN_COMMIT + ")");
   mt::cli::register_train(app);
   mt::cli::register_verify(app);
   mt::cli::register_eval(app);
@@ -20,21 +45,23 @@ int main(int argc, char** argv) {
   mt::cli::register_bench_kernels(*bench);
   mt::cli::register_bench_comm(*bench);
   try {
+    mt::cli::check_subcommand_words(app, std::vector<std::string>(argv + 1, argv + argc));
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    if (prints_input_errors()) app.exit(e);
     return static_cast<int>(mt::ExitCode::kBadInput);
   } catch (const mt::Error& e) {
     // A run stopped on request (a signal) says where it stopped, once (rank 0's process).
-    if (e.code() != mt::ExitCode::kStopped)
-      std::fprintf(stderr, "error: %s\n", e.what());
-    else if (*e.what())
-      std::fprintf(stderr, "%s\n", e.what());
+    if (e.code() == mt::ExitCode::kStopped) {
+      if (*e.what()) std::fprintf(stderr, "%s\n", e.what());
+    } else if (e.code() != mt::ExitCode::kBadInput || prints_input_errors()) {
+      std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+    }
     return e.exit_code();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
     return static_cast<int>(mt::ExitCode::kRunFailure);
   }
   return 0;

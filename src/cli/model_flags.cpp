@@ -95,8 +95,35 @@ void ModelFlags::apply(model::GptConfig& c, const nlohmann::json& j) const {
   if (untied) c.tied = false;
   const bool custom = n_layer || n_head || n_kv_head || rope_theta || d_model || d_ff || vocab ||
                       seq || no_bias || untied || j.contains("n_layer") || j.contains("d_model");
-  if (custom) c.name = name + " (modified)";
+  if (custom) c.name = name_of_shape(c, model || j.contains("model") ? name : "");
   c.validate();
+}
+
+std::string name_of_shape(const model::GptConfig& c, const std::string& base) {
+  if (!base.empty()) return base + " (modified)";
+  // Without --model the shape is the flags': a preset's name where it is that preset, the
+  // preset whose blocks it has (and what differs), else "custom".
+  for (const std::string& p : model::preset_names()) {
+    const model::GptConfig q = model::preset(p);
+    if (c.same_model(q)) return p;
+    if (c.n_layer != q.n_layer || c.n_head != q.n_head || c.d_model != q.d_model ||
+        c.d_ff != q.d_ff || c.kv_heads() != q.kv_heads() || c.norm != q.norm || c.mlp != q.mlp ||
+        c.positions != q.positions)
+      continue;
+    std::vector<std::string> diff;
+    if (c.vocab != q.vocab) diff.push_back(fmt::format("vocab {}", c.vocab));
+    if (c.seq_len != q.seq_len) diff.push_back(fmt::format("seq {}", c.seq_len));
+    if (c.bias != q.bias) diff.push_back(c.bias ? "biases" : "no biases");
+    if (c.tied != q.tied) diff.push_back(c.tied ? "tied" : "untied");
+    if (c.rope_theta != q.rope_theta) diff.push_back(fmt::format("rope theta {}", c.rope_theta));
+    return fmt::format("{}-shaped ({})", p, fmt::join(diff, ", "));
+  }
+  // The default preset's width with other depth, vocabulary or length: still tiny's blocks.
+  const model::GptConfig tiny = model::preset("tiny");
+  if (c.n_head == tiny.n_head && c.d_model == tiny.d_model && c.d_ff == tiny.d_ff &&
+      c.mlp == tiny.mlp && c.positions == tiny.positions)
+    return "tiny (modified)";
+  return "custom";
 }
 
 nlohmann::json read_config_file(const std::string& path, const std::vector<std::string>& known) {

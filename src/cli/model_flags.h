@@ -27,6 +27,12 @@ struct ModelFlags {
   void apply(model::GptConfig& c, const nlohmann::json& config_file) const;
 };
 
+// The name a run prints for a model whose shape flags changed a preset: "BASE (modified)"
+// when --model BASE was given; without --model, the preset it equals, "gpt2-124m-shaped
+// (vocab 50304, seq 256)" when it has a preset's blocks, "tiny (modified)" when it keeps the
+// default preset's width, else "custom".
+std::string name_of_shape(const model::GptConfig& c, const std::string& base);
+
 // Reads a JSON config file, refusing a missing or malformed one, or an unknown key.
 nlohmann::json read_config_file(const std::string& path, const std::vector<std::string>& known);
 

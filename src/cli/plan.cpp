@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/write_file.h"
 #include "parallel/pipeline/partition.h"
+#include "plan/explain.h"
 
 namespace mt::cli {
 
@@ -360,27 +361,34 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
 }
 
 std::string estimate_table(const std::vector<plan::Estimate>& rows) {
+  // The memory unit of the largest total, so that a tiny model's columns are not all 0.00;
+  // TFLOP/s with 3 significant digits (a CPU rank's 0.0231).
+  double largest = 0;
+  for (const auto& e : rows) largest = std::max(largest, e.memory.total());
+  const auto [unit, scale] = largest >= 1e9   ? std::pair{"GB", 1e9}
+                             : largest >= 1e6 ? std::pair{"MB", 1e6}
+                                              : std::pair{"kB", 1e3};
   std::string out = fmt::format(
       "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} {:>6} "
-      "{:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} (GB per GPU; total = params + "
+      "{:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} ({} per GPU; total = params + "
       "grads + optim + max(activ + comm, f32grad), f32grad: the optimizer step's fp32 "
       "gradients)\n",
       "#", "dp", "tp", "pp", "cp", "v", "mb", "zero", "recompute", "sp", "step_s", "tokens/s",
       "TFLOPs", "MFU", "bubble", "sched", "params", "grads", "optim", "activ", "comm", "f32grad",
-      "total");
+      "total", unit);
   int i = 0;
   for (const auto& e : rows) {
     const auto& l = e.layout;
     const auto& m = e.memory;
     out += fmt::format(
-        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.1f} "
+        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.3g} "
         "{:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>7.2f} "
         "{:>6.2f}\n",
         ++i, l.dp, l.tp, l.pp, l.cp, l.virtual_stages, l.microbatch, l.zero,
         plan::recompute_name(l.recompute), l.sp ? "on" : "off", e.step_time_s, e.tokens_per_s,
-        e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / 1e9,
-        m.gradients / 1e9, m.optimizer / 1e9, m.activations / 1e9, m.communication / 1e9,
-        m.step_gradients_f32 / 1e9, m.total() / 1e9);
+        e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / scale,
+        m.gradients / scale, m.optimizer / scale, m.activations / scale, m.communication / scale,
+        m.step_gradients_f32 / scale, m.total() / scale);
   }
   return out;
 }
@@ -532,7 +540,7 @@ nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
 }
 
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
-              bool megatron_2021) {
+              bool megatron_2021, bool explain) {
   f.check(megatron_2021);
   plan::Job j = f.job();
   f.check_pins(j, /*search=*/true);
@@ -577,7 +585,26 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
     std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s --data FILE\n",
                  emit->c_str(), emit->c_str());
   }
-  if (f.json) std::printf("%s\n", plan_json(j, s, "").dump(2).c_str());
+  // --explain: the best layout's step as a stacked list (plan/explain.h).
+  std::vector<plan::StepItem> items;
+  if (explain) {
+    const plan::Estimate& best = s.top.front();
+    items = plan::explain(j, best);
+    std::fprintf(human, "%s",
+                 fmt::format("why the best layout takes {:.4f} s (busiest pipeline rank {}):\n{}",
+                             best.step_time_s, best.busiest_rank,
+                             plan::explain_text(items, best.step_time_s))
+                     .c_str());
+  }
+  if (f.json) {
+    nlohmann::json out = plan_json(j, s, "");
+    if (explain) {
+      out["explain"] = nlohmann::json::array();
+      for (const plan::StepItem& it : items)
+        out["explain"].push_back({{"name", it.name}, {"seconds", it.seconds}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+  }
 }
 
 }  // namespace
@@ -587,6 +614,7 @@ void register_plan(CLI::App& app) {
   auto top = std::make_shared<int>(10);
   auto emit = std::make_shared<std::optional<std::string>>();
   auto megatron_2021 = std::make_shared<bool>(false);
+  auto explain = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand(
       "plan", "search the layouts of a model on a cluster: step time, MFU, memory per GPU");
   f->add_to(*cmd);
@@ -597,9 +625,13 @@ void register_plan(CLI::App& app) {
                 "recomputation, pp divides n_layer, "
                 "interleaving with pp > 2, gradients reduced after the flush when pp > 1, "
                 "backward's TP all-reduces not overlapped)");
-  cmd->callback([f, top, emit, megatron_2021] {
+  cmd->add_flag("--explain", *explain,
+                "after the table, the best layout's step as a stacked list: GEMMs by kind, "
+                "attention, memory-bound kernels, each exposed communication, bubble, "
+                "optimizer (JSON: \"explain\")");
+  cmd->callback([f, top, emit, megatron_2021, explain] {
     if (*top < 1) fail("--top {} must be at least 1", *top);
-    run_plan(*f, *top, *emit, *megatron_2021);
+    run_plan(*f, *top, *emit, *megatron_2021, *explain);
   });
 }
 

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/write_file.h"
 #include "parallel/pipeline/partition.h"
+#include "plan/explain.h"
 
 namespace mt::cli {
 
@@ -109,7 +110,8 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021) {
+void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021,
+                  bool explain) {
   f.check(megatron_2021);
   const plan::Job j = f.job();
   f.check_pins(j, /*search=*/false);
@@ -117,7 +119,6 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
   const auto& m = e.memory;
-  const double gb = 1e9;
   std::string text =
       fmt::format("simulate: {} ({} parameters) on {} x {} ({}), batch {} x seq {}, {}\n",
                   j.model.name, params_text(j.model.total_params()), j.gpus, j.cluster.gpu.name,
@@ -140,14 +141,19 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
         l.pp_layers.empty()
             ? (l.even_layers ? " (even split)" : " (balanced by cost, as train splits them)")
             : " (--pp-layers)");
+  // In units that suit the numbers (a tiny model's are kB and MB, not 0.000 GB).
+  const auto b = [](double bytes) {
+    const auto [unit, scale] = bytes >= 1e9   ? std::pair{"GB", 1e9}
+                               : bytes >= 1e6 ? std::pair{"MB", 1e6}
+                                              : std::pair{"kB", 1e3};
+    return fmt::format("{:.4g} {}", bytes / scale, unit);
+  };
   text += fmt::format(
       "memory per GPU (worst: pp rank {}, {} microbatch-chunks in flight):\n"
-      "  parameters {:.3f} GB, gradients {:.3f} GB, optimizer {:.3f} GB, activations {:.3f} "
-      "GB, communication {:.3f} GB; at the optimizer step (activations freed) fp32 gradients "
-      "{:.3f} GB: peak {:.3f} GB of {:.1f} GB{}\n",
-      e.worst_stage, e.in_flight, m.parameters / gb, m.gradients / gb, m.optimizer / gb,
-      m.activations / gb, m.communication / gb, m.step_gradients_f32 / gb, m.total() / gb,
-      plan::memory_per_rank(j) / gb,
+      "  parameters {}, gradients {}, optimizer {}, activations {}, communication {}; at the "
+      "optimizer step (activations freed) fp32 gradients {}: peak {} of {}{}\n",
+      e.worst_stage, e.in_flight, b(m.parameters), b(m.gradients), b(m.optimizer), b(m.activations),
+      b(m.communication), b(m.step_gradients_f32), b(m.total()), b(plan::memory_per_rank(j)),
       m.total() > plan::memory_per_rank(j) ? "  (DOES NOT FIT)" : "");
   text += fmt::format(
       "time per step: {:.4g} s = pipeline {:.4g} s (bubble {:.1f}%) + tied embedding sync "
@@ -155,19 +161,32 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
       "  busiest rank (pp rank {}): forward {:.4g} s, backward (+recompute) {:.4g} s, of which tp "
       "comm {:.4g} s, cp comm {:.4g} s; gradient accumulation adds {:.4g} s; p2p {:.4g} s; dp "
       "comm {:.4g} s ({} hidden)\n"
-      "  {:.4g} tokens/s, {:.1f} model TFLOP/s per GPU, {:.1f} with recomputation, MFU {:.1f}%\n",
+      "  {:.4g} tokens/s, {:.3g} model TFLOP/s per GPU, {:.3g} with recomputation, MFU {:.1f}%\n",
       e.step_time_s, e.pipeline_s, 100 * e.bubble_fraction, e.embedding_sync_s, e.dp_exposed_s,
       e.optimizer_s, e.busiest_rank, e.forward_s, e.backward_s, e.tp_comm_s, e.cp_comm_s,
       e.grad_accum_s, e.pp_comm_s, e.dp_comm_s,
       e.dp_exposed_s <= 0 ? "all" : (e.dp_exposed_s < e.dp_comm_s ? "partly" : "not"),
       e.tokens_per_s, e.tflops_per_gpu, e.hw_tflops_per_gpu, 100 * e.mfu);
   std::fprintf(human, "%s", text.c_str());
+  std::vector<plan::StepItem> items;
+  if (explain) {
+    items = plan::explain(j, e);
+    std::fprintf(human, "%s",
+                 fmt::format("the step as a stacked list (busiest pipeline rank {}):\n{}",
+                             e.busiest_rank, plan::explain_text(items, e.step_time_s))
+                     .c_str());
+  }
   if (trace) {
     io::write_file(*trace, chrome_trace(e).dump() + "\n");  // checked: a full disk is an error
     std::fprintf(human, "wrote %s (chrome://tracing)\n", trace->c_str());
   }
   if (f.json) {
     nlohmann::json out = {{"job", job_json(j)}, {"layouts", {estimate_json(j, e)}}};
+    if (explain) {
+      out["explain"] = nlohmann::json::array();
+      for (const plan::StepItem& it : items)
+        out["explain"].push_back({{"name", it.name}, {"seconds", it.seconds}});
+    }
     std::printf("%s\n", out.dump(2).c_str());
   }
 }
@@ -185,7 +204,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_flag("--megatron-2021", *megatron_2021,
                 "as Megatron-LM ran in 2021 (Narayanan et al.): no comm overlap of the DP "
                 "reduction when pipelining nor of backward's TP all-reduces; layers split evenly");
-  cmd->callback([f, trace, megatron_2021] { run_simulate(*f, *trace, *megatron_2021); });
+  auto explain = std::make_shared<bool>(false);
+  cmd->add_flag("--explain", *explain,
+                "the step as a stacked list: GEMMs by kind, attention, memory-bound kernels, "
+                "each exposed communication, bubble, optimizer (JSON: \"explain\")");
+  cmd->callback(
+      [f, trace, megatron_2021, explain] { run_simulate(*f, *trace, *megatron_2021, *explain); });
 }
 
 }  // namespace mt::cli

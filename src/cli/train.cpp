@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "cli/commands.h"
+#include "cli/memory_check.h"
 #include "cli/train_flags.h"
 #include "comm/mpi.h"
 #include "core/error.h"
@@ -30,6 +31,7 @@ train::TrainOptions to_options(const TrainCommandFlags& f) {
   const nlohmann::json j = f.run.config_json(train_command_config_keys());
   train::TrainOptions o;
   f.run.apply_to(o, j);
+  infer_dp_under_mpirun(o, f.run.dp.has_value() || j.contains("dp"));
   try {
     take_config(j, "metrics", o.metrics, f.metrics);
     take_config(j, "export", o.export_path, f.export_path);
@@ -79,7 +81,8 @@ void register_train(CLI::App& app) {
                   "folder (model.safetensors + config.json)");
   cmd->add_option("--init-from", f->init_from,
                   "start from Hugging Face weights (a .safetensors file, or a folder with "
-                  "config.json): fine-tuning, any layout; without --model, the file's model");
+                  "config.json and model.safetensors or the hub's shards): fine-tuning, any "
+                  "layout; without --model, the file's model");
   cmd->add_option("--peak-gflops", f->peak_gflops, "GEMM peak for MFU (default: measured, cached)");
   cmd->add_flag("--profile", f->profile, "print where the time went, by kernel");
   cmd->add_option("--checkpoint-dir", f->checkpoint_dir,
@@ -94,6 +97,8 @@ void register_train(CLI::App& app) {
     const train::TrainOptions o = to_options(*f);
     // Any local job under mpirun, even of one rank: every process writes the same files.
     if (o.backend == "local") train::refuse_local_backend_under_mpirun();
+    o.validate();
+    check_memory_fits(o);  // before anything is allocated: refuses a run that cannot fit
     // SIGINT, SIGTERM, SIGUSR1: finish the step, save, exit 3 (train/stop_signals.h).
     const train::StopSignals signals(/*announce=*/comm::mpi_env_world_rank() <= 0);
     const train::TrainResult r = train::run_training(o);

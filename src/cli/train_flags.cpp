@@ -4,6 +4,7 @@
 
 #include <string_view>
 
+#include "comm/mpi.h"
 #include "core/error.h"
 
 namespace mt::cli {
@@ -11,15 +12,14 @@ namespace mt::cli {
 namespace {
 
 const std::vector<std::string> kConfigKeys = {
-    "model",        "n_layer",    "n_head",       "d_model",       "d_ff",
-    "vocab",        "n_kv_head",  "rope_theta",   "seq",           "bias",
-    "tied",         "batch",      "microbatch",   "steps",         "lr",
-    "min_lr_ratio", "warmup",     "weight_decay", "grad_clip",     "seed",
-    "data",         "val_data",   "eval_every",   "eval_batches",  "threads",
-    "dp",           "zero",       "bucket_mb",    "backend",       "tp",
-    "sp",           "mesh_order", "recompute",    "dtype",         "device",
-    "comm_timeout", "pp",         "microbatches", "schedule",      "virtual_stages",
-    "pp_exchanges", "pp_layers",  "attention",    "skip_nonfinite"};
+    "model",      "n_layer",      "n_head",    "d_model",        "d_ff",         "vocab",
+    "n_kv_head",  "rope_theta",   "seq",       "bias",           "tied",         "batch",
+    "microbatch", "steps",        "lr",        "min_lr_ratio",   "warmup",       "weight_decay",
+    "grad_clip",  "seed",         "data",      "val_data",       "eval_every",   "eval_batches",
+    "threads",    "dp",           "zero",      "bucket_mb",      "backend",      "tp",
+    "sp",         "mesh_order",   "recompute", "dtype",          "device",       "comm_timeout",
+    "pp",         "microbatches", "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",
+    "attention",  "data_format",  "shuffle",   "skip_nonfinite"};
 
 }  // namespace
 
@@ -28,6 +28,25 @@ const std::vector<std::string>& train_command_config_keys() {
       "metrics",          "export", "trace",  "peak_gflops",  "profile",  "checkpoint_dir",
       "checkpoint_every", "keep",   "resume", "max_restarts", "init_from"};
   return keys;
+}
+
+void infer_dp_under_mpirun(train::TrainOptions& o, bool dp_given) {
+  const int world = comm::mpi_env_world_size();
+  if (dp_given || world < 1 || o.backend == "local") return;
+  const int64_t others = static_cast<int64_t>(o.tp) * o.pipeline.pp;
+  if (o.tp < 1 || o.pipeline.pp < 1) return;  // validate() names the bad value
+  if (world % others != 0) {
+    std::string np, divisors;
+    for (int k = 1; k <= 3; ++k) np += fmt::format("{}{}", k > 1 ? ", " : "", k * others);
+    for (int d = 1; d <= world; ++d)
+      if (world % d == 0) divisors += fmt::format("{}{}", divisors.empty() ? "" : ", ", d);
+    fail(
+        "mpirun started {} processes, which --tp {} x --pp {} = {} does not divide: dp = "
+        "processes / (tp x pp) would not be whole (run mpirun -np {} ..., or give a --tp x --pp "
+        "that divides {}: one of {})",
+        world, o.tp, o.pipeline.pp, others, np, world, divisors);
+  }
+  o.dp = static_cast<int>(world / others);
 }
 
 void TrainFlags::add_to(CLI::App& cmd) {
@@ -56,15 +75,27 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--seed", seed,
                  fmt::format("seed of initialisation and randomness (default {})", d.seed));
   cmd.add_option("--data", data,
-                 "training tokens: an llm.c file or a Megatron-LM PREFIX (.idx + .bin), "
-                 "`meshtrain prepare`");
-  cmd.add_option("--val-data", val_data, "held-out tokens (default: last 5% of --data)");
+                 "training tokens: llm.c files, Megatron-LM PREFIXes (.idx + .bin) or nanoGPT "
+                 "files (--data-format nanogpt); a comma-separated list and globs "
+                 "(shard_*.bin) read as one stream in order (docs/data.md; `meshtrain prepare`)");
+  cmd.add_option("--val-data", val_data,
+                 "held-out tokens, as --data (default: the last 5% of --data)");
+  cmd.add_option("--data-format", data_format,
+                 "auto (default: llm.c by its header, Megatron-LM by its .idx), llmc, nanogpt "
+                 "(headerless uint16, nanoGPT's prepare.py) or megatron: every file of --data "
+                 "and --val-data");
+  cmd.add_flag("--shuffle", shuffle,
+               "read the training samples in a seeded permutation per epoch (by --seed), the "
+               "same in every layout (the default)");
+  cmd.add_flag("--no-shuffle", no_shuffle,
+               "read the training samples in file order (llm.c's batches)");
   cmd.add_option("--eval-every", eval_every, "validation loss every N steps (and at the end)");
   cmd.add_option("--eval-batches", eval_batches,
                  fmt::format("microbatches per validation (default {})", d.eval_batches));
   cmd.add_option("--threads", threads,
                  "intra-op threads per rank (default: cores / ranks on the host)");
-  cmd.add_option("--dp", dp, "data-parallel ranks (local: threads; under mpirun: -np)");
+  cmd.add_option("--dp", dp,
+                 "data-parallel ranks (local: threads; under mpirun default -np / (tp x pp))");
   cmd.add_option("--zero", zero,
                  "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters");
   cmd.add_option("--tp", tp,
@@ -140,9 +171,19 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "seed", o.seed, seed);
     take_config(j, "data", o.data, data);
     take_config(j, "val_data", o.val_data, val_data);
+    take_config(j, "data_format", o.data_format, data_format);
+    if (shuffle && no_shuffle) fail("--shuffle and --no-shuffle contradict each other");
+    if (j.contains("shuffle")) o.shuffle = config_value<bool>(j, "shuffle");
+    if (shuffle) o.shuffle = true;
+    if (no_shuffle) o.shuffle = false;
     take_config(j, "eval_every", o.eval_every, eval_every);
     take_config(j, "eval_batches", o.eval_batches, eval_batches);
     take_config(j, "threads", o.threads, threads);
+    // 0 is the options' "cores / ranks"; asked for by name it would be no threads at all.
+    if ((threads || j.contains("threads")) && o.threads == 0)
+      fail(
+          "--threads 0: a rank needs at least 1 thread (leave --threads out for the host's "
+          "cores / ranks on it)");
     take_config(j, "dp", o.dp, dp);
     take_config(j, "zero", o.zero, zero);
     take_config(j, "tp", o.tp, tp);
@@ -162,6 +203,12 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "virtual_stages", o.pipeline.virtual_stages, virtual_stages);
     take_config(j, "pp_exchanges", o.pipeline.exchanges, pp_exchanges);
     take_config(j, "pp_layers", o.pipeline.layers, pp_layers);
+    // A warmup longer than the run never reaches --lr nor starts the cosine decay.
+    if ((warmup || j.contains("warmup")) && o.warmup > o.steps)
+      fail(
+          "--warmup {} is longer than --steps {}: the learning rate would never reach --lr {} "
+          "nor decay (use --warmup {} or less, or leave it out for 5% of --steps)",
+          o.warmup, o.steps, o.lr, o.steps);
   } catch (const Error& e) {
     // A config value's error names its key; a flag's names the flag, without the file.
     if (config.empty() || std::string_view(e.what()).rfind("config key", 0) != 0) throw;

@@ -17,7 +17,8 @@ struct TrainFlags {
   ModelFlags model;
   std::optional<int64_t> batch, microbatch, steps, seed, threads, warmup, eval_every, eval_batches;
   std::optional<float> lr, min_lr_ratio, weight_decay, grad_clip;
-  std::optional<std::string> data, val_data;
+  std::optional<std::string> data, val_data, data_format;
+  bool shuffle = false, no_shuffle = false;  // --shuffle / --no-shuffle (default: the config's)
   std::optional<double> bucket_mb, comm_timeout;
   std::optional<int> dp, zero, tp, skip_nonfinite;
   std::optional<std::string> backend, mesh_order, recompute;
@@ -38,6 +39,11 @@ struct TrainFlags {
   void apply_to(train::TrainOptions& o, const nlohmann::json& config_file) const;
   train::TrainOptions to_options() const;  // over TrainOptions' defaults
 };
+
+// Under mpirun (a backend other than local) without --dp: dp = the processes / (tp x pp), as
+// Megatron-LM and torchtitan infer it; refuses a world that tp x pp does not divide, naming
+// the -np and --tp / --pp that would. `dp_given`: --dp as a flag or config key.
+void infer_dp_under_mpirun(train::TrainOptions& o, bool dp_given);
 
 // The config keys of the train command's own flags (outputs and checkpoints: metrics,
 // export, trace, checkpoint_dir, ...), which `train` reads and `verify` accepts and ignores,

@@ -65,6 +65,22 @@ int cuda_device_count() {
   return n;
 }
 
+bool cuda_memory(int index, int64_t& free_bytes, int64_t& total_bytes) {
+  if (index < 0 || index >= cuda_device_count()) return false;
+  int was = 0;
+  if (cudaGetDevice(&was) != cudaSuccess || cudaSetDevice(index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  size_t f = 0, t = 0;
+  const bool ok = cudaMemGetInfo(&f, &t) == cudaSuccess;
+  if (!ok) (void)cudaGetLastError();
+  (void)cudaSetDevice(was);
+  free_bytes = static_cast<int64_t>(f);
+  total_bytes = static_cast<int64_t>(t);
+  return ok;
+}
+
 void use_cuda(int index) {
   const int n = cuda_device_count();
   if (n == 0)
@@ -171,6 +187,7 @@ namespace {
 
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
+bool cuda_memory(int, int64_t&, int64_t&) { return false; }
 void use_cuda(int) { not_built(); }
 void* cuda_stream() { return nullptr; }
 

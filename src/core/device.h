@@ -17,6 +17,9 @@ namespace mt::device {
 bool cuda_built();
 // GPUs the CUDA driver sees: 0 without a CUDA build, a driver or a GPU (never throws).
 int cuda_device_count();
+// Free and total memory of GPU `index` (cudaMemGetInfo); false without a CUDA build, a
+// driver or that GPU (never throws). The calling thread's current GPU is left as it was.
+bool cuda_memory(int index, int64_t& free_bytes, int64_t& total_bytes);
 // The calling thread computes on GPU `index` from now on (creates its stream). Fails,
 // naming the fix, when there is no such GPU.
 void use_cuda(int index = 0);

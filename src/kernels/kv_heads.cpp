@@ -1,15 +1,17 @@
 // Grouped-query attention around the multi-head kernel: the key/value heads are repeated
 // to one per query head before it (Hugging Face's repeat_kv: kv head k serves query heads
 // k·g .. k·g + g − 1, g = heads / kv_heads), and backward sums each group's key/value
-// gradients back, in order. The CPU only (see rmsnorm.cpp).
+// gradients back, in order. The CUDA twin: kernels/cuda/llama.cu.
 #include <algorithm>
 
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
 
 void expand_kv_heads(float* full, const float* qkv, int64_t n, int64_t heads, int64_t kv_heads,
                      int64_t hd) {
+  MT_CUDA_DISPATCH(expand_kv_heads(full, qkv, n, heads, kv_heads, hd));
   const int64_t C = heads * hd, Ckv = kv_heads * hd, g = heads / kv_heads;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -26,6 +28,7 @@ void expand_kv_heads(float* full, const float* qkv, int64_t n, int64_t heads, in
 
 void reduce_kv_heads(float* dqkv, const float* dfull, int64_t n, int64_t heads, int64_t kv_heads,
                      int64_t hd) {
+  MT_CUDA_DISPATCH(reduce_kv_heads(dqkv, dfull, n, heads, kv_heads, hd));
   const int64_t C = heads * hd, Ckv = kv_heads * hd, g = heads / kv_heads;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {

@@ -1,15 +1,16 @@
 // RMSNorm over the last dimension (Llama): y = x / sqrt(mean(x²) + eps) · w, no mean
-// subtraction and no bias. The CPU only (the CUDA backend has no twin yet: train refuses a
-// Llama-family model on a GPU).
+// subtraction and no bias. The CUDA twin: kernels/cuda/llama.cu.
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
 
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
                      float eps) {
+  MT_CUDA_DISPATCH(rmsnorm_forward(y, rstd, x, w, n, c, eps));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
@@ -26,6 +27,7 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
 
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t n, int64_t c) {
+  MT_CUDA_DISPATCH(rmsnorm_backward(dx, dw, dy, x, w, rstd, n, c));
   // With g = dy·w and x̂ = x·r: dx = r·(g − x̂·mean(g·x̂)).
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {

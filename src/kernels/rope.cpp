@@ -1,7 +1,8 @@
 // Rotary position embeddings, Hugging Face's convention (`rotate_half`): in each head of
 // hd dims, dimension i < hd/2 pairs with i + hd/2 and the pair turns by the angle
-// pos·inv_freq[i]. The tables cos/sin [T, hd/2] come from the model (model/rope.h). The CPU
-// only (see rmsnorm.cpp).
+// pos·inv_freq[i]. The tables cos/sin [T, hd/2] come from the model (model/rope.h). The CUDA
+// twin: kernels/cuda/llama.cu.
+#include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace mt::kernels {
@@ -32,11 +33,13 @@ void rotate(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t col0, in
 
 void rope_forward(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t col0, int64_t heads,
                   int64_t hd, const float* cos, const float* sin) {
+  MT_CUDA_DISPATCH(rope_forward(x, B, T, row_stride, col0, heads, hd, cos, sin));
   rotate(x, B, T, row_stride, col0, heads, hd, cos, sin, 1.0f);
 }
 
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t row_stride, int64_t col0, int64_t heads,
                    int64_t hd, const float* cos, const float* sin) {
+  MT_CUDA_DISPATCH(rope_backward(dx, B, T, row_stride, col0, heads, hd, cos, sin));
   rotate(dx, B, T, row_stride, col0, heads, hd, cos, sin, -1.0f);
 }
 

@@ -133,13 +133,14 @@ void GptConfig::validate() const {
          fmt::join(ok, ", "));
   }
   if (n_kv_head < 0 || (n_kv_head > 0 && n_head % n_kv_head != 0)) {
-    std::vector<int64_t> ok;
-    for (int64_t k = 1; k <= n_head; ++k)
+    std::vector<int64_t> ok;  // up to 1024: not a scan up to n_head (a file may say 2^31)
+    constexpr int64_t kMaxListed = 1024;
+    for (int64_t k = 1; k <= std::min(n_head, kMaxListed); ++k)
       if (n_head % k == 0) ok.push_back(k);
     fail(
         "--n-kv-head {} does not divide --n-head {} (each key/value head serves a whole group "
-        "of query heads; choose among {})",
-        n_kv_head, n_head, fmt::join(ok, ", "));
+        "of query heads; choose among {}{})",
+        n_kv_head, n_head, fmt::join(ok, ", "), n_head > kMaxListed ? ", ..." : "");
   }
   if (positions == Positions::kRope && head_dim() % 2 != 0)
     fail(

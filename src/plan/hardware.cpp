@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,12 @@ namespace mt::plan {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// The shortest a GPU kernel runs, launch and tail together: a few microseconds for a CUDA
+// kernel launched from the host (no CUDA graphs), the order NVIDIA's CUDA Graphs material
+// gives. An estimate, not measured here; it only matters for small layers.
+constexpr double kLaunchS = 4e-6;
+constexpr const char* kLaunchSource =
+    "estimate: a CUDA launch from the host is a few microseconds (not measured here)";
 
 // Numbers and sources: docs/planner.md, "Hardware presets".
 ClusterSpec dgx(const char* name, GpuSpec gpu, double nvlink_bytes_per_s, double ib_bytes_per_s) {
@@ -45,6 +52,12 @@ GpuSpec a100_80gb() {
   g.gemm = GemmCurve{0.78, 96};
   g.hbm_efficiency = 0.7;
   g.kernel_overhead_s = 0;
+  g.kernel_launch_s = kLaunchS;
+  g.sources = {
+      {"gemm", "fitted to Narayanan et al. 2021 Table 1 (docs/planner.md, calibration)"},
+      {"hbm_efficiency", "fitted with the GEMM curve to Narayanan et al. 2021 Table 1"},
+      {"attention", "none: fused attention on the GEMM curve (no published A100 table at hand)"},
+      {"kernel_launch_s", kLaunchSource}};
   return g;
 }
 
@@ -57,6 +70,16 @@ GpuSpec h100_sxm() {
   g.hbm_bytes_per_s = 3.35e12;
   g.gemm = GemmCurve{0.70, 64};  // not fitted: an estimate (docs/planner.md)
   g.hbm_efficiency = 0.7;
+  g.kernel_launch_s = kLaunchS;
+  g.sources = {{"gemm", "estimate from the data sheet (eff_max 0.70, d0 64), not fitted"},
+               {"hbm_efficiency",
+                "estimate (0.7; a device-to-device copy reached 0.9 on our "
+                "lent H100, elementwise kernels reach less)"},
+               {"attention",
+                "none: fused attention on the GEMM curve; the published cuDNN "
+                "rates (h100_cudnn_attention) are not used by default, see "
+                "docs/planner.md \"Kernel costs\""},
+               {"kernel_launch_s", kLaunchSource}};
   return g;
 }
 
@@ -69,6 +92,11 @@ GpuSpec b200() {
   g.hbm_bytes_per_s = 7.7e12;
   g.gemm = GemmCurve{0.65, 96};  // not fitted: an estimate (docs/planner.md)
   g.hbm_efficiency = 0.7;
+  g.kernel_launch_s = kLaunchS;
+  g.sources = {{"gemm", "estimate from the data sheet (eff_max 0.65, d0 96), not fitted"},
+               {"hbm_efficiency", "estimate (0.7)"},
+               {"attention", "none: fused attention on the GEMM curve"},
+               {"kernel_launch_s", kLaunchSource}};
   return g;
 }
 
@@ -81,10 +109,39 @@ nlohmann::json gpu_json(const GpuSpec& g) {
           {"hbm_efficiency", g.hbm_efficiency},
           {"gemm_eff_max", g.gemm.eff_max},
           {"gemm_d0", g.gemm.d0},
-          {"kernel_overhead_s", g.kernel_overhead_s}};
+          {"kernel_overhead_s", g.kernel_overhead_s},
+          {"kernel_launch_s", g.kernel_launch_s},
+          {"attention",
+           {{"head_dim", g.attention.head_dim},
+            {"seq", g.attention.seq},
+            {"fwd_flops_per_s", g.attention.fwd_flops_per_s},
+            {"bwd_flops_per_s", g.attention.bwd_flops_per_s}}},
+          {"sources", g.sources}};
 }
 
 }  // namespace
+
+AttentionRates h100_cudnn_attention() {
+  // cuDNN's fused attention (what Transformer Engine runs on H100), head dim 128, BF16:
+  // Shah et al. 2024 (FlashAttention-3, arXiv:2407.08608) Figure 5 (forward, causal) and
+  // Figure 6 (backward; the paper plots it without the causal mask only).
+  AttentionRates r;
+  r.head_dim = 128;
+  r.seq = {512, 1024, 2048, 4096, 8192, 16384};
+  r.fwd_flops_per_s = {315e12, 410e12, 484e12, 518e12, 529e12, 539e12};
+  r.bwd_flops_per_s = {305e12, 408e12, 465e12, 499e12, 518e12, 516e12};
+  return r;
+}
+
+double AttentionRates::at(const std::vector<double>& seq, const std::vector<double>& rate,
+                          double s) {
+  if (s <= seq.front()) return rate.front();
+  if (s >= seq.back()) return rate.back();
+  size_t i = 1;
+  while (seq[i] < s) ++i;
+  const double w = std::log2(s / seq[i - 1]) / std::log2(seq[i] / seq[i - 1]);
+  return rate[i - 1] + w * (rate[i] - rate[i - 1]);
+}
 
 double GpuSpec::peak_flops(const std::string& dtype) const {
   if (dtype == "f32") return peak_flops_f32;
@@ -184,6 +241,16 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.gpu.gemm.eff_max = g.value("gemm_eff_max", 0.75);
   c.gpu.gemm.d0 = g.value("gemm_d0", 48.0);
   c.gpu.kernel_overhead_s = g.value("kernel_overhead_s", 0.0);
+  c.gpu.kernel_launch_s = g.value("kernel_launch_s", 0.0);
+  if (g.contains("attention")) {
+    const auto& a = g.at("attention");
+    c.gpu.attention.head_dim = int(count(a.at("head_dim"), "gpu.attention.head_dim"));
+    c.gpu.attention.seq = a.at("seq").get<std::vector<double>>();
+    c.gpu.attention.fwd_flops_per_s = a.at("fwd_flops_per_s").get<std::vector<double>>();
+    c.gpu.attention.bwd_flops_per_s = a.at("bwd_flops_per_s").get<std::vector<double>>();
+  }
+  if (g.contains("sources"))
+    c.gpu.sources = g.at("sources").get<std::map<std::string, std::string>>();
   c.gpus_per_node = int(count(j.at("gpus_per_node"), "gpus_per_node"));
   c.max_nodes = j.contains("max_nodes")
                     ? count(j.at("max_nodes"), "max_nodes", std::numeric_limits<int64_t>::max())
@@ -222,6 +289,21 @@ void validate(const ClusterSpec& c) {
   check("gpu.gemm_eff_max", c.gpu.gemm.eff_max, false, "achieved fraction, up to 1");
   check("gpu.gemm_d0", c.gpu.gemm.d0, true, "GEMM dimension");
   check("gpu.kernel_overhead_s", c.gpu.kernel_overhead_s, true, "seconds");
+  check("gpu.kernel_launch_s", c.gpu.kernel_launch_s, true, "seconds");
+  const AttentionRates& a = c.gpu.attention;
+  if (a.fwd_flops_per_s.size() != a.seq.size() || a.bwd_flops_per_s.size() != a.seq.size())
+    fail(
+        "gpu.attention has {} sequence lengths, {} forward and {} backward rates; give one rate "
+        "of each per sequence length: fix the file",
+        a.seq.size(), a.fwd_flops_per_s.size(), a.bwd_flops_per_s.size());
+  if (!a.empty()) check("gpu.attention.head_dim", a.head_dim, false, "an integer, at least 1");
+  for (size_t i = 0; i < a.seq.size(); ++i) {
+    check("gpu.attention.seq[]", a.seq[i], false, "sequence length, ascending");
+    check("gpu.attention.fwd_flops_per_s[]", a.fwd_flops_per_s[i], false, "FLOP/s");
+    check("gpu.attention.bwd_flops_per_s[]", a.bwd_flops_per_s[i], false, "FLOP/s");
+    if (i > 0 && !(a.seq[i] > a.seq[i - 1]))
+      fail("gpu.attention.seq must ascend ({} after {}): fix the file", a.seq[i], a.seq[i - 1]);
+  }
   // Achieved fractions of a peak (calibrate's fit reaches 1.0 by summing 0.01 steps).
   for (auto [field, v] : {std::pair{"gpu.hbm_efficiency", c.gpu.hbm_efficiency},
                           {"gpu.gemm_eff_max", c.gpu.gemm.eff_max}})

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +22,21 @@ struct GemmCurve {
   }
 };
 
+// A fused (flash) attention kernel's achieved rate by sequence length, forward and backward,
+// at one head dimension, as a published kernel benchmark measured it. FLOP/s are counted as
+// those benchmarks count them: 4·s²·d per head forward for the full T×T, half of it under a
+// causal mask; backward 2.5× the forward FLOPs. Empty: the GEMM curve on the full T×T
+// (docs/planner.md, "Kernel costs").
+struct AttentionRates {
+  int head_dim = 128;
+  std::vector<double> seq;              // ascending
+  std::vector<double> fwd_flops_per_s;  // causal, forward
+  std::vector<double> bwd_flops_per_s;  // backward
+  bool empty() const { return seq.empty(); }
+  // The rate at sequence length s, piecewise linear in log2(s), held beyond the ends.
+  static double at(const std::vector<double>& seq, const std::vector<double>& rate, double s);
+};
+
 struct GpuSpec {
   std::string name;
   double peak_flops_bf16 = 0;  // dense tensor-core FLOP/s (also fp16)
@@ -30,6 +46,13 @@ struct GpuSpec {
   double hbm_efficiency = 0.7;  // achieved fraction of HBM bandwidth by elementwise kernels
   GemmCurve gemm;
   double kernel_overhead_s = 0;  // fixed time per layer pass (launches, small kernels)
+  // The least time any kernel takes (its launch and tail): a GEMM or memory-bound kernel
+  // shorter than this costs this. 0: none.
+  double kernel_launch_s = 0;
+  AttentionRates attention;  // fused attention; empty: the GEMM curve
+  // Where each number comes from, by field (gemm, hbm_efficiency, attention,
+  // kernel_launch_s): a measurement, a published table, or an estimate.
+  std::map<std::string, std::string> sources;
   double peak_flops(const std::string& dtype) const;
 };
 
@@ -60,6 +83,11 @@ struct ClusterSpec {
   // on a shared host (compute_units > 0) each rank's memory is 1/ranks of the host's.
   ClusterSpec for_job(int64_t ranks) const;
 };
+
+// cuDNN's fused attention on an H100 SXM5 in BF16 at head dim 128, as the FlashAttention-3
+// paper (Shah et al. 2024, Figures 5-6) measured it. Not in the dgx-h100 preset by default:
+// docs/planner.md, "Kernel costs", says why.
+AttentionRates h100_cudnn_attention();
 
 ClusterSpec cluster_preset(const std::string& name);  // preset name or JSON file path
 std::vector<std::string> cluster_preset_names();

@@ -12,6 +12,7 @@
 #include "comm/mpi.h"
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
+#include "plan/kernels.h"
 
 namespace mt::plan {
 
@@ -155,45 +156,16 @@ struct PassCosts {
 
 PassCosts pass_costs(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
-  const GpuSpec& g = j.cluster.gpu;
-  const double share = per_rank_share(j);
-  const double peak = g.peak_flops(j.dtype) * share;
-  const double hbm = g.hbm_bytes_per_s * g.hbm_efficiency * share;
-  // s tokens per rank (seq / cp); their queries attend over all S = seq keys, with CP as
-  // cp blocks of s keys that the ring brings in turn.
-  const double t = l.tp, s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch),
-               n = s * b, cp = l.cp;
-  const double h = m.d_model, F = m.d_ff, kv = m.kv_dim(), a = m.n_head, hd = m.head_dim();
-  auto gemm = [&](double M, double N, double K, double batch) {
-    return 2 * M * N * K * batch / (peak * g.gemm.efficiency(M, N, K));
-  };
+  const double t = l.tp, s = double(j.seq) / l.cp, b = double(l.microbatch), n = s * b, cp = l.cp;
+  const double h = m.d_model, kv = m.kv_dim();
+  const LayerKernels k = layer_kernels(j, l, per_rank_share(j));
+  const double qkv = k.qkv, mlp_in = k.mlp_in, proj = k.proj, mlp_out = k.mlp_out;
+  const double att_block = k.attention / cp;  // one CP key block's attention, forward
   const double wb = weight_bytes(j);
-  double f = 0;
-  // With userbuffers each GEMM beside a TP collective runs as t chunks of n / t rows.
+  const double fwd_compute = k.fwd();
+  const double bwd_compute = k.bwd();
+  // Userbuffers (the GEMMs in `k` are then chunked, see layer_kernels).
   const bool ub = l.tp_comm_overlap && l.tp > 1 && j.cluster.compute_units == 0;
-  const double rows = ub ? n / t : n, chunks = ub ? t : 1;
-  const double qkv = chunks * gemm(rows, (h + 2 * kv) / t, h, 1);
-  const double mlp_in = chunks * gemm(rows, (m.swiglu ? 2 : 1) * F / t, h, 1);
-  f += qkv;
-  const double att_block = gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t);
-  const double proj = chunks * gemm(rows, h, h / t, 1), mlp_out = chunks * gemm(rows, h, F / t, 1);
-  f += cp * att_block;  // scores (full T×T) and probabilities · V, per key block
-  f += proj;            // output projection
-  f += mlp_in;          // MLP in (gate+up)
-  f += mlp_out;         // MLP out
-  // Memory-bound kernels (bytes per token, docs/planner.md): layer norms, residual
-  // dropout-adds, activation function, softmax (+ dropout) over the attention scores.
-  // Our runtime has no dropout; its bias adds move those bytes (as measured in f32).
-  const bool drop = dropout(j);
-  const double rep = (drop || (runs_our_runtime(j) && m.bias) ? 22.0 : 16.0) * h * wb / 2;
-  const double act = (m.swiglu ? 6.0 : 4.0) * F * wb / 2;
-  // Softmax over the T×T scores: unfused, mixed precision reads the scores and writes the
-  // probabilities (+ dropout's mask and output); f32 is our runtime; fused: none.
-  double soft = 16.0 * a * S;
-  if (mixed(j)) soft = l.fused_attention ? 0.0 : (drop ? 9.0 : 4.0) * a * S;
-  double elem = n * ((l.sp ? rep / t : rep) + act / t + soft / t) / hbm;
-  const double fwd_compute = f + elem + g.kernel_overhead_s;
-  const double bwd_compute = 2 * f + 2 * elem + g.kernel_overhead_s;
   // TP: two all-reduces (or all-gather + reduce-scatter with SP) per layer and pass.
   const double act_bytes = n * h * wb;
   double tp_one = 0;
@@ -234,7 +206,7 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
     const double lat = intra ? j.cluster.intra_latency_s : j.cluster.inter_latency_s;
     const double kv_bytes = 2 * n * kv / t * wb;
     pc.cp_fwd = (cp - 1) * std::max(0.0, lat + kv_bytes / bw - att_block);
-    pc.cp_bwd = (cp - 1) * std::max(0.0, lat + 2 * kv_bytes / bw - 2 * att_block);
+    pc.cp_bwd = (cp - 1) * std::max(0.0, lat + 2 * kv_bytes / bw - k.attention_bwd / cp);
   }
   pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd;
   double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd;
@@ -244,18 +216,14 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
     pc.tp_bwd += pc.tp_fwd;
     pc.cp_bwd += pc.cp_fwd;
   } else if (l.recompute == Recompute::kSelective) {
-    bwd += cp * att_block + n * soft / t / hbm + pc.cp_fwd;  // the ring again, with CP
+    bwd += k.attention + k.softmax + pc.cp_fwd;  // the attention core again (the ring with CP)
     pc.cp_bwd += pc.cp_fwd;
   }
   pc.bwd = bwd;
-  // LM head (vocab-parallel) and cross-entropy in f32 over the logits.
-  const double V = m.vocab;
-  const double head = gemm(n, V / t, h, 1);
-  const double ce = n * V / t * 12.0 / hbm;
-  pc.head_fwd = head + ce;
-  pc.head_bwd = 2 * head + ce;
-  pc.embed_fwd = n * h * wb * 2 / hbm;
-  pc.embed_bwd = n * h * wb * 2 / hbm;
+  pc.head_fwd = k.head + k.cross_entropy;
+  pc.head_bwd = 2 * k.head + k.cross_entropy;
+  pc.embed_fwd = k.embedding;
+  pc.embed_bwd = k.embedding;
   return pc;
 }
 
@@ -485,14 +453,35 @@ MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int*
   return memory_with_flight(j, l, max_in_flight(sched, spare_set(j)), worst_stage, in_flight);
 }
 
+std::vector<MemoryBytes> memory_by_stage(const Job& j, const Layout& l) {
+  const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
+  PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
+  return stage_memory(j, l, max_in_flight(sched, spare_set(j)));
+}
+
 MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<int>& flight,
                                int* worst_stage, int* in_flight) {
+  const std::vector<MemoryBytes> stages = stage_memory(j, l, flight);
+  MemoryBytes worst;
+  for (int r = 0; r < l.pp; ++r) {
+    const MemoryBytes& mb = stages[size_t(r)];
+    if (mb.total() > worst.total()) {
+      worst = mb;
+      if (worst_stage) *worst_stage = r;
+      if (in_flight) *in_flight = flight[r];
+    }
+  }
+  return worst;
+}
+
+std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
+                                      const std::vector<int>& flight) {
   const ModelSpec& m = j.model;
   const Split split = split_of(j, l);
   const double act_layer = layer_activation_bytes(j, l, l.recompute);
   const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, t = l.tp,
                V = m.vocab, wb = weight_bytes(j);
-  MemoryBytes worst;
+  std::vector<MemoryBytes> stages;
   for (int r = 0; r < l.pp; ++r) {
     const double psi_r = stage_params(j, l, split, r);
     MemoryBytes mb = zero_model_states(psi_r, l.dp * l.cp, l.zero, j.dtype);
@@ -575,13 +564,9 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
         comm += scratch(double(m.vocab) * h / t * gb, 2);
     }
     mb.communication = comm;
-    if (mb.total() > worst.total()) {
-      worst = mb;
-      if (worst_stage) *worst_stage = r;
-      if (in_flight) *in_flight = flight[r];
-    }
+    stages.push_back(mb);
   }
-  return worst;
+  return stages;
 }
 
 namespace {

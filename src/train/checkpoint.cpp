@@ -34,6 +34,7 @@
 #include "train/nonfinite.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
+#include "train/resume_changes.h"
 #include "train/trainer.h"
 
 namespace mt::train::ckpt {
@@ -1078,6 +1079,10 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
           {"batch", o.batch},
           {"seq_len", o.model.seq_len},
           {"data", o.data},
+          {"data_format", o.data_format},
+          // The sample order (train/sample_order.h): with the seed and the step, where the
+          // data continues; a resume that changes it says so (resume_changes).
+          {"shuffle", o.shuffle},
           {"lr", o.lr},
           {"min_lr_ratio", o.min_lr_ratio},
           {"warmup", warmup},
@@ -1161,6 +1166,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
     std::string err;
     ExitCode code = ExitCode::kBadInput;
     int64_t step = 0, adam_steps = 0;
+    std::vector<std::string> changes;  // of this run against the checkpoint's
     const double t0 = now_s();
     int64_t bytes = 0;
     try {
@@ -1179,6 +1185,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
       step = idx.step;
       adam_steps = idx.adam_steps;
       if (nonfinite_in_row) *nonfinite_in_row = idx.nonfinite_in_row;
+      if (talk) changes = resume_changes(parse_json(idx.json_text).at("trainer"), step, o);
     } catch (const Error& e) {
       err = e.what();
       code = e.code();
@@ -1197,6 +1204,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
         std::fprintf(
             stderr, "resumed from checkpoint %s (step %lld; %.1f MB in %.2f s, %.2f GB/s)\n",
             cands[i].c_str(), static_cast<long long>(step), total / 1e6, dt, total / 1e9 / dt);
+        for (const std::string& c : changes) std::fprintf(stderr, "resume: %s\n", c.c_str());
       }
       // Every rank loaded the same step, so every rank refuses alike.
       if (step > o.steps)

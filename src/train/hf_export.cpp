@@ -1,8 +1,10 @@
 #include "train/hf_export.h"
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -11,7 +13,9 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/write_file.h"
+#include "train/json_read.h"
 #include "train/nonfinite.h"
+#include "train/safetensors_shards.h"
 
 namespace mt::train {
 
@@ -109,6 +113,7 @@ T field(const json& j, const char* key, const std::string& path) {
     if (!v.is_boolean()) fail("config '{}': \"{}\" must be true or false", path, key);
   } else if constexpr (std::is_integral_v<T>) {
     if (!v.is_number_integer()) fail("config '{}': \"{}\" must be an integer", path, key);
+    return json_integer(v, "config '" + path + "'", key);  // 2^64 - 1 is not -1
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) fail("config '{}': \"{}\" must be a number", path, key);
   } else {
@@ -116,6 +121,21 @@ T field(const json& j, const char* key, const std::string& path) {
   }
   return v.get<T>();
 }
+
+// The parameters of a Llama-family model as its file holds them (the real vocabulary rows;
+// model/params.cpp gpt_param_specs), in double: a config's dimensions may multiply past
+// int64.
+double llama_parameter_count(const model::GptConfig& c) {
+  const double d = static_cast<double>(c.d_model), f = static_cast<double>(c.d_ff);
+  const double kv = static_cast<double>(c.kv_heads()) * static_cast<double>(c.head_dim());
+  double block = 2 * d + d * (d + 2 * kv) + d * d + 3 * d * f;  // 2 norms, q|k|v, o, gate|up|down
+  if (c.bias) block += (d + 2 * kv) + d + 2 * f + d;
+  const double embedding = static_cast<double>(c.vocab) * d;
+  return embedding * (c.tied ? 1 : 2) + d + static_cast<double>(c.n_layer) * block;
+}
+
+// A dimension of a config.json: at most 2^31 (what a product of two may reach fits int64).
+constexpr int64_t kMaxDimension = int64_t{1} << 31;
 
 model::GptConfig llama_config_from_json(const json& j, const std::string& path) {
   model::GptConfig c;
@@ -128,8 +148,17 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
   c.d_ff = field<int64_t>(j, "intermediate_size", path);
   c.vocab = field<int64_t>(j, "vocab_size", path);
   c.seq_len = field<int64_t>(j, "max_position_embeddings", path);
+  // Shapes a file could make absurd are refused before any tensor is sized from them (or
+  // any product of two of them taken).
+  for (const int64_t v : {c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff, c.vocab, c.seq_len})
+    if (v < 1 || v > kMaxDimension)
+      fail("config '{}': a dimension of {} is outside [1, 2^31]", path, v);
   c.norm = model::NormKind::kRmsNorm;
-  c.norm_eps = static_cast<float>(field<double>(j, "rms_norm_eps", path));
+  // A double past float's range converted to float is undefined behaviour: refused first.
+  const double eps = field<double>(j, "rms_norm_eps", path);
+  if (!(eps > 0 && eps <= std::numeric_limits<float>::max()))
+    fail("config '{}': rms_norm_eps {} must be a positive float (Llama 3: 1e-5)", path, eps);
+  c.norm_eps = static_cast<float>(eps);
   c.mlp = model::MlpKind::kSwiGlu;
   c.positions = model::Positions::kRope;
   c.rope_theta = j.contains("rope_theta") ? field<double>(j, "rope_theta", path) : 10000.0;
@@ -138,9 +167,13 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
   if (j.contains("hidden_act") && field<std::string>(j, "hidden_act", path) != "silu")
     fail("config '{}': hidden_act '{}' (meshtrain's Llama MLP is SwiGLU: silu)", path,
          j.at("hidden_act").get<std::string>());
-  if (j.contains("head_dim") && !j.at("head_dim").is_null() &&
-      field<int64_t>(j, "head_dim", path) * c.n_head != c.d_model)
-    fail("config '{}': head_dim x num_attention_heads must equal hidden_size", path);
+  if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
+    const int64_t head_dim = field<int64_t>(j, "head_dim", path);
+    // Both in [1, 2^31]: the product fits int64.
+    if (head_dim < 1 || head_dim > kMaxDimension || head_dim * c.n_head != c.d_model)
+      fail("config '{}': head_dim {} x num_attention_heads {} must equal hidden_size {}", path,
+           head_dim, c.n_head, c.d_model);
+  }
   if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {
     const json& r = j.at("rope_scaling");
     if (!r.is_object()) fail("config '{}': rope_scaling must be an object or null", path);
@@ -155,11 +188,37 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
     c.rope_scaling.original_max_position =
         field<int64_t>(r, "original_max_position_embeddings", path);
   }
-  // Shapes a file could make absurd are refused before any tensor is sized from them.
-  for (const int64_t v : {c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff, c.vocab, c.seq_len})
-    if (v < 1 || v > (int64_t{1} << 31))
-      fail("config '{}': a dimension of {} is outside [1, 2^31]", path, v);
   return c;
+}
+
+// The claims of a config.json checked against its weights file before anything is sized
+// from them (files from elsewhere, docs/fuzzing.md): the model's parameters must be values
+// the file holds, and the rotary tables built for every position (model/rope.h: cos and sin,
+// [max_position_embeddings, head_dim / 2] f32 each) may be at most the model's weights in
+// f32, or 64 MiB. Before: 10^6 layers in the config were allocated (their parameter specs)
+// before the file was found to lack them, and max_position_embeddings 2^31 built 16 GB of
+// tables.
+void check_config_against_file(const model::GptConfig& c, const SafetensorsFile& f,
+                               const std::string& path, const std::string& config_path) {
+  const double params = llama_parameter_count(c);
+  double held = 0;
+  for (const auto& [name, a] : f.arrays) held += static_cast<double>(a.data.size());
+  if (params > held)
+    fail(
+        "config '{}' describes a model of {:.6g} parameters (num_hidden_layers {}, hidden_size {}, "
+        "intermediate_size {}, vocab_size {}), but weights file '{}' holds {:.0f} values: the "
+        "config is not this file's, or either is damaged",
+        config_path, params, c.n_layer, c.d_model, c.d_ff, c.vocab, path, held);
+  constexpr double kMiB = 1024.0 * 1024.0, kRopeFloorBytes = 64 * kMiB;
+  const double rope_bytes =
+      4.0 * static_cast<double>(c.seq_len) * static_cast<double>(c.d_model / c.n_head);
+  if (rope_bytes > std::max(4.0 * params, kRopeFloorBytes))
+    fail(
+        "config '{}': max_position_embeddings {} makes rotary tables (cos and sin of every "
+        "position, head_dim {}) of {:.4g} MiB, more than the model's weights ({:.4g} MiB in "
+        "f32) and the 64 MiB allowed beside them: a damaged config? (give the context length "
+        "the model was trained for)",
+        config_path, c.seq_len, c.d_model / c.n_head, rope_bytes / kMiB, 4.0 * params / kMiB);
 }
 
 // The file's tensors of `spec` (one, or the parts of a fused one), each present with the
@@ -290,8 +349,28 @@ HfWeights read_hf_weights(const std::string& file_or_folder) {
   HfWeights w;
   std::error_code ec;
   if (fs::is_directory(file_or_folder, ec)) {
-    w.path = (fs::path(file_or_folder) / "model.safetensors").string();
-    const std::string cfg = (fs::path(file_or_folder) / "config.json").string();
+    const fs::path folder(file_or_folder);
+    w.path = (folder / "model.safetensors").string();
+    // A meshtrain checkpoint (step-N with index.json, or a --checkpoint-dir holding them) is
+    // sharded optimizer state, not weights: `meshtrain export` turns it into weights.
+    bool checkpoint = fs::exists(folder / "index.json", ec) || fs::exists(folder / "latest", ec);
+    for (const auto& e : fs::directory_iterator(folder, ec))
+      if (e.path().filename().string().rfind("step-", 0) == 0) checkpoint = true;
+    if (!fs::exists(w.path, ec) && checkpoint)
+      fail(
+          "'{}' is a meshtrain checkpoint, not Hugging Face weights: write its weights with "
+          "`meshtrain export {} --out weights.safetensors` and name that file (to go on "
+          "training from it, use train --resume)",
+          file_or_folder, file_or_folder);
+    // The hub splits a model past a few GB over shards named by an index.
+    if (!fs::exists(w.path, ec) && fs::exists(folder / kSafetensorsIndexName, ec))
+      w.path = (folder / kSafetensorsIndexName).string();
+    else if (!fs::exists(w.path, ec))
+      fail(
+          "weights folder '{}' holds neither model.safetensors nor {} (a Hugging Face model "
+          "folder, as `meshtrain train --export FOLDER` writes, has one of them)",
+          file_or_folder, kSafetensorsIndexName);
+    const std::string cfg = (folder / "config.json").string();
     if (fs::exists(cfg, ec)) w.config_path = cfg;
   } else {
     w.path = file_or_folder;
@@ -299,7 +378,11 @@ HfWeights read_hf_weights(const std::string& file_or_folder) {
     // Beside a file, a config.json counts only for Llama weights (checked below).
     if (fs::exists(cfg, ec)) w.config_path = cfg.string();
   }
-  w.file = read_safetensors(w.path);
+  const std::string index_suffix = ".index.json";
+  const bool sharded =
+      w.path.size() > index_suffix.size() &&
+      w.path.compare(w.path.size() - index_suffix.size(), index_suffix.size(), index_suffix) == 0;
+  w.file = sharded ? read_safetensors_shards(w.path) : read_safetensors(w.path);
   return w;
 }
 
@@ -330,6 +413,7 @@ model::GptConfig config_from_hf(const HfWeights& w, std::optional<int64_t> n_hea
     if (n_head_hint && *n_head_hint != c.n_head)
       fail("--n-head {} disagrees with num_attention_heads {} in '{}'", *n_head_hint, c.n_head,
            w.config_path);
+    check_config_against_file(c, f, path, w.config_path);
     try {
       c.validate();
     } catch (const Error& e) {

@@ -62,6 +62,8 @@ json run_settings(const TrainOptions& o) {
           {"adamw", {o.adamw.beta1, o.adamw.beta2, o.adamw.eps, o.adamw.weight_decay}},
           {"seed", o.seed},
           {"data", o.data},
+          {"data_format", o.data_format},
+          {"shuffle", o.shuffle},
           {"init_from", o.init_from},
           {"batch", o.batch},
           {"microbatch", o.microbatch_size()},

@@ -42,8 +42,8 @@ class NonFiniteGuard {
 };
 
 // What determines a run's numbers from a checkpoint on (learning rate and its schedule,
-// clipping, AdamW, seed, data, batch, dtype, layout, --skip-nonfinite): a restart with all of
-// these unchanged repeats the same steps bit for bit.
+// clipping, AdamW, seed, data and its order, batch, dtype, layout, --skip-nonfinite): a
+// restart with all of these unchanged repeats the same steps bit for bit.
 nlohmann::json run_settings(const TrainOptions& o);
 
 // The marker of a run stopped by non-finite steps: step `failed_step` failed, the run having

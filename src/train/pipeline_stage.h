@@ -15,7 +15,7 @@
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
 #include "train/pipeline_options.h"
-#include "train/token_file.h"
+#include "train/token_corpus.h"
 
 namespace mt::train {
 

@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <ranges>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -34,8 +33,9 @@ constexpr int64_t kMaxVocab = int64_t{1} << 31;  // token ids are int32
 
 constexpr std::string_view kAccepted =
     "meshtrain reads llm.c token files (a 1024-byte header with magic 20240520, then uint16 "
-    "tokens) and Megatron-LM indexed datasets (PREFIX.idx + PREFIX.bin, named by PREFIX or "
-    "either file); `meshtrain prepare --format llmc|megatron` makes either";
+    "tokens), Megatron-LM indexed datasets (PREFIX.idx + PREFIX.bin, named by PREFIX or "
+    "either file) and, with --data-format nanogpt, nanoGPT's headerless uint16 tokens (its "
+    "prepare.py's train.bin); `meshtrain prepare --format llmc|megatron` makes the first two";
 
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() &&
@@ -104,6 +104,20 @@ const char* dtype_name(int code) {
   }
 }
 
+// The last i in [0, n) with value(i) <= x, for value rising with i (-1 if none).
+template <typename F>
+int64_t last_at_or_below(int64_t n, int64_t x, F&& value) {
+  int64_t lo = 0, hi = n;  // the first i with value(i) > x is in [lo, hi]
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (value(mid) <= x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo - 1;
+}
+
 // The first bytes of a file, printable: "MMIDIDX\x00\x00".
 std::string printable(const unsigned char* bytes, int64_t n) {
   std::string s;
@@ -169,20 +183,76 @@ std::string megatron_prefix(const std::string& path) {
   return path;
 }
 
-TokenFile::TokenFile(const std::string& path, int64_t vocab) : path_(path), vocab_(vocab) {
+DataFormat parse_data_format(const std::string& name) {
+  if (name == "auto") return DataFormat::kAuto;
+  if (name == "llmc") return DataFormat::kLlmc;
+  if (name == "nanogpt") return DataFormat::kNanoGpt;
+  if (name == "megatron") return DataFormat::kMegatron;
+  fail(
+      "--data-format '{}' is not a data format (choose auto, llmc, nanogpt or megatron; "
+      "docs/data.md)",
+      name);
+}
+
+const char* data_format_name(DataFormat f) {
+  switch (f) {
+    case DataFormat::kAuto:
+      return "auto";
+    case DataFormat::kLlmc:
+      return "llmc";
+    case DataFormat::kNanoGpt:
+      return "nanogpt";
+    case DataFormat::kMegatron:
+      return "megatron";
+  }
+  return "auto";
+}
+
+const char* token_format_name(TokenFormat f) {
+  switch (f) {
+    case TokenFormat::kLlmc:
+      return "llm.c";
+    case TokenFormat::kNanoGpt:
+      return "nanoGPT";
+    case TokenFormat::kMegatron:
+      return "Megatron-LM";
+  }
+  return "llm.c";
+}
+
+TokenFile::TokenFile(const std::string& path, int64_t vocab, DataFormat format)
+    : path_(path), vocab_(vocab) {
   if (vocab < 1 || vocab > kMaxVocab)
     fail("vocab {} is outside [1, 2^31]: token ids are int32", vocab);
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    fail(
+        "data '{}' is a folder, not a token file: name the files in it (a list a.bin,b.bin "
+        "or a glob such as '{}/*.bin'; docs/data.md)",
+        path, path);
   // The format by the path: a Megatron-LM pair named by PREFIX.idx, PREFIX.bin (with its .idx
   // beside it) or PREFIX (no file of that name); anything else is an llm.c file.
-  std::error_code ec;
   const std::string prefix = megatron_prefix(path);
   const bool megatron =
       ends_with(path, ".idx") || (ends_with(path, ".bin") && fs::exists(prefix + ".idx", ec)) ||
       (!fs::exists(path, ec) && (fs::exists(path + ".idx", ec) || fs::exists(path + ".bin", ec)));
-  if (megatron)
-    open_megatron(prefix);
-  else
-    open_llmc(path);
+  switch (format) {
+    case DataFormat::kAuto:
+      if (megatron)
+        open_megatron(prefix);
+      else
+        open_llmc(path);
+      break;
+    case DataFormat::kLlmc:
+      open_llmc(path);
+      break;
+    case DataFormat::kMegatron:
+      open_megatron(prefix);
+      break;
+    case DataFormat::kNanoGpt:
+      open_nanogpt(path);
+      break;
+  }
   check_all_tokens();
 }
 
@@ -203,8 +273,11 @@ void TokenFile::open_llmc(const std::string& path) {
   const auto magic = load<int32_t>(data_.data(), 0), version = load<int32_t>(data_.data(), 4),
              count = load<int32_t>(data_.data(), 8);
   if (magic != kTokenFileMagic)
-    fail("data file '{}' has magic {} instead of {}: not an llm.c token file{}. {}", path, magic,
-         kTokenFileMagic, no_idx, kAccepted);
+    fail(
+        "data file '{}' has magic {} instead of {}: not an llm.c token file{}. If it holds "
+        "nanoGPT's headerless uint16 tokens, say so with --data-format nanogpt (a file without a "
+        "header cannot be told from any other file). {}",
+        path, magic, kTokenFileMagic, no_idx, kAccepted);
   if (version != kTokenFileVersion)
     fail("data file '{}' has version {}; only version {} (uint16 tokens) is supported", path,
          version, kTokenFileVersion);
@@ -219,6 +292,29 @@ void TokenFile::open_llmc(const std::string& path) {
   dtype_ = MegatronDtype::kUint16;
   token_bytes_ = 2;
   num_tokens_ = count;
+  num_documents_ = 1;
+}
+
+void TokenFile::open_nanogpt(const std::string& path) {
+  format_ = TokenFormat::kNanoGpt;
+  data_ = MappedFile(path, "data file");
+  const int64_t file_bytes = data_.size_bytes();
+  if (file_bytes % 2 != 0)
+    fail(
+        "data file '{}' has {} bytes, an odd number: not nanoGPT's uint16 tokens (2 bytes "
+        "each; --data-format nanogpt)",
+        path, file_bytes);
+  // llm.c's header read as tokens would train on 512 tokens of header: name the format.
+  if (file_bytes >= kLlmcHeaderBytes && load<int32_t>(data_.data(), 0) == kTokenFileMagic &&
+      load<int32_t>(data_.data(), 4) == kTokenFileVersion)
+    fail(
+        "data file '{}' starts with llm.c's header (magic {}): it is an llm.c token file, not "
+        "nanoGPT's headerless tokens (use --data-format llmc or auto)",
+        path, kTokenFileMagic);
+  tokens_ = data_.data();
+  dtype_ = MegatronDtype::kUint16;
+  token_bytes_ = 2;
+  num_tokens_ = file_bytes / 2;
   num_documents_ = 1;
 }
 
@@ -366,15 +462,14 @@ std::string TokenFile::where(int64_t position) const {
                 documents_at = pointers_at + 8 * num_sequences_;
   // The sequence holding the token: the last one starting at or before its byte (the pointers
   // rise, checked when the index was opened); then the last document starting at or before it.
+  // (A binary search by hand: clang 14, the fuzz build's compiler, cannot compile
+  // std::ranges::upper_bound over an iota_view with libstdc++ 12.)
   const int64_t byte = position * token_bytes_;
-  const auto sequences = std::views::iota(int64_t{0}, num_sequences_);
-  const auto after_sequence = std::ranges::upper_bound(
-      sequences, byte, {}, [&](int64_t i) { return load<int64_t>(idx, pointers_at + 8 * i); });
-  const int64_t sequence = (after_sequence - sequences.begin()) - 1;
-  const auto documents = std::views::iota(int64_t{0}, num_documents_ + 1);
-  const auto after_document = std::ranges::upper_bound(
-      documents, sequence, {}, [&](int64_t k) { return load<int64_t>(idx, documents_at + 8 * k); });
-  const int64_t document = (after_document - documents.begin()) - 1;
+  const int64_t sequence = last_at_or_below(
+      num_sequences_, byte, [&](int64_t i) { return load<int64_t>(idx, pointers_at + 8 * i); });
+  const int64_t document = last_at_or_below(num_documents_ + 1, sequence, [&](int64_t k) {
+    return load<int64_t>(idx, documents_at + 8 * k);
+  });
   return fmt::format(" (document {} of {}, sequence {})", document, num_documents_, sequence);
 }
 
@@ -557,29 +652,6 @@ void write_megatron_dataset(const std::string& prefix, std::span<const int32_t> 
     std::filesystem::remove(bin_tmp, ignored);  // no half-written file left behind
     std::filesystem::remove(idx_tmp, ignored);
     throw;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// SequenceSampler
-
-SequenceSampler::SequenceSampler(const TokenFile& file, int64_t T, int64_t first_sample,
-                                 int64_t num_samples)
-    : file_(&file), T_(T), first_(first_sample), num_samples_(num_samples) {
-  if (num_samples < 1)
-    fail(
-        "data file '{}' has {} tokens: too few for one sequence of {} + 1 tokens (use a "
-        "shorter --seq or more data)",
-        file.path(), file.num_tokens(), T);
-  MT_ASSERT((first_ + num_samples_) * T_ + 1 <= file.num_tokens());
-}
-
-void SequenceSampler::fill(int64_t global_index, int64_t n, int32_t* inputs,
-                           int32_t* targets) const {
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t j = first_ + (global_index + s) % num_samples_;
-    file_->read(j * T_, T_, inputs + s * T_);
-    file_->read(j * T_ + 1, T_, targets + s * T_);
   }
 }
 

@@ -1,9 +1,12 @@
-// Token data, memory-mapped (never read whole), in two formats (docs/data.md):
+// Token data, memory-mapped (never read whole), in three formats (docs/data.md):
 //  - llm.c's token shards: a header of 256 int32 (magic 20240520, version 1, token count, the
-//    rest 0) followed by the tokens as uint16. Data prepared for llm.c or nanoGPT works as is.
+//    rest 0) followed by the tokens as uint16.
+//  - nanoGPT's prepared data (its prepare.py's train.bin / val.bin): the tokens as uint16 and
+//    nothing else. Having no header, it is read only when named (--data-format nanogpt).
 //  - Megatron-LM's indexed datasets (PREFIX.idx + PREFIX.bin, megatron/core/datasets/
 //    indexed_dataset.py): any integer token type, so vocabularies past 65536 (Llama 3's
 //    128256) fit. All sequences, in document order, form one token stream.
+// A corpus (train/token_corpus.h) is a list of such files read as one stream.
 // Both are files from elsewhere: every size, count and pointer in them is checked against the
 // files' real sizes before it is used.
 #pragma once
@@ -67,23 +70,32 @@ class MappedFile {
   int64_t size_bytes_ = 0;
 };
 
-enum class TokenFormat { kLlmc, kMegatron };
+enum class TokenFormat { kLlmc, kMegatron, kNanoGpt };
+
+// What --data-format asks for: auto (llm.c by its header, Megatron-LM by its .idx; a file
+// with neither is refused, naming --data-format nanogpt), or one format for every file.
+enum class DataFormat { kAuto, kLlmc, kNanoGpt, kMegatron };
+DataFormat parse_data_format(const std::string& name);  // auto, llmc, nanogpt, megatron
+const char* data_format_name(DataFormat f);
+const char* token_format_name(TokenFormat f);  // "llm.c", "nanoGPT", "Megatron-LM"
 
 class TokenFile {
  public:
-  // Opens the data at `path`: a Megatron-LM pair when `path` names PREFIX.idx, PREFIX.bin with
-  // PREFIX.idx beside it, or a PREFIX that is no file but has PREFIX.idx and PREFIX.bin; else
-  // an llm.c token file. Validates the header or index against the files' sizes and every
-  // token against `vocab` (0 <= token < vocab), refusing bad data with the file, the position
-  // and the fix.
-  TokenFile(const std::string& path, int64_t vocab);
+  // Opens the data at `path`. kAuto: a Megatron-LM pair when `path` names PREFIX.idx,
+  // PREFIX.bin with PREFIX.idx beside it, or a PREFIX that is no file but has PREFIX.idx and
+  // PREFIX.bin; else an llm.c token file (a file without llm.c's header is refused: it may be
+  // nanoGPT's headerless tokens, which only --data-format nanogpt reads). Another `format`
+  // reads the path as that format. Validates the header or index against the files' sizes
+  // and every token against `vocab` (0 <= token < vocab), refusing bad data with the file, the
+  // position and the fix.
+  TokenFile(const std::string& path, int64_t vocab, DataFormat format = DataFormat::kAuto);
 
   const std::string& path() const { return path_; }  // as given
   TokenFormat format() const { return format_; }
   int64_t num_tokens() const { return num_tokens_; }
   // Megatron: the documents in the index (empty ones included); llm.c: 1.
   int64_t num_documents() const { return num_documents_; }
-  // Bytes per token in the file: 2 for llm.c; 1, 2, 4 or 8 for Megatron.
+  // Bytes per token in the file: 2 for llm.c and nanoGPT; 1, 2, 4 or 8 for Megatron.
   int token_bytes() const { return token_bytes_; }
 
   // Tokens [first, first + count) of the stream as int32. Checks each against the vocab again
@@ -93,6 +105,7 @@ class TokenFile {
 
  private:
   void open_llmc(const std::string& path);
+  void open_nanogpt(const std::string& path);
   void open_megatron(const std::string& prefix);
   void check_all_tokens() const;
   [[noreturn]] void refuse_token(int64_t position, int64_t value) const;
@@ -125,22 +138,5 @@ std::string megatron_prefix(const std::string& path);
 // removes them. Refuses a token outside [0, vocab).
 void write_megatron_dataset(const std::string& prefix, std::span<const int32_t> tokens,
                             std::span<const int64_t> document_tokens, int64_t vocab);
-
-// Sequences of T+1 tokens by global sample index: sample j reads tokens
-// [j*T, j*T + T + 1) of its split, so a batch of B consecutive samples starting at
-// k*B is exactly llm.c's batch k. The order of samples depends only on the global
-// index (layout independence).
-class SequenceSampler {
- public:
-  // Samples [first_sample, first_sample + num_samples) of the file; wraps around.
-  SequenceSampler(const TokenFile& file, int64_t T, int64_t first_sample, int64_t num_samples);
-  int64_t num_samples() const { return num_samples_; }
-  // Fills inputs and targets ([n, T] each) with samples global_index .. global_index+n-1.
-  void fill(int64_t global_index, int64_t n, int32_t* inputs, int32_t* targets) const;
-
- private:
-  const TokenFile* file_;
-  int64_t T_, first_, num_samples_;
-};
 
 }  // namespace mt::train

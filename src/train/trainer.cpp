@@ -29,6 +29,7 @@
 #include "parallel/tp.h"
 #include "parallel/zero.h"
 #include "train/checkpoint.h"
+#include "train/data_splits.h"
 #include "train/hf_export.h"
 #include "train/host_share.h"
 #include "train/init_from.h"
@@ -37,7 +38,6 @@
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
 #include "train/stop_signals.h"
-#include "train/token_file.h"
 
 namespace mt::train {
 
@@ -149,6 +149,14 @@ void TrainOptions::validate() const {
   else if (pipeline.virtual_stages > 1)
     fail("--virtual-stages {} needs a pipeline: add --pp 2 or more and --schedule interleaved",
          pipeline.virtual_stages);
+  // One chunk per rank, the interleaved schedule is 1F1B under another name.
+  if (parallel::pp::parse_schedule_kind(pipeline.schedule) ==
+          parallel::pp::ScheduleKind::kInterleaved1F1B &&
+      pipeline.virtual_stages < 2)
+    fail(
+        "--schedule interleaved needs --virtual-stages 2 or more (model chunks per pipeline "
+        "rank{}); with one chunk per rank use --schedule 1f1b",
+        pipeline.pp > 1 ? "" : ", and --pp 2 or more");
   if (!pipeline.trace.empty() && pipeline.pp == 1)
     fail(
         "--trace {} writes the pipeline's timeline and needs --pp 2 or more (for where the "
@@ -184,12 +192,6 @@ void TrainOptions::validate() const {
     if (!why.empty()) fail("--attention fused: {} (use --attention naive)", why);
   }
   if (device == "cuda") {
-    if (model.llama_family() || model.norm == model::NormKind::kRmsNorm ||
-        model.mlp == model::MlpKind::kSwiGlu || model.kv_heads() != model.n_head)
-      fail(
-          "--device cuda: model {} uses RMSNorm, rotary positions, SwiGLU or grouped-query "
-          "attention, which have CPU kernels only so far (use --device cpu)",
-          model.name);
     if (!device::cuda_built())
       fail(
           "--device cuda: this meshtrain was built without CUDA (configure with "
@@ -208,6 +210,7 @@ void TrainOptions::validate() const {
   if (!(lr > 0) || !std::isfinite(lr)) fail("--lr {} must be a positive number", lr);
   if (data.empty())
     fail("no training data: pass --data FILE.bin (make one with `meshtrain prepare`)");
+  (void)parse_data_format(data_format);  // refuses a name that is no format
   if (val_fraction < 0 || val_fraction >= 1)
     fail("validation fraction {} must be in [0, 1)", val_fraction);
 }
@@ -220,50 +223,6 @@ bool TrainOptions::fused_attention() const {
 }
 
 namespace {
-
-struct Splits {
-  std::unique_ptr<TokenFile> train_file, val_file;
-  std::unique_ptr<SequenceSampler> train, val;
-};
-
-Splits make_splits(const TrainOptions& o) {
-  const int64_t T = o.model.seq_len;
-  Splits s;
-  s.train_file = std::make_unique<TokenFile>(o.data, o.model.vocab);
-  const int64_t total = (s.train_file->num_tokens() - 1) / T;
-  if (!o.val_data.empty()) {
-    s.val_file = std::make_unique<TokenFile>(o.val_data, o.model.vocab);
-    s.train = std::make_unique<SequenceSampler>(*s.train_file, T, 0, total);
-    s.val =
-        std::make_unique<SequenceSampler>(*s.val_file, T, 0, (s.val_file->num_tokens() - 1) / T);
-    return s;
-  }
-  // Hold out the last val_fraction of the sequences (at least one when there are two).
-  int64_t held = static_cast<int64_t>(std::floor(total * o.val_fraction));
-  if (o.val_fraction > 0 && held == 0 && total >= 2) held = 1;
-  s.train = std::make_unique<SequenceSampler>(*s.train_file, T, 0, total - held);
-  if (held > 0) s.val = std::make_unique<SequenceSampler>(*s.train_file, T, total - held, held);
-  return s;
-}
-
-// Data too small for what was asked trains anyway, but not silently.
-void warn_about_small_data(const TrainOptions& o, const Splits& data, obs::Progress& progress) {
-  if (data.train->num_samples() < o.batch)
-    progress.line(fmt::format(
-        "warning: the training split holds {} sequence(s) of {} tokens, fewer than --batch {}: "
-        "every step repeats sequences (use more data, a smaller --batch or a shorter --seq)",
-        data.train->num_samples(), o.model.seq_len, o.batch));
-  if (!data.val)
-    progress.line(fmt::format(
-        "warning: no validation loss: {} holds too few sequences of {} tokens to hold one out "
-        "(give --val-data FILE, more data or a shorter --seq)",
-        o.data, o.model.seq_len));
-  else if (data.val->num_samples() < o.batch)
-    progress.line(fmt::format(
-        "warning: the validation split holds {} sequence(s), fewer than --batch {}: each "
-        "validation batch repeats them",
-        data.val->num_samples(), o.batch));
-}
 
 // The global batch `step` is samples [step·B, step·B + B); dp rank d of D takes
 // [step·B + d·B/D, step·B + (d+1)·B/D), in microbatches of mb. The same numbering serves
@@ -536,7 +495,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads{}, vocab {} padded to {}), {:.2f}M "
         "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
-        "replica; recompute {}; {}; data {} ({} train sequences)",
+        "replica; recompute {}; {}; data {} ({}; {} train sequences{})",
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head,
         o.model.llama_family() || o.model.kv_heads() != o.model.n_head
             ? fmt::format(" sharing {} kv heads, {}, rotary positions (theta {}{}), {} d_ff {}",
@@ -550,7 +509,8 @@ void run_rank(Shared& sh, comm::Group& world) {
         device::on_cuda() ? fmt::format("device {}", device::describe(mem::Device::kCuda,
                                                                       device::current_index()))
                           : fmt::format("{} thread(s) per rank", sh.threads),
-        o.data, data.train->num_samples()));
+        o.data, data.train_data->describe(), data.train->num_samples(),
+        o.shuffle ? ", shuffled by --seed each epoch" : ", in file order"));
     warn_about_small_data(o, data, progress);
   }
 
@@ -821,7 +781,10 @@ void run_rank(Shared& sh, comm::Group& world) {
   if (o.profile && talk) {
     double total = 0;
     for (const auto& [name, e] : profile::entries()) total += e.time_s;
-    progress.line(fmt::format("profile over {} steps (time in each kind of kernel):", o.steps));
+    progress.line(fmt::format(
+        "profile of rank 0 (pp {} dp {} tp {}; each rank times its own kernels) over {} steps "
+        "(time in each kind of kernel):",
+        p, d, tp_group.rank(), o.steps - start_step));
     std::vector<std::pair<std::string, profile::Entry>> rows(profile::entries().begin(),
                                                              profile::entries().end());
     std::sort(rows.begin(), rows.end(),
@@ -908,8 +871,10 @@ TrainResult run_training(const TrainOptions& o) {
   if (kind == comm::BackendKind::kLocal && o.world_size() > 1) refuse_local_backend_under_mpirun();
   const int world = comm::launch_world_size(lo);
   if (world != o.world_size())
-    fail("mpirun started {} processes but --pp {} x --dp {} x --tp {} is {} (run mpirun -np {})",
-         world, o.pipeline.pp, o.dp, o.tp, o.world_size(), o.world_size());
+    fail(
+        "mpirun started {} processes but --pp {} x --dp {} x --tp {} is {} (run mpirun -np {}, "
+        "or leave --dp out: train takes dp = processes / (tp x pp))",
+        world, o.pipeline.pp, o.dp, o.tp, o.world_size(), o.world_size());
   // The pipeline schedule (verified: complete and deadlock-free) and the layer split.
   std::unique_ptr<parallel::pp::Schedule> sched;
   std::unique_ptr<parallel::pp::Partition> part;

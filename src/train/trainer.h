@@ -36,8 +36,14 @@ struct TrainOptions {
   // in a row; one more stops the run (exit 1). 0: stop at the first (train/nonfinite.h).
   int skip_nonfinite = 3;
   uint64_t seed = 1337;
+  // Token files: a comma-separated list of paths and globs, read as one stream in order
+  // (train/token_corpus.h, docs/data.md).
   std::string data;
-  std::string val_data;  // "": hold out the last val_fraction of `data`
+  std::string val_data;              // "": hold out the last val_fraction of `data`
+  std::string data_format = "auto";  // auto, llmc, nanogpt, megatron (every file of both)
+  // Training samples in a seeded permutation per epoch (train/sample_order.h), the same for
+  // every layout; false: in file order (llm.c's batches).
+  bool shuffle = true;
   double val_fraction = 0.05;
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batches = 4;

@@ -251,7 +251,8 @@ TEST(ConfigFile, DeepNestingIsRefusedNotAStackOverflow) {
 
 // Found by reading: the refusals of a shape listed the valid values by a scan up to the
 // value given: d_model 10^14 + 1 with 2 heads (GptConfig::validate) and --tp 7 of 10^12
-// heads (check_tp) hung instead of answering.
+// heads (check_tp) hung instead of answering; so did n_kv_head 7 of 10^12 heads
+// (GptConfig::validate, found writing the hf_llama fuzz harness: a Llama config.json).
 TEST(ConfigFile, HugeShapesAreRefusedAtOnce) {
   std::string m = config_refusal(R"({"d_model": 100000000000001, "n_head": 2})");
   EXPECT_NE(m.find("--d-model 100000000000001 is not divisible by --n-head 2 (choose n_head among "
@@ -260,6 +261,9 @@ TEST(ConfigFile, HugeShapesAreRefusedAtOnce) {
       << m;
   m = config_refusal(R"({"n_head": 1000000000000, "d_model": 1000000000000, "tp": 7})");
   EXPECT_NE(m.find("--tp 7 does not divide n_head=1000000000000"), std::string::npos) << m;
+  EXPECT_NE(m.find(", ...)"), std::string::npos) << m;
+  m = config_refusal(R"({"n_head": 1000000000000, "d_model": 1000000000000, "n_kv_head": 7})");
+  EXPECT_NE(m.find("--n-kv-head 7 does not divide --n-head 1000000000000"), std::string::npos) << m;
   EXPECT_NE(m.find(", ...)"), std::string::npos) << m;
 }
 

@@ -140,6 +140,152 @@ def seeds_cluster_file():
     put("cluster_file", "efficiency-above-one", compact(dict(dgx, gpu=dict(gpu, gemm_eff_max=1.5))))
 
 
+# ---- megatron_file (Megatron-LM PREFIX.idx + PREFIX.bin) ----------------------------------
+
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {"uint8": (1, "B"), "int32": (4, "i"), "float32": (7, "f"), "uint16": (8, "H")}
+
+
+def megatron_pair(documents, dtype, magic=MEGATRON_MAGIC, version=1, sequences=None,
+                  doc_count=None, pointers=None, doc_index=None, modes=False):
+    """documents: [[token, ...], ...], one sequence each. Returns (idx bytes, bin bytes) in
+    Megatron-LM's layout (docs/data.md); the keyword arguments damage one field."""
+    code, fmt = MEGATRON_DTYPES[dtype]
+    width = struct.calcsize(fmt)
+    lengths = [len(d) for d in documents]
+    if pointers is None:
+        pointers, at = [], 0
+        for n in lengths:
+            pointers.append(at)
+            at += n * width
+    if doc_index is None:
+        doc_index = list(range(len(documents) + 1))
+    idx = magic + struct.pack("<QB", version, code)
+    idx += struct.pack("<QQ", len(lengths) if sequences is None else sequences,
+                       len(doc_index) if doc_count is None else doc_count)
+    idx += struct.pack("<%di" % len(lengths), *lengths)
+    idx += struct.pack("<%dq" % len(pointers), *pointers)
+    idx += struct.pack("<%dq" % len(doc_index), *doc_index)
+    if modes:
+        idx += b"\x00" * len(lengths)
+    tokens = [t for d in documents for t in d]
+    return idx, struct.pack("<%d%s" % (len(tokens), fmt), *tokens)
+
+
+# The harness's vocabularies (megatron_file_fuzz.cpp kVocabs) by the selector byte.
+MEGATRON_VOCAB = {256: 0, 50257: 1, 65536: 2, 128256: 3, 1: 4, 2 ** 31: 5}
+
+
+def megatron_input(pair, vocab=256, name_form=0):
+    """The harness's input: uint16 .idx length, vocab selector, name form (0 PREFIX, 1 PREFIX.idx,
+    2 PREFIX.bin), the .idx, the .bin."""
+    idx, bin_ = pair
+    return struct.pack("<HBB", len(idx), MEGATRON_VOCAB[vocab], name_form) + idx + bin_
+
+
+def seeds_megatron_file():
+    text = [[72, 101, 108, 108, 111], [33, 0, 5], [10]]
+    put("megatron_file", "valid-uint16", megatron_input(megatron_pair(text, "uint16")))
+    llama3 = [[128000, 9906, 1917, 128001], [128000, 40, 128255]]
+    put("megatron_file", "valid-int32-llama3-vocab",
+        megatron_input(megatron_pair(llama3, "int32"), vocab=128256, name_form=1))
+    put("megatron_file", "valid-uint8-multimodal",
+        megatron_input(megatron_pair(text, "uint8", modes=True), name_form=2))
+    put("megatron_file", "empty-document",
+        megatron_input(megatron_pair([[1, 2], [], [3]], "uint16"), vocab=50257))
+    put("megatron_file", "bad-magic",
+        megatron_input(megatron_pair(text, "uint16", magic=b"MMIDIDY\x00\x00")))
+    idx, bin_ = megatron_pair(text, "uint16")
+    put("megatron_file", "truncated-index", megatron_input((idx[:-8], bin_)))
+    put("megatron_file", "counts-past-index",
+        megatron_input(megatron_pair(text, "uint16", sequences=2 ** 62)))
+    put("megatron_file", "bin-shorter-than-lengths", megatron_input((idx, bin_[:-2])))
+    put("megatron_file", "token-over-vocab",
+        megatron_input(megatron_pair([[1, 300, 2]], "uint16"), vocab=256))
+    put("megatron_file", "int32-over-uint16-vocab",
+        megatron_input(megatron_pair(llama3, "int32"), vocab=65536))
+    put("megatron_file", "pointers-out-of-order",
+        megatron_input(megatron_pair(text, "uint16", pointers=[0, 12, 10])))
+    put("megatron_file", "document-index-short",
+        megatron_input(megatron_pair(text, "uint16", doc_index=[0, 2])))
+    put("megatron_file", "float32-dtype", megatron_input(megatron_pair([[1.0, 2.0]], "float32")))
+
+
+# ---- hf_llama (eval --weights DIR, train --init-from DIR) ---------------------------------
+
+def llama_config(D=8, H=2, KV=1, F=12, V=5, L=1, T=16, tied=False, scaling=False, **extra):
+    c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": D,
+         "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": H,
+         "num_key_value_heads": KV, "head_dim": D // H, "vocab_size": V,
+         "max_position_embeddings": T, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+         "tie_word_embeddings": tied, "hidden_act": "silu", "attention_bias": False,
+         "mlp_bias": False, "torch_dtype": "bfloat16", "rope_scaling": None}
+    if scaling:
+        c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+    c.update(extra)
+    return c
+
+
+def llama_tensors(D=8, H=2, KV=1, F=12, V=5, L=1, tied=False, dtype="BF16", **_):
+    """LlamaForCausalLM's tensors of that shape (small integers as values)."""
+    kv = KV * (D // H)
+    specs = [("model.embed_tokens.weight", [V, D])]
+    for i in range(L):
+        h = "model.layers.%d." % i
+        specs += [(h + "input_layernorm.weight", [D]), (h + "self_attn.q_proj.weight", [D, D]),
+                  (h + "self_attn.k_proj.weight", [kv, D]), (h + "self_attn.v_proj.weight", [kv, D]),
+                  (h + "self_attn.o_proj.weight", [D, D]),
+                  (h + "post_attention_layernorm.weight", [D]),
+                  (h + "mlp.gate_proj.weight", [F, D]), (h + "mlp.up_proj.weight", [F, D]),
+                  (h + "mlp.down_proj.weight", [D, F])]
+    specs.append(("model.norm.weight", [D]))
+    if not tied:
+        specs.append(("lm_head.weight", [V, D]))
+    out = []
+    for k, (name, shape) in enumerate(specs):
+        n = 1
+        for x in shape:
+            n *= x
+        raw = bf16(n, k) if dtype == "BF16" else f32(*[float(k + i % 7) for i in range(n)])
+        out.append((name, dtype, shape, raw))
+    return out
+
+
+def llama_input(config, tensors):
+    """The harness's input: uint32 config length, config.json (b"": none), model.safetensors."""
+    text = b"" if config is None else json.dumps(config, indent=2).encode()
+    return struct.pack("<I", len(text)) + text + safetensors(tensors, {"format": "pt"})
+
+
+def seeds_hf_llama():
+    gqa = dict(KV=1, tied=False)
+    put("hf_llama", "valid-gqa-untied", llama_input(llama_config(**gqa), llama_tensors(**gqa)))
+    mha = dict(KV=2, tied=True, scaling=True, dtype="F32")
+    put("hf_llama", "valid-mha-tied-rope-llama3",
+        llama_input(llama_config(**mha), llama_tensors(**mha)))
+    two = dict(KV=1, tied=True, L=2, D=4, F=6)
+    put("hf_llama", "valid-gqa-tied-2-layers-llama3",
+        llama_input(llama_config(scaling=True, **two), llama_tensors(**two)))
+    put("hf_llama", "no-config-json", llama_input(None, llama_tensors(**gqa)))
+    renamed = [(n.replace("k_proj", "key_proj"), d, s, r) for n, d, s, r in llama_tensors(**gqa)]
+    put("hf_llama", "k-proj-misnamed", llama_input(llama_config(**gqa), renamed))
+    # Claims the file cannot hold: the model must be refused before it is allocated.
+    put("hf_llama", "model-larger-than-file",
+        llama_input(llama_config(**dict(gqa, L=1000000)), llama_tensors(**gqa)))
+    put("hf_llama", "positions-larger-than-file",
+        llama_input(llama_config(**dict(gqa, T=2 ** 31)), llama_tensors(**gqa)))
+    # Numbers a C++ conversion cannot take: rms_norm_eps past float's range, head_dim x heads
+    # past int64.
+    put("hf_llama", "eps-past-float",
+        llama_input(llama_config(**dict(gqa, rms_norm_eps=1e300)), llama_tensors(**gqa)))
+    put("hf_llama", "head-dim-overflow",
+        llama_input(llama_config(**dict(gqa, head_dim=2 ** 62)), llama_tensors(**gqa)))
+    put("hf_llama", "rope-scaling-unknown-type",
+        llama_input(llama_config(**dict(gqa, rope_scaling={"type": "yarn", "factor": 4.0})),
+                    llama_tensors(**gqa)))
+
+
 # ---- checkpoint_index -------------------------------------------------------------------
 
 def seeds_checkpoint_index(index_path):
@@ -154,12 +300,51 @@ def seeds_checkpoint_index(index_path):
     put("checkpoint_index", "model-larger-than-files", compact(bad))
 
 
+# ---- safetensors_shards -------------------------------------------------------------------
+
+def shards_input(index, first, second):
+    """The harness's input: uint16 index length, uint16 first-shard length, then the three."""
+    if isinstance(index, str):
+        index = index.encode()
+    return struct.pack("<HH", len(index), len(first)) + index + first + second
+
+
+def seeds_safetensors_shards():
+    a = safetensors([("model.embed_tokens.weight", "F32", [2, 2], f32(1, 2, 3, 4))])
+    b = safetensors([("model.norm.weight", "BF16", [2], b"\x80\x3f\x00\x40"),
+                     ("lm_head.weight", "F16", [1, 2], b"\x00\x3c\x00\x40")])
+    one, two = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    good = {"metadata": {"total_size": 28},
+            "weight_map": {"model.embed_tokens.weight": one, "model.norm.weight": two,
+                           "lm_head.weight": two}}
+    put("safetensors_shards", "two-shards", shards_input(compact(good), a, b))
+    only = {"weight_map": {"model.embed_tokens.weight": one}}
+    put("safetensors_shards", "one-shard", shards_input(compact(only), a, b""))
+    for name, target in [("path-escape", "../" + one), ("absolute", "/etc/hostname"),
+                         ("not-safetensors", "model.bin"), ("empty-name", "")]:
+        bad = json.loads(compact(good))
+        bad["weight_map"]["model.embed_tokens.weight"] = target
+        put("safetensors_shards", name, shards_input(compact(bad), a, b))
+    wrong = json.loads(compact(good))
+    wrong["weight_map"]["model.norm.weight"] = one
+    put("safetensors_shards", "tensor-in-other-shard", shards_input(compact(wrong), a, b))
+    missing = json.loads(compact(good))
+    missing["weight_map"]["model.layers.0.mlp.up_proj.weight"] = two
+    put("safetensors_shards", "mapped-tensor-missing", shards_input(compact(missing), a, b))
+    put("safetensors_shards", "truncated-shard", shards_input(compact(good), a, b[:-3]))
+    put("safetensors_shards", "not-json", shards_input('{"weight_map": {', a, b))
+    put("safetensors_shards", "no-weight-map", shards_input("{}", a, b))
+
+
 def main():
     seeds_safetensors()
+    seeds_safetensors_shards()
     seeds_hf_weights()
     seeds_token_file()
     seeds_config_file()
     seeds_cluster_file()
+    seeds_megatron_file()
+    seeds_hf_llama()
     if len(sys.argv) > 1:
         seeds_checkpoint_index(sys.argv[1])
     elif not os.path.isdir(os.path.join(ROOT, "checkpoint_index")):

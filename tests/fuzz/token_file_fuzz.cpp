@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "fuzz.h"
-#include "train/token_file.h"
+#include "train/token_corpus.h"
 
 using namespace mt;
 

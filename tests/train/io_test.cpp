@@ -2,12 +2,13 @@
 
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "test_util.h"
 #include "train/hf_export.h"
 #include "train/safetensors.h"
-#include "train/token_file.h"
+#include "train/token_corpus.h"
 
 namespace mt::train {
 namespace {
@@ -261,6 +262,103 @@ TEST(HfConfig, ClaimsTheFileDoesNotHoldAreRefused) {
   f.arrays.erase("transformer.h.1.attn.c_proj.weight");
   EXPECT_NE(refused(f).find("has no tensor 'transformer.h.1.attn.c_proj.weight'"),
             std::string::npos);
+}
+
+// A small Llama exported as a folder (model.safetensors + config.json), as eval --weights
+// and train --init-from read it (the hf_llama fuzz harness's path).
+model::GptConfig small_llama(int64_t kv_heads, bool tied, bool bias) {
+  model::GptConfig c;
+  c.name = "llama-io";
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_kv_head = kv_heads;
+  c.d_model = 8;
+  c.d_ff = 12;
+  c.vocab = 11;
+  c.seq_len = 16;
+  c.bias = bias;
+  c.tied = tied;
+  c.norm = model::NormKind::kRmsNorm;
+  c.mlp = model::MlpKind::kSwiGlu;
+  c.positions = model::Positions::kRope;
+  return c;
+}
+
+std::string export_llama_folder(const model::GptConfig& c, const std::string& name) {
+  const std::string dir = (test::scratch_dir(name) / "llama").string();
+  export_hf_safetensors(model::Gpt(c, 1), dir);
+  return dir;
+}
+
+// Rewrites one field of the folder's config.json (`value` as JSON text).
+void edit_config(const std::string& dir, const std::string& key, const std::string& value) {
+  const std::string path = dir + "/config.json";
+  nlohmann::json j;
+  std::ifstream(path) >> j;
+  j[key] = nlohmann::json::parse(value);
+  std::ofstream(path, std::ios::trunc) << j.dump();
+}
+
+// Found writing the hf_llama fuzz harness: a config.json claiming more than its weights file
+// holds was believed until the tensors were looked up: 10^6 layers built 9 * 10^6 parameter
+// specs first (gigabytes), max_position_embeddings 2^31 would have built 16 GB of rotary
+// tables with the model. Now the config's parameter count must be values the file holds
+// (exactly counted: one layer more is refused, every exported layout is read) and the rotary
+// tables at most the weights in f32 or 64 MiB.
+TEST(HfLlamaConfig, AConfigLargerThanItsWeightsIsRefusedBeforeTheModelIsBuilt) {
+  for (const auto& [kv, tied, bias] : {std::tuple{1, false, false}, std::tuple{2, true, false},
+                                       std::tuple{1, true, true}, std::tuple{2, false, true}}) {
+    const model::GptConfig c = small_llama(kv, tied, bias);
+    const std::string dir = export_llama_folder(c, "llama-fits");
+    EXPECT_TRUE(config_from_hf(read_hf_weights(dir), std::nullopt).same_model(c))
+        << "kv " << kv << " tied " << tied << " bias " << bias;
+    edit_config(dir, "num_hidden_layers", "3");
+    const std::string m = refusal([&] { config_from_hf(read_hf_weights(dir), std::nullopt); });
+    EXPECT_NE(m.find("describes a model of"), std::string::npos) << m;
+    EXPECT_NE(
+        m.find("(num_hidden_layers 3, hidden_size 8, intermediate_size 12, vocab_size 11), but "
+               "weights file '" +
+               dir + "/model.safetensors' holds"),
+        std::string::npos)
+        << m;
+  }
+  const std::string dir = export_llama_folder(small_llama(1, false, false), "llama-claims");
+  edit_config(dir, "num_hidden_layers", "1000000");
+  std::string m = refusal([&] { config_from_hf(read_hf_weights(dir), std::nullopt); });
+  EXPECT_NE(m.find("config '" + dir + "/config.json' describes a model of"), std::string::npos)
+      << m;
+  edit_config(dir, "num_hidden_layers", "2");
+  edit_config(dir, "max_position_embeddings", "131072");  // Llama 3.1's: 2 MiB of tables
+  EXPECT_EQ(config_from_hf(read_hf_weights(dir), std::nullopt).seq_len, 131072);
+  edit_config(dir, "max_position_embeddings", "2147483648");
+  m = refusal([&] { config_from_hf(read_hf_weights(dir), std::nullopt); });
+  EXPECT_NE(m.find("max_position_embeddings 2147483648 makes rotary tables"), std::string::npos)
+      << m;
+}
+
+// Found by reading (the hf_llama fuzz harness's seeds eps-past-float and head-dim-overflow
+// then checked under UBSan): rms_norm_eps 1e300 was converted to float (undefined
+// behaviour), head_dim 2^62 multiplied by the heads (a signed overflow, undefined), and an
+// integer of 2^64 - 1 read as -1.
+TEST(HfLlamaConfig, NumbersOutOfRangeAreRefusedNotConverted) {
+  const std::string dir = export_llama_folder(small_llama(1, false, false), "llama-numbers");
+  auto refused = [&](const std::string& key, const std::string& value) {
+    edit_config(dir, key, value);
+    const std::string m = refusal([&] { config_from_hf(read_hf_weights(dir), std::nullopt); });
+    EXPECT_NE(m.find("config '" + dir + "/config.json'"), std::string::npos) << m;
+    return m;
+  };
+  std::string m = refused("rms_norm_eps", "1e300");
+  EXPECT_NE(m.find("rms_norm_eps 1e+300 must be a positive float"), std::string::npos) << m;
+  edit_config(dir, "rms_norm_eps", "1e-5");
+  m = refused("head_dim", "4611686018427387904");
+  EXPECT_NE(m.find("head_dim 4611686018427387904 x num_attention_heads 2 must equal "
+                   "hidden_size 8"),
+            std::string::npos)
+      << m;
+  edit_config(dir, "head_dim", "4");
+  m = refused("num_key_value_heads", "18446744073709551615");
+  EXPECT_NE(m.find("num_key_value_heads must be an integer in"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "test_util.h"
-#include "train/token_file.h"
+#include "train/token_corpus.h"
 
 namespace mt::train {
 namespace {

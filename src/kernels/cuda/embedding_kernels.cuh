@@ -58,7 +58,9 @@ __global__ void embedding_forward_kernel(float* y, const int32_t* tokens, const 
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e / C, j = e % C;
-    y[e] = wte[static_cast<int64_t>(tokens[i]) * C + j] + wpe[(i % T) * C + j];
+    const float tok = wte[static_cast<int64_t>(tokens[i]) * C + j];
+    // No position table (rotary positions): the token row as is, like the CPU's copy.
+    y[e] = wpe ? tok + wpe[(i % T) * C + j] : tok;
   }
 }
 

@@ -1,0 +1,74 @@
+#include "plan/kernels.h"
+
+#include <algorithm>
+
+namespace mt::plan {
+
+LayerKernels layer_kernels(const Job& j, const Layout& l, double share) {
+  const ModelSpec& m = j.model;
+  const GpuSpec& g = j.cluster.gpu;
+  const bool mixed = j.dtype != "f32";
+  const bool ours = runs_our_runtime(j);
+  const double peak = g.peak_flops(j.dtype) * share;
+  const double hbm = g.hbm_bytes_per_s * g.hbm_efficiency * share;
+  // A shared host (compute_units > 0) runs its kernels as calls on the cores: no launch.
+  const double launch = j.cluster.compute_units > 0 ? 0.0 : g.kernel_launch_s;
+  // s tokens per rank (seq / cp); their queries attend over all S = seq keys, with CP as
+  // cp blocks of s keys that the ring brings in turn.
+  const double t = l.tp, s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch),
+               n = s * b, cp = l.cp;
+  const double h = m.d_model, F = m.d_ff, kv = m.kv_dim(), a = m.n_head, hd = m.head_dim();
+  // One kernel of `batch` GEMMs [M, K] × [K, N] (batched over heads for attention), at the
+  // curve's rate for its shape, and never shorter than a launch.
+  auto gemm = [&](double M, double N, double K, double batch) {
+    return std::max(launch, 2 * M * N * K * batch / (peak * g.gemm.efficiency(M, N, K)));
+  };
+  // With userbuffers each GEMM beside a TP collective runs as t chunks of n / t rows.
+  const bool ub = l.tp_comm_overlap && l.tp > 1 && j.cluster.compute_units == 0;
+  const double rows = ub ? n / t : n, chunks = ub ? t : 1;
+  LayerKernels k;
+  k.qkv = chunks * gemm(rows, (h + 2 * kv) / t, h, 1);
+  k.proj = chunks * gemm(rows, h, h / t, 1);
+  k.mlp_in = chunks * gemm(rows, (m.swiglu ? 2 : 1) * F / t, h, 1);
+  k.mlp_out = chunks * gemm(rows, h, F / t, 1);
+  const bool fused = mixed && l.fused_attention && !ours;
+  if (fused && !g.attention.empty()) {
+    // A fused causal kernel: half the T×T FLOPs at the table's rate for the whole sequence,
+    // scaled to this head dimension as the GEMM curve scales its inner dimension.
+    const AttentionRates& r = g.attention;
+    const double hd_scale = (1 + g.gemm.d0 / r.head_dim) / (1 + g.gemm.d0 / hd);
+    const double flops = 4 * b * (a / t) * s * S * hd / 2;
+    const double fwd_rate = AttentionRates::at(r.seq, r.fwd_flops_per_s, S) * hd_scale * share;
+    const double bwd_rate = AttentionRates::at(r.seq, r.bwd_flops_per_s, S) * hd_scale * share;
+    k.attention = std::max(launch, flops / fwd_rate);
+    k.attention_bwd = std::max(launch, 2.5 * flops / bwd_rate);
+  } else {
+    // Scores (full T×T) and probabilities · V, per key block, batched over the rank's heads.
+    k.attention = cp * (gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t));
+    k.attention_bwd = 2 * k.attention;
+  }
+  // Memory-bound kernels (bytes per token, docs/planner.md): layer norms and residual
+  // (dropout-)adds (4 kernels), the activation function, the softmax over the attention
+  // scores (+ dropout). Our runtime has no dropout; its bias adds move those bytes (as
+  // measured in f32).
+  const double wb = mixed ? 2 : 4;
+  const bool drop = m.dropout && !ours;
+  const double rep = (drop || (ours && m.bias) ? 22.0 : 16.0) * h * wb / 2;
+  const double act = (m.swiglu ? 6.0 : 4.0) * F * wb / 2;
+  // Softmax over the T×T scores: unfused, mixed precision reads the scores and writes the
+  // probabilities (+ dropout's mask and output); f32 is our runtime; fused: none.
+  double soft = 16.0 * a * S;
+  if (mixed) soft = l.fused_attention ? 0.0 : (drop ? 9.0 : 4.0) * a * S;
+  k.norm_residual = std::max(4 * launch, n * (l.sp ? rep / t : rep) / hbm);
+  k.activation = std::max(launch, n * act / t / hbm);
+  k.softmax = soft > 0 ? std::max(launch, n * soft / t / hbm) : 0.0;
+  k.overhead = g.kernel_overhead_s;
+  // LM head (vocab-parallel) and cross-entropy in f32 over the logits; the embedding lookup.
+  const double V = m.vocab;
+  k.head = gemm(n, V / t, h, 1);
+  k.cross_entropy = std::max(launch, n * V / t * 12.0 / hbm);
+  k.embedding = std::max(launch, n * h * wb * 2 / hbm);
+  return k;
+}
+
+}  // namespace mt::plan
