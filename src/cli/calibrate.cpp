@@ -20,6 +20,7 @@
 #include "comm/launch.h"
 #include "comm/mpi.h"
 #include "core/error.h"
+#include "core/write_file.h"
 #include "kernels/kernels.h"
 #include "kernels/peak.h"
 #include "plan/hardware.h"
@@ -241,9 +242,7 @@ void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& li
   // (a bare file name has no folder to make)
   if (const auto dir = std::filesystem::path(out_path).parent_path(); !dir.empty())
     std::filesystem::create_directories(dir);
-  std::ofstream out(out_path);
-  if (!out) fail_run("calibrate: cannot write '{}'", out_path);
-  out << plan::to_json(c).dump(2) << "\n";
+  io::write_file(out_path, plan::to_json(c).dump(2) + "\n");
   std::printf("wrote %s\n", out_path.c_str());
 }
 

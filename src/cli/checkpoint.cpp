@@ -49,6 +49,50 @@ std::unique_ptr<model::Gpt> model_of(const ckpt::Index& idx) {
   return gpt;
 }
 
+// Whether `inner` is `outer` or lies inside it (both made absolute, symbolic links resolved
+// as far as they exist).
+bool same_or_inside(const fs::path& inner, const fs::path& outer) {
+  std::error_code ec;
+  const fs::path a = fs::weakly_canonical(fs::absolute(inner), ec);
+  const fs::path b = fs::weakly_canonical(fs::absolute(outer), ec);
+  auto ai = a.begin();
+  for (auto bi = b.begin(); bi != b.end(); ++bi, ++ai) {
+    if (bi->empty()) continue;  // a trailing separator
+    if (ai == a.end() || *ai != *bi) return false;
+  }
+  return true;
+}
+
+// reshard never writes into its source: not into the path named (a checkpoint or the
+// directory holding it), nor into the checkpoint's own directory, where its step-N would be
+// replaced. A non-empty --out only with --force.
+void check_reshard_out(const std::string& named, const std::string& ckpt_dir,
+                       const std::string& out, bool force) {
+  const fs::path holder = fs::path(ckpt_dir).parent_path();
+  for (const fs::path& src : {fs::path(named), fs::path(ckpt_dir)})
+    if (same_or_inside(out, src))
+      fail(
+          "reshard --out '{}' is {}the source '{}': the resharded checkpoint would overwrite "
+          "or mix with it (name a new folder outside it)",
+          out, same_or_inside(src, out) ? "" : "inside ", src.string());
+  if (same_or_inside(out, holder) && same_or_inside(holder, out))
+    fail(
+        "reshard --out '{}' holds the source checkpoint '{}': its {} would be replaced by the "
+        "resharded one (name a new folder)",
+        out, ckpt_dir, fs::path(ckpt_dir).filename().string());
+  std::error_code ec;
+  if (force || !fs::exists(out, ec)) return;
+  if (!fs::is_directory(out, ec))
+    fail("reshard --out '{}' exists and is not a folder (name a new folder)", out);
+  fs::directory_iterator it(out, ec);
+  if (it != fs::directory_iterator())
+    fail(
+        "reshard --out '{}' is not empty (it holds '{}'): name a new or empty folder, or add "
+        "--force to write beside what it holds (a checkpoint of the same step there is "
+        "replaced; 'latest' never moves back to an older step)",
+        out, it->path().filename().string());
+}
+
 }  // namespace
 
 void register_checkpoint(CLI::App& app) {
@@ -98,6 +142,7 @@ void register_checkpoint(CLI::App& app) {
       std::optional<int> dp, tp, pp, zero;  // not given: the checkpoint's
       int virtual_stages = 1, microbatches = 0;
       std::string schedule = "1f1b", pp_layers;
+      bool force = false;
     };
     auto f = std::make_shared<Flags>();
     CLI::App* cmd =
@@ -113,8 +158,13 @@ void register_checkpoint(CLI::App& app) {
     cmd->add_option("--virtual-stages", f->virtual_stages, "chunks per pipeline rank");
     cmd->add_option("--microbatches", f->microbatches, "pipeline microbatches");
     cmd->add_option("--pp-layers", f->pp_layers, "layers per chunk, comma-separated");
+    cmd->add_flag("--force", f->force,
+                  "write into a non-empty --out (a checkpoint of the same step there is "
+                  "replaced; 'latest' never moves back)");
     cmd->callback([f] {
-      const ckpt::Index idx = ckpt::read_index(resolve(f->path));
+      const std::string source = resolve(f->path);
+      check_reshard_out(f->path, source, f->out, f->force);  // before anything is read
+      const ckpt::Index idx = ckpt::read_index(source);
       train::TrainOptions o;
       o.model = idx.config;
       // A dimension not named keeps the checkpoint's: nothing changes unasked.

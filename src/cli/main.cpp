@@ -57,8 +57,12 @@ int main(int argc, char** argv) {
     if (prints_input_errors()) app.exit(e);
     return static_cast<int>(mt::ExitCode::kBadInput);
   } catch (const mt::Error& e) {
-    if (e.code() != mt::ExitCode::kBadInput || prints_input_errors())
+    // A run stopped on request (a signal) says where it stopped, once (rank 0's process).
+    if (e.code() == mt::ExitCode::kStopped) {
+      if (*e.what()) std::fprintf(stderr, "%s\n", e.what());
+    } else if (e.code() != mt::ExitCode::kBadInput || prints_input_errors()) {
       std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+    }
     return e.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());

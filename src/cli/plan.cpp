@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "core/error.h"
+#include "core/write_file.h"
 #include "obs/report.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/explain.h"
@@ -586,9 +586,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
       for (const auto& n : model::preset_names())
         if (n == *f.model.model) preset = n;
     }
-    std::ofstream out(*emit);
-    if (!out) fail("--emit-config: cannot write '{}'", *emit);
-    out << train_config(j, s.top.front(), preset).dump(2) << "\n";
+    io::write_file(*emit, train_config(j, s.top.front(), preset).dump(2) + "\n");
     std::fprintf(human, "wrote %s: run it with  meshtrain train --config %s --data FILE\n",
                  emit->c_str(), emit->c_str());
   }

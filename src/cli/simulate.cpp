@@ -5,12 +5,12 @@
 #include <fmt/ranges.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "core/error.h"
+#include "core/write_file.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/explain.h"
 
@@ -177,9 +177,7 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
                      .c_str());
   }
   if (trace) {
-    std::ofstream out(*trace);
-    if (!out) fail("--trace: cannot write '{}'", *trace);
-    out << chrome_trace(e).dump() << "\n";
+    io::write_file(*trace, chrome_trace(e).dump() + "\n");  // checked: a full disk is an error
     std::fprintf(human, "wrote %s (chrome://tracing)\n", trace->c_str());
   }
   if (f.json) {

@@ -6,8 +6,10 @@
 #include "cli/commands.h"
 #include "cli/memory_check.h"
 #include "cli/train_flags.h"
+#include "comm/mpi.h"
 #include "core/error.h"
 #include "train/init_from.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -100,7 +102,10 @@ void register_train(CLI::App& app) {
     if (o.backend == "local") train::refuse_local_backend_under_mpirun();
     o.validate();
     check_memory_fits(o);  // before anything is allocated: refuses a run that cannot fit
-    train::run_training(o);
+    // SIGINT, SIGTERM, SIGUSR1: finish the step, save, exit 3 (train/stop_signals.h).
+    const train::StopSignals signals(/*announce=*/comm::mpi_env_world_rank() <= 0);
+    const train::TrainResult r = train::run_training(o);
+    if (r.stop_signal != 0) throw Error(r.stop_message, ExitCode::kStopped);
   });
 }
 

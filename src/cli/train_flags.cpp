@@ -19,7 +19,8 @@ const std::vector<std::string> kConfigKeys = {
     "threads",    "dp",           "zero",      "bucket_mb",      "backend",      "tp",
     "sp",         "mesh_order",   "recompute", "dtype",          "device",       "comm_timeout",
     "pp",         "microbatches", "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",
-    "attention",  "data_format",  "shuffle",      "cp",           "cp_comm"};
+    "attention",  "data_format",  "shuffle",      "cp",           "cp_comm",
+    "skip_nonfinite"};
 
 }  // namespace
 
@@ -68,6 +69,11 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  fmt::format("AdamW weight decay on matrices (default {})", d.adamw.weight_decay));
   cmd.add_option("--grad-clip", grad_clip,
                  fmt::format("global gradient-norm clip (0: off; default {})", d.grad_clip));
+  cmd.add_option("--skip-nonfinite", skip_nonfinite,
+                 fmt::format("skip the update of a step whose loss or gradient norm is NaN or "
+                             "infinite, at most N in a row, then stop (exit 1); 0: stop at the "
+                             "first (default {})",
+                             d.skip_nonfinite));
   cmd.add_option("--seed", seed,
                  fmt::format("seed of initialisation and randomness (default {})", d.seed));
   cmd.add_option("--data", data,
@@ -174,6 +180,7 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
       fail("--warmup {} must be 0 or more (leave it out for 5% of --steps)", o.warmup);
     take_config(j, "weight_decay", o.adamw.weight_decay, weight_decay);
     take_config(j, "grad_clip", o.grad_clip, grad_clip);
+    take_config(j, "skip_nonfinite", o.skip_nonfinite, skip_nonfinite);
     take_config(j, "seed", o.seed, seed);
     take_config(j, "data", o.data, data);
     take_config(j, "val_data", o.val_data, val_data);

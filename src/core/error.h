@@ -1,6 +1,7 @@
 // One exception type for the whole project. Its message says what is wrong, the value,
 // and the fix. Its exit code says whether the input was bad (2, found before any work) or
-// the run failed (1: NaN loss, a dead rank, a timeout).
+// the run failed (1: NaN loss, a dead rank, a timeout); 3 is a training run stopped on
+// request (a signal: the step finished, the checkpoint saved).
 #pragma once
 
 #include <fmt/format.h>
@@ -10,7 +11,7 @@
 
 namespace mt {
 
-enum class ExitCode : int { kOk = 0, kRunFailure = 1, kBadInput = 2 };
+enum class ExitCode : int { kOk = 0, kRunFailure = 1, kBadInput = 2, kStopped = 3 };
 
 class Error : public std::runtime_error {
  public:
@@ -38,9 +39,9 @@ template <typename... Args>
 }  // namespace mt
 
 // Internal invariant (a bug if it fires, not a user error).
-#define MT_ASSERT(cond)                                                                   \
-  do {                                                                                    \
-    if (!(cond))                                                                          \
+#define MT_ASSERT(cond)                                                                       \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
       throw ::mt::Error(fmt::format("internal error: {} ({}:{})", #cond, __FILE__, __LINE__), \
-                        ::mt::ExitCode::kRunFailure);                                     \
+                        ::mt::ExitCode::kRunFailure);                                         \
   } while (0)

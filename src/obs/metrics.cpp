@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "core/error.h"
+#include "core/write_file.h"
 
 namespace mt::obs {
 
@@ -42,15 +45,17 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at) {
   } else if (kept.empty()) {
     file_ = std::fopen(path.c_str(), "w");
   } else {
-    // The kept rows replace the file whole (a crash now leaves the old file, not half of it).
-    const std::string tmp = path + ".tmp";
-    if (std::FILE* out = std::fopen(tmp.c_str(), "w")) {
-      for (const std::string& row : kept) std::fprintf(out, "%s\n", row.c_str());
-      const bool ok = std::fclose(out) == 0;
-      if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) file_ = std::fopen(path.c_str(), "a");
-    }
+    // The kept rows replace the file whole (a crash now leaves the old file, not half of it;
+    // a full disk is an error now).
+    std::string text;
+    for (const std::string& row : kept) text += row + "\n";
+    io::write_file(path, text);
+    file_ = std::fopen(path.c_str(), "a");
   }
-  if (!file_) fail("cannot write metrics file '{}' (does the directory exist?)", path);
+  if (!file_)
+    fail("cannot write metrics file '{}': {} (does the directory exist?)", path,
+         std::strerror(errno));
+  path_ = path;
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -59,9 +64,36 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const nlohmann::json& row) {
   if (!file_) return;
-  std::fputs(row.dump().c_str(), file_);
-  std::fputc('\n', file_);
-  std::fflush(file_);
+  const std::string line = row.dump() + "\n";
+  // Every row reaches the file now, or the run stops now: a full disk (or /dev/full) must not
+  // lose a run's metrics silently.
+  errno = 0;
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0 ||
+      std::ferror(file_))
+    failed("writing");
+}
+
+void MetricsWriter::close() {
+  if (!file_) return;
+  errno = 0;
+  const bool flushed = std::fflush(file_) == 0 && !std::ferror(file_);
+  const int flush_err = errno;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!flushed) {
+    errno = flush_err;
+    failed("writing");
+  }
+  if (!closed) failed("closing");
+}
+
+void MetricsWriter::failed(const char* what) {
+  const int err = errno;
+  fail_run("{} the metrics file '{}' failed: {}{}", what, path_,
+           err ? std::strerror(err) : "an I/O error",
+           err == ENOSPC || err == EDQUOT ? " (the disk is full: free space or write --metrics "
+                                            "elsewhere)"
+                                          : "");
 }
 
 Progress::Progress(std::FILE* out) : out_(out), tty_(::isatty(fileno(out)) != 0) {}

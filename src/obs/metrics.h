@@ -18,10 +18,16 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  void write(const nlohmann::json& row);  // one line, flushed
+  // One line, flushed; a write that fails (a full disk, /dev/full) throws mt::Error (a run
+  // failure) naming the file.
+  void write(const nlohmann::json& row);
+  // Flushes and closes, checked the same way (the destructor closes unchecked).
+  void close();
 
  private:
+  [[noreturn]] void failed(const char* what);
   std::FILE* file_ = nullptr;
+  std::string path_;
 };
 
 // A line that rewrites itself on a terminal and prints plain lines otherwise.

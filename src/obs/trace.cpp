@@ -1,9 +1,8 @@
 #include "obs/trace.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "core/write_file.h"
 
 namespace mt::obs {
 
@@ -24,15 +23,9 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& 
                     {"tid", e.rank},
                     {"ts", e.start_s * 1e6},
                     {"dur", e.dur_s * 1e6}});
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f) fail("cannot write the trace file '{}' (check the directory exists)", path);
-    f << nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-    if (!f) fail("cannot write the trace file '{}'", path);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    fail("cannot rename '{}' to the trace file '{}'", tmp, path);
+  // Complete or not there: a write that fails is an error at once, with no .tmp left.
+  io::write_file(path,
+                 nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump() + "\n");
 }
 
 }  // namespace mt::obs

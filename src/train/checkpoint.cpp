@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -27,8 +28,10 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "core/write_file.h"
 #include "parallel/pipeline/schedule.h"
 #include "train/json_read.h"
+#include "train/nonfinite.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
 #include "train/resume_changes.h"
@@ -173,16 +176,10 @@ void fsync_path(const fs::path& path) {
   if (rc != 0) fail_run("fsync of '{}' failed: {}", path.string(), std::strerror(errno));
 }
 
-// A small file written atomically: temporary name, fsync, rename, fsync of the directory.
+// A small file written atomically: temporary name, fsync, rename, fsync of the directory;
+// a failed write leaves no temporary file (io::write_file).
 void write_small_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_run("cannot create '{}': {}", tmp.string(), std::strerror(errno));
-  write_all(fd, text.data(), static_cast<int64_t>(text.size()), tmp.string());
-  if (::fsync(fd) != 0) fail_run("fsync of '{}' failed: {}", tmp.string(), std::strerror(errno));
-  ::close(fd);
-  fs::rename(tmp, path);
-  fsync_path(path.parent_path());
+  io::write_file(path.string(), text);
 }
 
 const char* split_name(model::TpSplit s) {
@@ -313,7 +310,7 @@ int64_t write_shard(const fs::path& path, std::vector<PieceData>& pieces,
     if (start) flush(start, len);
   });
   if (::fsync(fd) != 0) fail_run("fsync of '{}' failed: {}", name, std::strerror(errno));
-  ::close(fd);
+  if (::close(fd) != 0) fail_run("writing '{}' failed: {}", name, std::strerror(errno));
   return base + off;
 }
 
@@ -352,9 +349,22 @@ json make_index(int64_t step, const json& trainer, const model::GptConfig& confi
           {"pieces", pj}};
 }
 
+// The step `DIR/latest` names, or -1 (none, or not a step name).
+int64_t latest_step(const fs::path& dir) {
+  std::ifstream in(dir / "latest");
+  std::string line;
+  if (!std::getline(in, line) || line.rfind("step-", 0) != 0) return -1;
+  int64_t step = -1;
+  const char* b = line.data() + 5;
+  const auto [end, err] = std::from_chars(b, line.data() + line.size(), step);
+  return err == std::errc() && end == line.data() + line.size() ? step : -1;
+}
+
 // Moves a finished temporary directory into place, then `latest`, then prunes to `keep`.
+// `forward_only`: `latest` is not moved back to an older step than the one it names (an
+// offline write beside a newer checkpoint).
 void publish(const fs::path& dir, const fs::path& tmp, const std::string& name, int keep,
-             int64_t step, int rank) {
+             int64_t step, int rank, bool forward_only = false) {
   const fs::path final_dir = dir / name;
   fsync_path(tmp);
   maybe_fault("save-index", step, rank);
@@ -370,7 +380,7 @@ void publish(const fs::path& dir, const fs::path& tmp, const std::string& name, 
   }
   fsync_path(dir);
   maybe_fault("save-renamed", step, rank);
-  write_small_atomic(dir / "latest", name + "\n");
+  if (!forward_only || latest_step(dir) <= step) write_small_atomic(dir / "latest", name + "\n");
   if (keep > 0) {
     const std::vector<std::string> all = list_checkpoints(dir.string());
     for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) fs::remove_all(all[i]);
@@ -408,6 +418,19 @@ std::vector<std::string> gather_strings(comm::Group& g, const std::string& mine)
     at += counts[r];
   }
   return all;
+}
+
+// Every rank learns whether any rank has an error (`mine` not empty); returns the lowest such
+// rank's, prefixed "rank R: " when the group has several ranks ("" when none has one).
+std::string first_rank_error(comm::Group& g, const std::string& mine) {
+  float flags[2] = {mine.empty() ? 0.f : 1.f,
+                    mine.empty() ? 0.f : static_cast<float>(g.size() - g.rank())};
+  g.all_reduce(comm::Buf(flags, 2), comm::ReduceOp::kMax);
+  if (flags[0] == 0) return "";
+  const int first = static_cast<int>(g.size() - flags[1]);
+  const std::vector<std::string> all = gather_strings(g, mine);
+  const std::string& e = all[static_cast<size_t>(first)];
+  return g.size() > 1 ? fmt::format("rank {}: {}", first, e) : e;
 }
 
 // The rank's optimizer range [opt_lo, opt_hi) of master values, Adam m and v, as host
@@ -558,6 +581,10 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
     idx.adam_steps = integer(t.at("adam_steps"), "trainer.adam_steps", 0, kMax);
     idx.seed = json_uint64(t.at("seed"), where, "trainer.seed");
     idx.batch = t.contains("batch") ? integer(t.at("batch"), "trainer.batch", 0, kMax) : 0;
+    idx.nonfinite_in_row =
+        t.contains("nonfinite_in_row")
+            ? integer(t.at("nonfinite_in_row"), "trainer.nonfinite_in_row", 0, kMax)
+            : 0;
     const json& c = j.at("config");
     idx.config.name = c.at("name").get<std::string>();
     idx.config.n_layer = integer(c.at("n_layer"), "config.n_layer", 1, kMax);
@@ -962,90 +989,122 @@ std::vector<std::string> verify(const Index& idx) {
 
 // ---- the training loop's side -----------------------------------------------------------
 
-void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step, bool talk) {
+void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step, bool talk,
+          int64_t nonfinite_in_row) {
   const double t0 = now_s();
   const fs::path dir = o.checkpoint_dir;
   const std::string name = step_name(step);
   const fs::path tmp = dir / (name + ".tmp");
   const int rank = g.world.rank();
   const bool lead = rank == 0;
+  OptimizerArrays arrays(rep);
+  arrays.pull();
+  std::vector<PieceData> pieces = replica_pieces(rep, arrays);
+  // Nothing non-finite is written: every rank checks what it would write, and all refuse
+  // alike (the lowest such rank's finding), before anything is made on disk.
+  std::string bad;
+  for (const PieceData& p : pieces) {
+    for (int k = 0; k < kArrays && bad.empty(); ++k)
+      bad = describe_nonfinite(fmt::format("{} of '{}'", kArrayNames[k], p.meta.tensor), p.src[k],
+                               p.meta.elems());
+    if (!bad.empty()) break;
+  }
+  const std::string refusal = first_rank_error(g.world, bad);
+  if (!refusal.empty())
+    fail_run(
+        "the checkpoint of step {} is not written: {}; {} keeps what it holds (the run's "
+        "weights are damaged: lower --lr, or check the data)",
+        step, refusal, dir.string());
   if (lead) {
     fs::create_directories(dir);
     fs::remove_all(tmp);
     fs::create_directories(tmp);
   }
   g.world.barrier();
-  OptimizerArrays arrays(rep);
-  arrays.pull();
-  std::vector<PieceData> pieces = replica_pieces(rep, arrays);
   json mine = json::object();
-  if (!pieces.empty()) {
-    const std::string file = fmt::format("rank-{:05}.safetensors", rank);
-    const int64_t bytes = write_shard(
-        tmp / file, pieces,
-        {{"format", "meshtrain-checkpoint-shard"},
-         {"step", std::to_string(step)},
-         {"rank", std::to_string(rank)},
-         {"coords", fmt::format("pp {} dp {} tp {}", g.pp.rank(), g.dp.rank(), g.tp.rank())}});
-    json pj = json::array();
-    for (const PieceData& p : pieces) pj.push_back(piece_json(p.meta));
-    mine = {{"name", file}, {"bytes", bytes}, {"rank", rank}, {"pieces", pj}};
-  }
-  maybe_fault("save-shards", step, rank);
-  const std::vector<std::string> all = gather_strings(g.world, mine.dump());
+  // A write that fails (a full disk) leaves no temporary file: this rank removes its shard,
+  // rank 0 the temporary directory (if another rank failed, its next collective fails too).
+  const std::string shard_file = fmt::format("rank-{:05}.safetensors", rank);
+  auto clean_up = [&] {
+    std::error_code ec;
+    fs::remove(tmp / shard_file, ec);
+    if (lead) fs::remove_all(tmp, ec);
+  };
   int64_t total_bytes = 0;
-  if (lead) {
-    std::vector<FileInfo> files;
-    std::vector<Piece> all_pieces;
-    for (const std::string& s : all) {
-      const json j = json::parse(s);
-      if (j.empty()) continue;
-      const int fi = static_cast<int>(files.size());
-      files.push_back({j.at("name"), j.at("bytes"), j.at("rank")});
-      total_bytes += files.back().bytes;
-      for (const json& p : j.at("pieces")) {
-        Piece pc;
-        pc.tensor = p.at("tensor");
-        pc.file = fi;
-        pc.tp_rank = p.at("tp").at(0);
-        pc.tp_size = p.at("tp").at(1);
-        pc.local_lo = p.at("local").at(0);
-        pc.local_hi = p.at("local").at(1);
-        for (int k = 0; k < kArrays; ++k) {
-          pc.offset_bytes[k] = p.at("offsets").at(k);
-          pc.crc[k] = p.at("crc32c").at(k);
-        }
-        all_pieces.push_back(std::move(pc));
-      }
+  try {
+    if (!pieces.empty()) {
+      const std::string& file = shard_file;
+      const int64_t bytes = write_shard(
+          tmp / file, pieces,
+          {{"format", "meshtrain-checkpoint-shard"},
+           {"step", std::to_string(step)},
+           {"rank", std::to_string(rank)},
+           {"coords", fmt::format("pp {} dp {} tp {}", g.pp.rank(), g.dp.rank(), g.tp.rank())}});
+      json pj = json::array();
+      for (const PieceData& p : pieces) pj.push_back(piece_json(p.meta));
+      mine = {{"name", file}, {"bytes", bytes}, {"rank", rank}, {"pieces", pj}};
     }
-    const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
-    const json trainer = {
-        {"step", step},
-        {"adam_steps", rep.opt->steps_taken()},
-        {"seed", o.seed},
-        {"samples_done", step * o.batch},
-        {"batch", o.batch},
-        {"seq_len", o.model.seq_len},
-        {"data", o.data},
-        {"data_format", o.data_format},
-        // The sample order (train/sample_order.h): with the seed and the step, where the
-        // data continues; a resume that changes it says so (resume_changes).
-        {"shuffle", o.shuffle},
-        {"lr", o.lr},
-        {"min_lr_ratio", o.min_lr_ratio},
-        {"warmup", warmup},
-        {"steps", o.steps},
-        {"next_lr", lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio)},
-        {"grad_clip", o.grad_clip},
-        {"adamw",
-         {{"beta1", o.adamw.beta1},
-          {"beta2", o.adamw.beta2},
-          {"eps", o.adamw.eps},
-          {"weight_decay", o.adamw.weight_decay}}},
-        {"rng", "none at run time: initialisation is Philox4x32-10 keyed by the seed, no dropout"}};
-    const json index = make_index(step, trainer, o.model, layout_json(o), o.tp, files, all_pieces);
-    write_small_atomic(tmp / "index.json", index.dump(1));
-    publish(dir, tmp, name, o.keep_checkpoints, step, rank);
+    maybe_fault("save-shards", step, rank);
+    const std::vector<std::string> all = gather_strings(g.world, mine.dump());
+    if (lead) {
+      std::vector<FileInfo> files;
+      std::vector<Piece> all_pieces;
+      for (const std::string& s : all) {
+        const json j = json::parse(s);
+        if (j.empty()) continue;
+        const int fi = static_cast<int>(files.size());
+        files.push_back({j.at("name"), j.at("bytes"), j.at("rank")});
+        total_bytes += files.back().bytes;
+        for (const json& p : j.at("pieces")) {
+          Piece pc;
+          pc.tensor = p.at("tensor");
+          pc.file = fi;
+          pc.tp_rank = p.at("tp").at(0);
+          pc.tp_size = p.at("tp").at(1);
+          pc.local_lo = p.at("local").at(0);
+          pc.local_hi = p.at("local").at(1);
+          for (int k = 0; k < kArrays; ++k) {
+            pc.offset_bytes[k] = p.at("offsets").at(k);
+            pc.crc[k] = p.at("crc32c").at(k);
+          }
+          all_pieces.push_back(std::move(pc));
+        }
+      }
+      const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
+      const json trainer = {
+          {"step", step},
+          {"adam_steps", rep.opt->steps_taken()},
+          {"seed", o.seed},
+          {"samples_done", step * o.batch},
+          {"batch", o.batch},
+          {"seq_len", o.model.seq_len},
+          {"data", o.data},
+          {"data_format", o.data_format},
+          // The sample order (train/sample_order.h): with the seed and the step, where the
+          // data continues; a resume that changes it says so (resume_changes).
+          {"shuffle", o.shuffle},
+          {"lr", o.lr},
+          {"min_lr_ratio", o.min_lr_ratio},
+          {"warmup", warmup},
+          {"steps", o.steps},
+          {"next_lr", lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio)},
+          {"grad_clip", o.grad_clip},
+          {"adamw",
+           {{"beta1", o.adamw.beta1},
+            {"beta2", o.adamw.beta2},
+            {"eps", o.adamw.eps},
+            {"weight_decay", o.adamw.weight_decay}}},
+          {"nonfinite_in_row", nonfinite_in_row},
+          {"rng",
+           "none at run time: initialisation is Philox4x32-10 keyed by the seed, no dropout"}};
+      const json index =
+          make_index(step, trainer, o.model, layout_json(o), o.tp, files, all_pieces);
+      write_small_atomic(tmp / "index.json", index.dump(1));
+      publish(dir, tmp, name, o.keep_checkpoints, step, rank);
+    }
+  } catch (...) {
+    clean_up();
+    throw;
   }
   g.world.barrier();
   if (talk) {
@@ -1076,7 +1135,9 @@ void load_master_values(Replica& rep, const MasterFill& fill) {
   gather_loaded_values(rep);
 }
 
-int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool talk) {
+int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool talk,
+               int64_t* nonfinite_in_row) {
+  if (nonfinite_in_row) *nonfinite_in_row = 0;
   if (o.resume.empty()) return 0;
   const bool is_auto = o.resume == "auto";
   std::vector<std::string> cands;
@@ -1123,6 +1184,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
       arrays.push();
       step = idx.step;
       adam_steps = idx.adam_steps;
+      if (nonfinite_in_row) *nonfinite_in_row = idx.nonfinite_in_row;
       if (talk) changes = resume_changes(parse_json(idx.json_text).at("trainer"), step, o);
     } catch (const Error& e) {
       err = e.what();
@@ -1174,7 +1236,8 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
 }
 
 void maybe_fault(const char* point, int64_t step, int rank) {
-  // MESHTRAIN_FAULT=ACTION@POINT:STEP:RANK[:ONCE_FILE], ACTION kill or throw, POINT step,
+  // MESHTRAIN_FAULT=ACTION@POINT:STEP:RANK[:ONCE_FILE], ACTION kill, throw, or a signal to
+  // this process (term, int, usr1: the run goes on and stops cleanly), POINT step,
   // save-shards, save-index or save-renamed. With ONCE_FILE: only when that file does not
   // exist (it is created first), so a restarted job runs on.
   static const char* env = std::getenv("MESHTRAIN_FAULT");
@@ -1199,6 +1262,18 @@ void maybe_fault(const char* point, int64_t step, int rank) {
     if (fd < 0) return;  // done once already
     ::fsync(fd);
     ::close(fd);
+  }
+  // A signal to this process, which goes on (the clean stop of train/stop_signals.h).
+  const int signo = action == "term"   ? SIGTERM
+                    : action == "int"  ? SIGINT
+                    : action == "usr1" ? SIGUSR1
+                                       : 0;
+  if (signo != 0) {
+    std::fprintf(stderr, "[rank %d] MESHTRAIN_FAULT: %s to this process at %s of step %lld\n", rank,
+                 action.c_str(), point, static_cast<long long>(step));
+    std::fflush(stderr);
+    ::kill(::getpid(), signo);
+    return;
   }
   if (action == "kill") {
     std::fprintf(stderr, "[rank %d] MESHTRAIN_FAULT: SIGKILL at %s of step %lld\n", rank, point,
@@ -1300,90 +1375,108 @@ int write_resharded(const Index& idx, const GlobalState& st, const TrainOptions&
   }
   std::map<std::string, size_t> by_name;
   for (size_t i = 0; i < st.specs.size(); ++i) by_name[st.specs[i].name] = i;
+  // Nothing non-finite is written (train/nonfinite.h): a damaged source is refused first.
+  for (size_t i = 0; i < st.specs.size(); ++i)
+    for (int k = 0; k < kArrays; ++k) {
+      const std::string bad =
+          describe_nonfinite(fmt::format("{} of '{}'", kArrayNames[k], st.specs[i].name),
+                             st.arrays[k][i].data(), static_cast<int64_t>(st.arrays[k][i].size()));
+      if (!bad.empty())
+        fail("checkpoint '{}' is damaged: {}; it is not resharded (nothing was written)", idx.dir,
+             bad);
+    }
   const fs::path dir = out_dir;
   fs::create_directories(dir);
   const std::string name = step_name(idx.step);
   const fs::path tmp = dir / (name + ".tmp");
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  model::GptConfig c = idx.config;
-  if (T > 1) c.vocab_pad_multiple = model::tp_vocab_pad(T);
-  std::vector<FileInfo> files;
-  std::vector<Piece> all_pieces;
-  for (int p = 0; p < P; ++p)
-    for (int d = 0; d < D; ++d)
-      for (int t = 0; t < T; ++t) {
-        const model::StageParts parts = P > 1 ? stage_parts(*sched, *part, p) : model::StageParts{};
-        std::vector<model::ParamSpec> specs = model::stage_param_specs(c, parts);
-        if (T > 1) specs = model::tp_shard_specs(std::move(specs), t, T);
-        int64_t numel = 0;
-        for (const auto& s : specs) numel += shape_numel(s.shape);
-        const int64_t padded = (numel + D - 1) / D * D;
-        int64_t lo = 0, hi = numel;
-        if (o.zero == 0 && d != 0) continue;
-        if (o.zero > 0) {
-          lo = d * (padded / D);
-          hi = lo + padded / D;
-        }
-        std::vector<PieceData> pieces;
-        std::vector<std::vector<float>> bufs;
-        bufs.reserve(specs.size() * kArrays);
-        int64_t off = 0;
-        for (const model::ParamSpec& s : specs) {
-          const int64_t n = shape_numel(s.shape);
-          const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
-          const bool copy_elsewhere =
-              (T > 1 && t != 0 && s.tp_split == model::TpSplit::kReplicated) ||
-              (P > 1 && p == P - 1 && c.tied && s.name == "transformer.wte.weight");
-          if (a < b && !copy_elsewhere) {
-            const size_t gi = by_name.at(s.name);
-            const int64_t cols = s.full_shape().size() > 1 ? s.full_shape()[1] : 1;
-            const int64_t limit =
-                s.real_rows >= 0 ? s.real_rows * cols : shape_numel(s.full_shape());
-            PieceData pd;
-            pd.meta.tensor = s.name;
-            pd.meta.tp_rank = s.tp_rank;
-            pd.meta.tp_size = s.tp_size;
-            pd.meta.local_lo = a - off;
-            pd.meta.local_hi = b - off;
-            for (int k = 0; k < kArrays; ++k) {
-              bufs.emplace_back(static_cast<size_t>(b - a), 0.f);
-              float* dst = bufs.back().data();
-              const std::vector<float>& src = st.arrays[k][gi];
-              model::for_each_tp_run(s, [&](int64_t lf, int64_t gf, int64_t len) {
-                const int64_t x = std::max(lf, a - off), y = std::min(lf + len, b - off);
-                for (int64_t e = x; e < y; ++e) {
-                  const int64_t ge = gf + (e - lf);
-                  dst[e - (a - off)] = ge < limit ? src[static_cast<size_t>(ge)] : 0.f;
-                }
-              });
-              pd.src[k] = dst;
-            }
-            pieces.push_back(std::move(pd));
+  try {
+    model::GptConfig c = idx.config;
+    if (T > 1) c.vocab_pad_multiple = model::tp_vocab_pad(T);
+    std::vector<FileInfo> files;
+    std::vector<Piece> all_pieces;
+    for (int p = 0; p < P; ++p)
+      for (int d = 0; d < D; ++d)
+        for (int t = 0; t < T; ++t) {
+          const model::StageParts parts =
+              P > 1 ? stage_parts(*sched, *part, p) : model::StageParts{};
+          std::vector<model::ParamSpec> specs = model::stage_param_specs(c, parts);
+          if (T > 1) specs = model::tp_shard_specs(std::move(specs), t, T);
+          int64_t numel = 0;
+          for (const auto& s : specs) numel += shape_numel(s.shape);
+          const int64_t padded = (numel + D - 1) / D * D;
+          int64_t lo = 0, hi = numel;
+          if (o.zero == 0 && d != 0) continue;
+          if (o.zero > 0) {
+            lo = d * (padded / D);
+            hi = lo + padded / D;
           }
-          off += n;
+          std::vector<PieceData> pieces;
+          std::vector<std::vector<float>> bufs;
+          bufs.reserve(specs.size() * kArrays);
+          int64_t off = 0;
+          for (const model::ParamSpec& s : specs) {
+            const int64_t n = shape_numel(s.shape);
+            const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
+            const bool copy_elsewhere =
+                (T > 1 && t != 0 && s.tp_split == model::TpSplit::kReplicated) ||
+                (P > 1 && p == P - 1 && c.tied && s.name == "transformer.wte.weight");
+            if (a < b && !copy_elsewhere) {
+              const size_t gi = by_name.at(s.name);
+              const int64_t cols = s.full_shape().size() > 1 ? s.full_shape()[1] : 1;
+              const int64_t limit =
+                  s.real_rows >= 0 ? s.real_rows * cols : shape_numel(s.full_shape());
+              PieceData pd;
+              pd.meta.tensor = s.name;
+              pd.meta.tp_rank = s.tp_rank;
+              pd.meta.tp_size = s.tp_size;
+              pd.meta.local_lo = a - off;
+              pd.meta.local_hi = b - off;
+              for (int k = 0; k < kArrays; ++k) {
+                bufs.emplace_back(static_cast<size_t>(b - a), 0.f);
+                float* dst = bufs.back().data();
+                const std::vector<float>& src = st.arrays[k][gi];
+                model::for_each_tp_run(s, [&](int64_t lf, int64_t gf, int64_t len) {
+                  const int64_t x = std::max(lf, a - off), y = std::min(lf + len, b - off);
+                  for (int64_t e = x; e < y; ++e) {
+                    const int64_t ge = gf + (e - lf);
+                    dst[e - (a - off)] = ge < limit ? src[static_cast<size_t>(ge)] : 0.f;
+                  }
+                });
+                pd.src[k] = dst;
+              }
+              pieces.push_back(std::move(pd));
+            }
+            off += n;
+          }
+          if (pieces.empty()) continue;
+          const int rank = (p * D + d) * T + t;
+          const std::string file = fmt::format("rank-{:05}.safetensors", rank);
+          const int64_t bytes =
+              write_shard(tmp / file, pieces,
+                          {{"format", "meshtrain-checkpoint-shard"},
+                           {"step", std::to_string(idx.step)},
+                           {"rank", std::to_string(rank)},
+                           {"coords", fmt::format("pp {} dp {} tp {}", p, d, t)}});
+          const int fi = static_cast<int>(files.size());
+          files.push_back({file, bytes, rank});
+          for (PieceData& pd : pieces) {
+            pd.meta.file = fi;
+            all_pieces.push_back(pd.meta);
+          }
         }
-        if (pieces.empty()) continue;
-        const int rank = (p * D + d) * T + t;
-        const std::string file = fmt::format("rank-{:05}.safetensors", rank);
-        const int64_t bytes = write_shard(tmp / file, pieces,
-                                          {{"format", "meshtrain-checkpoint-shard"},
-                                           {"step", std::to_string(idx.step)},
-                                           {"rank", std::to_string(rank)},
-                                           {"coords", fmt::format("pp {} dp {} tp {}", p, d, t)}});
-        const int fi = static_cast<int>(files.size());
-        files.push_back({file, bytes, rank});
-        for (PieceData& pd : pieces) {
-          pd.meta.file = fi;
-          all_pieces.push_back(pd.meta);
-        }
-      }
-  const json src = json::parse(idx.json_text);
-  const json index =
-      make_index(idx.step, src.at("trainer"), idx.config, layout_json(o), T, files, all_pieces);
-  write_small_atomic(tmp / "index.json", index.dump(1));
-  publish(dir, tmp, name, 0, idx.step, -1);
-  return static_cast<int>(files.size());
+    const json src = json::parse(idx.json_text);
+    const json index =
+        make_index(idx.step, src.at("trainer"), idx.config, layout_json(o), T, files, all_pieces);
+    write_small_atomic(tmp / "index.json", index.dump(1));
+    publish(dir, tmp, name, 0, idx.step, -1, /*forward_only=*/true);
+    return static_cast<int>(files.size());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // a failed write (a full disk) leaves nothing behind
+    throw;
+  }
 }
 
 }  // namespace mt::train::ckpt

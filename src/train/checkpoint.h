@@ -68,7 +68,8 @@ struct Index {
   int64_t step = 0;
   int64_t adam_steps = 0;
   uint64_t seed = 0;
-  int64_t batch = 0;  // the global batch it was trained with (0: not recorded)
+  int64_t batch = 0;             // the global batch it was trained with (0: not recorded)
+  int64_t nonfinite_in_row = 0;  // non-finite steps skipped in a row up to `step`
   model::GptConfig config;
   std::string layout_text;  // "dp 2 tp 2 pp 2 zero 1" (informative)
   int dp = 1, tp = 1, pp = 1, zero = 0;
@@ -111,14 +112,20 @@ struct RankGroups {
   comm::Group& pp;
 };
 
-// Saves step `step` (steps done) into o.checkpoint_dir; every rank calls it.
-void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step, bool talk);
+// Saves step `step` (steps done) into o.checkpoint_dir; every rank calls it. Refuses (a run
+// failure, nothing written) when any rank's share holds a value that is not finite; a write
+// that fails leaves no temporary file. `nonfinite_in_row`: the non-finite steps skipped in a
+// row up to `step` (train/nonfinite.h), restored by resume.
+void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step, bool talk,
+          int64_t nonfinite_in_row = 0);
 
 // Restores the newest loadable checkpoint that o.resume names ("auto": the newest valid one
 // in o.checkpoint_dir, or none; else a checkpoint directory, or a DIR holding them) into
 // the replica. Returns the steps already done (0: from scratch). A damaged checkpoint is
-// reported and, with "auto", the previous one tried.
-int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool talk);
+// reported and, with "auto", the previous one tried. `nonfinite_in_row` (if given): the
+// checkpoint's count of non-finite steps skipped in a row (0 from scratch).
+int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool talk,
+               int64_t* nonfinite_in_row = nullptr);
 
 // Overwrites the rank's master values (its optimizer range; Adam's state is kept) with what
 // `fill(spec, lo, hi, dst)` writes: tp-local elements [lo, hi) of parameter `spec` into dst.
@@ -127,7 +134,8 @@ using MasterFill = std::function<void(const model::ParamSpec&, int64_t, int64_t,
 void load_master_values(Replica& rep, const MasterFill& fill);
 
 // Test hook (env MESHTRAIN_FAULT, docs/checkpoints.md): at `point` of step `step` on world
-// rank `rank`, kill this process (SIGKILL), or throw a run failure.
+// rank `rank`, kill this process (SIGKILL), throw a run failure, or send this process
+// SIGTERM, SIGINT or SIGUSR1 (term, int, usr1).
 void maybe_fault(const char* point, int64_t step, int rank);
 
 // --- offline (the CLI) ------------------------------------------------------------------

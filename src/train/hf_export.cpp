@@ -12,7 +12,9 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/write_file.h"
 #include "train/json_read.h"
+#include "train/nonfinite.h"
 #include "train/safetensors_shards.h"
 
 namespace mt::train {
@@ -323,6 +325,14 @@ void export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
       {"vocab_padding",
        "stripped: meshtrain pads the vocabulary to a multiple of 128 "
        "internally; this file holds the real rows only"}};
+  // Nothing non-finite is exported (train/nonfinite.h): checked before anything is written.
+  for (const NamedArray& a : arrays) {
+    const std::string bad =
+        describe_nonfinite("'" + a.name + "'", a.data.data(), static_cast<int64_t>(a.data.size()));
+    if (!bad.empty())
+      fail_run("not exporting to '{}': {}; the weights are damaged (nothing was written)", path,
+               bad);
+  }
   const std::string file = export_weights_file(path);
   if (is_folder_path(path)) {
     std::error_code ec;
@@ -330,15 +340,7 @@ void export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
     if (ec) fail("--export '{}': cannot create the folder ({})", path, ec.message());
     // config.json first, then the weights (written atomically): a folder with weights has
     // its config.
-    const std::string cfg = (fs::path(path) / "config.json").string(), tmp = cfg + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << hf_config_json(c);
-      out.flush();
-      if (!out) fail("--export '{}': cannot write {}", path, tmp);
-    }
-    fs::rename(tmp, cfg, ec);
-    if (ec) fail("--export '{}': cannot rename {} to {} ({})", path, tmp, cfg, ec.message());
+    io::write_file((fs::path(path) / "config.json").string(), hf_config_json(c));
   }
   write_safetensors(file, arrays, meta);
 }

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/write_file.h"
 
 namespace mt::train {
 
@@ -42,6 +43,18 @@ void check_output_dir(const std::string& dir, const char* flag) {
   if (ec) fail("{} '{}': cannot create the folder: {}", flag, dir, ec.message());
   if (::access(dir.c_str(), W_OK) != 0)
     fail("{} '{}' is not writable (choose a folder you can write)", flag, dir);
+}
+
+void check_free_space(const std::string& path, double bytes, const char* flag, const char* what) {
+  if (path.empty()) return;
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec) && !fs::is_directory(path, ec)) return;
+  const long long free = io::free_bytes(path);
+  if (free >= 0 && static_cast<double>(free) < bytes)
+    fail(
+        "{} '{}': the disk there has {:.1f} MB free, but {} take at least {:.1f} MB (free "
+        "space, or choose a folder on another disk)",
+        flag, path, static_cast<double>(free) / 1e6, what, bytes / 1e6);
 }
 
 void check_export_folder(const std::string& dir) {

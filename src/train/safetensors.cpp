@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/write_file.h"
 #include "train/json_read.h"
 
 namespace mt::train {
@@ -33,25 +34,10 @@ void write_safetensors(const std::string& path, const std::vector<NamedArray>& a
   }
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data to 8 bytes
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write '{}' (does the directory exist and is it writable?)", tmp);
-    const uint64_t n = text.size();
-    out.write(reinterpret_cast<const char*>(&n), 8);
-    out.write(text.data(), static_cast<std::streamsize>(n));
-    for (const auto& a : arrays)
-      out.write(reinterpret_cast<const char*>(a.data.data()),
-                static_cast<std::streamsize>(a.data.size() * 4));
-    out.flush();
-    if (!out) fail_run("writing '{}' failed (disk full?)", tmp);
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  std::filesystem::rename(tmp, path);
+  const uint64_t n = text.size();
+  std::vector<io::Chunk> chunks = {{&n, 8}, {text.data(), text.size()}};
+  for (const auto& a : arrays) chunks.push_back({a.data.data(), a.data.size() * 4});
+  io::write_file(path, chunks);
 }
 
 namespace {

@@ -18,7 +18,9 @@ struct NamedArray {
   std::vector<float> data;  // f32, row-major
 };
 
-// Writes atomically (temporary name, fsync, rename): a crash never leaves half a file.
+// Writes atomically (temporary name, fsync, rename: io::write_file): a crash never leaves half
+// a file, a failed write (a full disk) is an error at once and leaves no temporary file; an
+// existing device or pipe (/dev/null) is written in place.
 void write_safetensors(const std::string& path, const std::vector<NamedArray>& arrays,
                        const std::map<std::string, std::string>& metadata);
 

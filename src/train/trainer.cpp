@@ -38,9 +38,11 @@
 #include "train/hf_export.h"
 #include "train/host_share.h"
 #include "train/init_from.h"
+#include "train/nonfinite.h"
 #include "train/output_paths.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
+#include "train/stop_signals.h"
 
 namespace mt::train {
 
@@ -67,6 +69,9 @@ void check_run_numbers(const TrainOptions& o) {
   if (o.eval_every < 0) fail("--eval-every {} must be 0 (only at the end) or more", o.eval_every);
   if (o.eval_batches < 1) fail("--eval-batches {} must be at least 1", o.eval_batches);
   if (o.threads < 0) fail("--threads {} must be 0 (automatic) or more", o.threads);
+  if (o.skip_nonfinite < 0)
+    fail("--skip-nonfinite {} must be 0 (stop at the first non-finite step) or more",
+         o.skip_nonfinite);
   if (!(o.comm_timeout_s > 0) || !std::isfinite(o.comm_timeout_s))
     fail("--comm-timeout {} must be a positive number of seconds", o.comm_timeout_s);
 }
@@ -442,6 +447,8 @@ struct Shared {
   const parallel::pp::Partition* partition;  // --pp > 1
   std::mutex mu;
   TrainResult result;
+  // The attempt stopped on non-finite steps: restarting it would repeat them.
+  bool nonfinite_stop = false;
 };
 
 // The first metrics row's "run": what `meshtrain report` puts in its header.
@@ -627,7 +634,10 @@ void run_rank(Shared& sh, comm::Group& world) {
 
   // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
   const ckpt::RankGroups groups{world, grads_group, tp_group, ppg};
-  const int64_t start_step = ckpt::resume(o, groups, rep, talk);
+  int64_t start_in_row = 0;  // non-finite steps skipped in a row up to the checkpoint
+  const int64_t start_step = ckpt::resume(o, groups, rep, talk, &start_in_row);
+  // Not into a failure seen before (every rank reads the marker: all refuse alike).
+  refuse_known_nonfinite_start(o, start_step, talk);
   // A checkpoint wins over --init-from: a restarted fine-tuning run goes on from it.
   if (start_step == 0 && sh.init) {
     init_from_weights(rep, *sh.init, o.model);
@@ -669,6 +679,9 @@ void run_rank(Shared& sh, comm::Group& world) {
                  bytes_of(tp_group), bytes_of(ppg), bytes_of(cpg)};
   };
   Bytes before = bytes_now();
+  NonFiniteGuard guard(o.skip_nonfinite, start_in_row);
+  int64_t newest_saved = start_step;  // 0: none (from scratch, nothing saved yet)
+  int64_t stopped_at = 0;             // a signal stopped the run after this step
   const double run_t0 = now_s();
   for (int64_t step = start_step; step < o.steps; ++step) {
     const double t0 = now_s();
@@ -695,27 +708,34 @@ void run_rank(Shared& sh, comm::Group& world) {
       }
     }
     rep.end_backward();
-    // Global loss and gradient norm: sums over ranks of this rank's shares.
+    // Global loss and gradient norm: sums over ranks of this rank's shares; with them, in the
+    // same all-reduce over the whole world, what every rank must decide alike before the
+    // optimizer step: a non-finite value on some rank (train/nonfinite.h), a stop asked for
+    // by a signal (train/stop_signals.h).
     double norm_sq = rep.owned_norm_sq();
     if (tp_group.rank() != 0 || p != P - 1) loss_sum = 0;  // count each loss once
-    double sums[2] = {loss_sum, norm_sq};
+    const bool bad_here = !std::isfinite(loss_sum) || !std::isfinite(norm_sq);
+    double sums[4] = {loss_sum, norm_sq, bad_here ? 1.0 : 0.0,
+                      StopSignals::requested() != 0 ? 1.0 : 0.0};
     if (scalars) {
-      float f[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
-      scalars->all_reduce(comm::Buf(f, 2));
-      sums[0] = f[0];
-      sums[1] = f[1];
+      float f[4];
+      for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(sums[i]);
+      scalars->all_reduce(comm::Buf(f, 4));
+      for (int i = 0; i < 4; ++i) sums[i] = f[i];
     }
     // Each cp rank's loss is the mean over its rows: the sequences' mean is their mean.
     const float loss = static_cast<float>(sums[0] / static_cast<double>(n_micro * D * CP));
-    if (!std::isfinite(loss))
-      fail_run("loss is {} at step {} (lower --lr, raise --warmup, or check the data)", loss,
-               step + 1);
     const double norm = std::sqrt(sums[1]);
-    if (o.grad_clip > 0 && norm > o.grad_clip)
-      kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (norm + 1e-6)),
-                     rep.opt_elems());
+    const bool nonfinite = sums[2] > 0 || !std::isfinite(loss) || !std::isfinite(norm);
+    const bool stop_asked = sums[3] > 0;
+    const bool give_up = guard.record(nonfinite);
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
-    rep.optimizer_step(lr);
+    if (!nonfinite) {  // a non-finite step changes nothing: no clipping, no update
+      if (o.grad_clip > 0 && norm > o.grad_clip)
+        kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (norm + 1e-6)),
+                       rep.opt_elems());
+      rep.optimizer_step(lr);
+    }
     device::synchronize();  // a GPU's step ends when its kernels have
     const double dt = now_s() - t0;
     // Bytes this rank received in the step over each mesh dimension (the optimizer's
@@ -744,6 +764,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     r.loss = loss;
     r.lr = lr;
     r.grad_norm = norm;
+    r.skipped = nonfinite;
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
     r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
@@ -783,6 +804,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (step == start_step) row["run"] = run_header(o, sh.threads, world, rep.gpt.config());
     // The last step: every rank's peak bytes by category (a collective: all ranks join).
     if (r.step == o.steps) row["memory_by_rank"] = memory_by_rank(scalars, tracker);
+    if (nonfinite) row["skipped"] = true;  // (a NaN loss or norm is written as null)
     const bool eval_now =
         data.val && ((o.eval_every > 0 && r.step % o.eval_every == 0) || r.step == o.steps);
     if (eval_now) {
@@ -813,17 +835,54 @@ void run_rank(Shared& sh, comm::Group& world) {
           P > 1 ? fmt::format(" | bubble {:.0f}%", 100 * r.bubble) : "", 1000 * dt);
       if (row.contains("val_loss"))
         text += fmt::format(" | val loss {:.4f}", row["val_loss"].get<float>());
-      if (progress.is_terminal() && !row.contains("val_loss") && r.step % 10 != 0 &&
+      if (nonfinite)
+        text += fmt::format(" | not finite: update skipped ({} in a row, --skip-nonfinite {})",
+                            guard.in_row(), o.skip_nonfinite);
+      if (progress.is_terminal() && !row.contains("val_loss") && !nonfinite && r.step % 10 != 0 &&
           r.step != o.steps)
         progress.status(text);
       else
         progress.line(text);
     }
+    if (give_up) {
+      // More non-finite steps in a row than allowed: every rank stops here, alike.
+      const std::string saved =
+          newest_saved > 0 ? fmt::format(
+                                 "the newest checkpoint, {}/step-{:08}, holds the finite "
+                                 "weights of step {}",
+                                 o.checkpoint_dir, newest_saved, newest_saved)
+          : o.checkpoint_dir.empty() ? std::string("nothing was saved (no --checkpoint-dir)")
+                                     : std::string("no checkpoint was saved before it");
+      if (lead) {
+        if (metrics) metrics->close();
+        write_nonfinite_marker(o.checkpoint_dir, start_step, r.step, o);
+      }
+      {
+        std::lock_guard lock(sh.mu);
+        sh.nonfinite_stop = true;
+      }
+      fail_run(
+          "step {}: the loss ({}) or the gradient norm ({}) was not finite for {} step(s) in a "
+          "row (steps {}-{}), more than --skip-nonfinite {}: the run stops without applying "
+          "them; {} (lower --lr, raise --warmup, clip harder with --grad-clip, or check the data)",
+          r.step, loss, norm, guard.in_row(), r.step - guard.in_row() + 1, r.step, o.skip_nonfinite,
+          saved);
+    }
     if (!o.checkpoint_dir.empty() &&
-        ((o.checkpoint_every > 0 && r.step % o.checkpoint_every == 0) || r.step == o.steps))
-      ckpt::save(o, groups, rep, r.step, talk);
+        ((o.checkpoint_every > 0 && r.step % o.checkpoint_every == 0) || r.step == o.steps ||
+         stop_asked)) {
+      ckpt::save(o, groups, rep, r.step, talk, guard.in_row());
+      newest_saved = r.step;
+      if (lead) clear_nonfinite_marker(o.checkpoint_dir);
+    }
     ckpt::maybe_fault("step", r.step, world.rank());
+    if (stop_asked && r.step < o.steps) {
+      // A signal: every rank saw the flag in this step's all-reduce and stops after it.
+      stopped_at = r.step;
+      break;
+    }
   }
+  if (metrics) metrics->close();  // every row on disk, or an error now
   rec.allocations_after_first_step = tracker.snapshot().allocations - allocations_after_step1;
   rec.memory = tracker.snapshot();
 
@@ -881,7 +940,7 @@ void run_rank(Shared& sh, comm::Group& world) {
     device::copy(rec.final_params.data(), mem::Device::kCpu, rep.full_values(), device::current(),
                  rep.gpt.params().numel() * static_cast<int64_t>(sizeof(float)));
   }
-  if (!o.export_path.empty()) {
+  if (!o.export_path.empty() && stopped_at == 0) {  // a stopped run has not finished
     std::unique_ptr<model::Gpt> whole;
     if (o.tp > 1 || P > 1)
       whole = gather_whole_model(rep, tp_group, ppg, o, sh.schedule, sh.partition);
@@ -912,6 +971,20 @@ void run_rank(Shared& sh, comm::Group& world) {
     res.gradient_pool_elems = rep.grads ? rep.grads->pool_elems() : 0;
     res.bf16_param_elems = rep.bf16_param_elems();
     if (o.keep_final_params) res.final_params = rec.final_params;
+    res.skipped_steps = guard.skipped_total();
+  }
+  if (stopped_at > 0) {  // (every rank of this process stopped after the same step)
+    const int signo = StopSignals::requested();
+    res.stop_signal = signo != 0 ? signo : -1;
+    if (lead)
+      res.stop_message = fmt::format(
+          "stopped by {} after step {} of {}: {}", signo != 0 ? signal_name(signo) : "a signal",
+          stopped_at, o.steps,
+          o.checkpoint_dir.empty()
+              ? std::string("nothing saved (no --checkpoint-dir)")
+              : fmt::format("checkpoint {}/step-{:08} saved; the same command with --resume auto "
+                            "goes on from it",
+                            o.checkpoint_dir, stopped_at));
   }
   res.ranks[static_cast<size_t>(world.rank())] = std::move(rec);
 }
@@ -969,6 +1042,14 @@ TrainResult run_training(const TrainOptions& o) {
   }
   // Rank 0 writes these (on its own node: another node need not have the folder); every
   // process writes its checkpoint shards.
+  // What the weights take on disk at 4 bytes each, without the vocabulary padding (what an
+  // export holds; a checkpoint holds three such arrays): the free space there must be at
+  // least that.
+  double weight_bytes = 0;
+  for (const model::ParamSpec& s : model::gpt_param_specs(o.model))
+    weight_bytes +=
+        4.0 * static_cast<double>(s.real_rows >= 0 ? s.real_rows * shape_numel(s.shape) / s.shape[0]
+                                                   : shape_numel(s.shape));
   if (comm::mpi_env_world_rank() == 0) {
     check_output_file(o.metrics, "--metrics");
     check_output_dir(o.tensorboard, "--tensorboard");
@@ -977,9 +1058,13 @@ TrainResult run_training(const TrainOptions& o) {
       check_export_folder(o.export_path);
     else
       check_output_file(o.export_path, "--export");
+    check_free_space(o.export_path.empty() ? "" : export_weights_file(o.export_path), weight_bytes,
+                     "--export", "the exported weights");
     check_output_file(o.pipeline.trace, "--trace");
   }
   check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
+  check_free_space(o.checkpoint_dir, 3 * weight_bytes, "--checkpoint-dir",
+                   "a checkpoint's master weights and AdamW moments");
   const Splits data = make_splits(o);  // read-only, shared by the rank threads
   std::unique_ptr<const HfWeights> init;
   if (!o.init_from.empty()) init = read_init_weights(o);
@@ -1000,6 +1085,12 @@ TrainResult run_training(const TrainOptions& o) {
     try {
       comm::launch(lo, [&](comm::Group& w) { run_rank(sh, w); });
     } catch (const Error& e) {
+      if (sh.nonfinite_stop && e.code() == ExitCode::kRunFailure && o.max_restarts > 0)
+        throw Error(fmt::format("{}\nnot restarting (--max-restarts): from the newest "
+                                "checkpoint, with the same settings, the run would repeat the "
+                                "same steps",
+                                e.what()),
+                    e.code());
       if (e.code() != ExitCode::kRunFailure || attempt >= o.max_restarts ||
           kind == comm::BackendKind::kMpi)
         throw;

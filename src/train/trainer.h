@@ -36,6 +36,9 @@ struct TrainOptions {
   int64_t warmup = -1;        // -1: 5% of the steps
   AdamWConfig adamw;
   float grad_clip = 1.0f;  // 0: off
+  // A step whose loss or gradient norm is not finite is skipped (no update), at most this many
+  // in a row; one more stops the run (exit 1). 0: stop at the first (train/nonfinite.h).
+  int skip_nonfinite = 3;
   uint64_t seed = 1337;
   // Token files: a comma-separated list of paths and globs, read as one stream in order
   // (train/token_corpus.h, docs/data.md).
@@ -119,7 +122,8 @@ struct StepRecord {
   // Bytes received in this step by all ranks together, per mesh dimension (dp: the gradient
   // traffic, over dp x cp with context parallelism; cp: the attention's exchanges).
   double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0, cp_bytes = 0;
-  double bubble = 0;  // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
+  double bubble = 0;     // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
+  bool skipped = false;  // the loss or gradient norm was not finite: no update
 };
 
 // What each rank saw (the local backend fills every rank's; under mpirun only this
@@ -149,6 +153,11 @@ struct TrainResult {
   std::vector<PipelineRankStats> pipeline;  // per world rank, with --pp > 1
   int64_t start_step = 0;                   // steps restored from a checkpoint (the last attempt's)
   int restarts = 0;                         // --max-restarts: attempts that failed before this one
+  int64_t skipped_steps = 0;                // non-finite steps skipped (the last attempt's)
+  // A signal stopped the run (train/stop_signals.h): which (0: it ran to --steps), and the
+  // line that says where it stopped (rank 0's process; "" on the others).
+  int stop_signal = 0;
+  std::string stop_message;
 };
 
 TrainResult run_training(const TrainOptions& opts);

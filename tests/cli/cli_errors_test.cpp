@@ -59,12 +59,21 @@ TEST_F(CliErrors, RefusesABadConfigFile) {
   expect_refused("train --config " + cfg, 2, "not valid JSON");
 }
 
+// (Non-finite steps are skipped, at most --skip-nonfinite in a row: tests/train/
+// nonfinite_fault_test.cpp. Here the first is step 2 and the fourth in a row stops the run.)
 TEST_F(CliErrors, NaNLossStopsTheRunWithExitCode1) {
   expect_refused(
       "train --seq 32 --batch 2 --steps 5 --lr 1e30 --warmup 0 --grad-clip 0 "
       "--peak-gflops 100 --data " +
           *data_,
-      1, "loss is");
+      1, "was not finite for 4 step(s) in a row (steps 2-5)");
+  expect_refused(
+      "train --seq 32 --batch 2 --steps 5 --lr 1e30 --warmup 0 --grad-clip 0 --skip-nonfinite 0 "
+      "--peak-gflops 100 --data " +
+          *data_,
+      1, "step 2: the loss");
+  expect_refused("train --skip-nonfinite -1 --data " + *data_, 2,
+                 "--skip-nonfinite -1 must be 0 (stop at the first non-finite step) or more");
 }
 
 TEST_F(CliErrors, EvalRefusesMissingOrDamagedWeightsAndLongSequences) {
