@@ -1,7 +1,7 @@
 #include "train/hf_export.h"
 
+#include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -196,7 +196,7 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
 // the file holds, and the rotary tables built for every position (model/rope.h: cos and sin,
 // [max_position_embeddings, head_dim / 2] f32 each) may be at most the model's weights in
 // f32, or 64 MiB. Before: 10^6 layers in the config were allocated (their parameter specs)
-// before the file was found to lack them, and max_position_embeddings 2^31 built 16 GB of
+// before the file was found to lack them, and max_position_embeddings 2^31 built 16 GiB of
 // tables.
 void check_config_against_file(const model::GptConfig& c, const SafetensorsFile& f,
                                const std::string& path, const std::string& config_path) {

@@ -2,7 +2,8 @@
 // index's header (magic, version, dtype code, sequence and document counts), its arrays
 // (lengths, pointers, document indices) against both files' sizes, every token against the
 // vocabulary; then every token read back through the sampler, as training and eval read
-// them. Opened by the name `train --data` and `eval --data` take, through TokenFile.
+// them. Opened as `train --data NAME` and `eval --data NAME` open it: a TokenCorpus of the
+// one name (train/token_corpus.h), format auto.
 //
 // The input is both files, after a 4-byte header: the .idx's length (uint16, little-endian;
 // clamped to what follows), the vocabulary (a byte, below) and how the pair is named (a byte:
@@ -34,10 +35,12 @@ MT_FUZZ_TARGET(megatron_file) {
 
   // A refusal names the .idx or the .bin: both start with the prefix.
   fuzz::read_or_refuse(prefix, [&] {
-    const train::TokenFile f(path, vocab);
+    const train::TokenCorpus corpus(path, vocab);
+    if (corpus.num_files() != 1) throw fuzz::Bug("one name opened as several files");
+    const train::TokenFile& f = corpus.file(0);
     if (f.format() != train::TokenFormat::kMegatron)
       throw fuzz::Bug("a Megatron-LM pair was read as an llm.c file");
-    const int64_t n = f.num_tokens();
+    const int64_t n = corpus.num_tokens();
     if (n * f.token_bytes() != static_cast<int64_t>(bin.size()))
       throw fuzz::Bug("the token count disagrees with the .bin's size");
     // Megatron-LM's dtype codes 1-5 and 8 (integers) are read; the byte at 17 is the code.
@@ -47,7 +50,7 @@ MT_FUZZ_TARGET(megatron_file) {
       throw fuzz::Bug("the token width disagrees with the index's dtype code");
     if (n < 2) return;
     // Samples of T = 1: sample j is tokens [j, j + 2), so n - 1 samples read every token.
-    const train::SequenceSampler s(f, 1, 0, n - 1);
+    const train::SequenceSampler s(corpus, 1, 0, n - 1);
     std::vector<int32_t> in(static_cast<size_t>(n - 1)), target(static_cast<size_t>(n - 1));
     s.fill(0, n - 1, in.data(), target.data());
     for (int64_t i = 0; i + 1 < n; ++i)
