@@ -2,6 +2,7 @@
 // suite runs in minutes on 2 cores) trained on the demo text.
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include "test_util.h"
@@ -26,10 +27,16 @@ inline train::TrainOptions dp_options(int dp, int zero, int64_t steps) {
   return o;
 }
 
+// Largest |a[i] - b[i]|: infinity where the sizes differ (or both are empty: nothing was
+// compared), NaN where a difference is NaN, so that `EXPECT_LT(max_abs_diff(..), tol)` fails.
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
   double m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
   return m;
 }
 
