@@ -1,6 +1,5 @@
 // Mixed-precision kernels (mixed.h): bf16 conversions, the linear layer on bf16 operands
 // through oneDNN's matmul (AMX here), and its backward with fp32 gradients.
-#include "kernels/dispatch.h"
 #include "kernels/mixed.h"
 
 #include <omp.h>
@@ -10,6 +9,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"

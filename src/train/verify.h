@@ -16,7 +16,7 @@ namespace mt::train {
 // demo text over 20 steps, across dp (ZeRO 0-3), tp (with and without sp), dp x tp and pp
 // layouts (docs/verify.md has the table).
 struct VerifyTolerances {
-  double loss_rel = 2e-6;       // |Δ loss| / oracle loss, at any step (worst measured 1.4e-7)
+  double loss_rel = 1e-5;       // |Δ loss| / oracle loss, at any step (worst measured 1.0e-6)
   double grad_norm_rel = 1e-4;  // |Δ grad norm| / oracle grad norm, any step (worst 5.8e-6)
   double param_abs = 1e-4;      // largest |Δ| of any final parameter element (worst 1.0e-5)
   // The update check, for every tensor: ||Δ_layout - Δ_oracle|| / ||Δ_oracle||, where Δ is the

@@ -383,9 +383,10 @@ TEST(MixedLinear, SteadyStateAllocatesNothingOutsideOneDnnExecute) {
   EXPECT_LE(a_fwd32, 6);
   EXPECT_LE(a_bwd, 6 * 2 * 32);
   EXPECT_EQ(tracker.snapshot().allocations, tracked) << "tracked allocations after step 1";
-  std::printf("steady-state step: %lld heap allocations (forward f32 %lld, bf16 %lld, backward %lld)\n",
-              static_cast<long long>(a_fwd32 + a_fwd16 + a_bwd), static_cast<long long>(a_fwd32),
-              static_cast<long long>(a_fwd16), static_cast<long long>(a_bwd));
+  std::printf(
+      "steady-state step: %lld heap allocations (forward f32 %lld, bf16 %lld, backward %lld)\n",
+      static_cast<long long>(a_fwd32 + a_fwd16 + a_bwd), static_cast<long long>(a_fwd32),
+      static_cast<long long>(a_fwd16), static_cast<long long>(a_bwd));
 }
 
 // ---- AdamW with master weights --------------------------------------------------------------

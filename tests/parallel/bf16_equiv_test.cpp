@@ -24,8 +24,8 @@ constexpr double kNormRelTol = 1e-3;
 // full lr either way, so a bound above that, 10 x lr here, passes a layout that never
 // updates), but each tensor's change over the run against the oracle's change of it:
 // ||W_layout - W_oracle|| / ||W_oracle - W_init||. A tensor never updated scores exactly 1,
-// a slice shifted to another rank's place far more (the mutations below print the least). Measured worst
-// over the layouts below: 0.017 (tp, attn c_proj; printed); the bound is 6x that and 10x
+// a slice shifted to another rank's place far more (the mutations below print the least). Measured
+// worst over the layouts below: 0.017 (tp, attn c_proj; printed); the bound is 6x that and 10x
 // below 1, so the smallest defect it guards against (one tensor not updated) fails it.
 constexpr double kUpdateRelTol = 0.1;
 constexpr int64_t kSteps = 10;
@@ -117,9 +117,10 @@ TEST(Bf16EquivMutations, EachGuardedDefectFailsTheWeightCheck) {
     EXPECT_GT(r, kUpdateRelTol) << name << " shifted";
     least_shifted = std::min(least_shifted, r);
   }
-  std::printf("mutations: least update ratio of a tensor not updated %.3f, of a shifted one %.3f "
-              "(bound %.3f)\n",
-              least_missing, least_shifted, kUpdateRelTol);
+  std::printf(
+      "mutations: least update ratio of a tensor not updated %.3f, of a shifted one %.3f "
+      "(bound %.3f)\n",
+      least_missing, least_shifted, kUpdateRelTol);
 }
 
 test::Layout3d layout(int dp, int tp, int pp, int zero, bool sp = false,

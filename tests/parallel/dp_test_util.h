@@ -40,7 +40,8 @@ inline int64_t padded_param_elems(const model::GptConfig& c, int dp) {
 inline int64_t zero_pool_elems(const model::GptConfig& c, int dp) {
   const int64_t C = c.d_model, F = c.d_ff;
   const int64_t embed = c.padded_vocab() * C + c.seq_len * C;
-  const int64_t block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
+  const int64_t block =
+      2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
   const int64_t pad = padded_param_elems(c, dp) - model::count_params(model::gpt_param_specs(c));
   return embed + (2 * C + pad) + 2 * block;
 }

@@ -86,7 +86,7 @@ void check(const test::Layout3d& l, const Precision& p) {
   EXPECT_LE(u.update_rel, p.update_tol) << u.update_name;
   std::printf(
       "llama %s %s: max |loss diff| %.2e, grad norm rel %.2e, max |weight diff| %.2e (%s), "
-      "update diff / update %.3f (%s)\n",
+      "update diff / update %.2e (%s)\n",
       p.dtype, test::name_of(l).c_str(), worst, worst_norm, pd, where.c_str(), u.update_rel,
       u.update_name.c_str());
 }
