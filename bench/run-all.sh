@@ -3,7 +3,8 @@
 # BENCH.md from their result files (bench/collect). Scripts that print their tables run
 # under bench/record (REPS repetitions, default 3: every repetition, medians with min-max,
 # command, commit, CPU, load before and after, a busy run marked); the others write their
-# own result files with the same facts (vs-pytorch-llama, comm, plan, attention, cp).
+# own result files with their own repetitions and medians (vs-pytorch-llama, comm, plan,
+# attention, cp), which bench/record --own stamps with the same facts.
 # Run it on a quiet machine, at top priority in its own autogroup (BENCH.md's protocol):
 #   setsid bash -c 'echo -20 > /proc/self/autogroup; exec nice -n -20 bench/run-all.sh'
 # usage: bench/run-all.sh [BUILD_DIR]     env: REPS=3; ONLY="dp tp" runs only those
@@ -26,11 +27,11 @@ rec() {  # rec NAME [ENV=VALUE...] -- COMMAND...: bench/record NAME over REPS re
   shift
   run env "${envs[@]}" "$root/bench/record" "$name" --reps "$REPS" -- "$@"
 }
-own() {  # own NAME COMMAND...: a script that writes its own result file
-  local name=$1
+own() {  # own NAME COMMAND...: a script that writes its own result file (and repeats inside);
+  local name=$1  # bench/record --own stamps it with the command, commit, CPU and load
   shift
   want "$name" || return 0
-  run "$@"
+  run "$root/bench/record" "$name" --own -- "$@"
 }
 
 run "$MT" bench peak
