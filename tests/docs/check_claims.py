@@ -35,7 +35,7 @@ def main():
         rows += 1
         proof = cells[2]
         tests = re.findall(r"test: ([A-Za-z0-9_./*-]+)", proof)
-        benches = re.findall(r"`(bench/[A-Za-z0-9_.-]+)`", proof)
+        benches = re.findall(r"`(bench/[A-Za-z0-9_./-]+)`", proof)
         scripts = re.findall(r"script: ([A-Za-z0-9_./-]+)", proof)
         if not (tests or benches or scripts) and "not proven" not in proof:
             bad.append(f"{claims}:{lineno}: names no test, benchmark or script and does not say "
