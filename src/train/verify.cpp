@@ -134,10 +134,8 @@ std::vector<StepComparison> compare_steps(const TrainResult& oracle, const Train
 }
 
 namespace {
-// ||a - b|| / ||c - d|| over all elements, in double (a NaN stays a NaN).
-struct Norms {
-  double max_abs = 0, diff_sq = 0, ref_sq = 0;
-};
+// sqrt(diff_sq / ref_sq): a ratio of two norms (a NaN stays a NaN; a difference over a zero
+// reference is infinite).
 double norm_ratio(double diff_sq, double ref_sq) {
   if (ref_sq > 0) return std::sqrt(diff_sq / ref_sq);
   return diff_sq > 0 ? std::numeric_limits<double>::infinity() : std::sqrt(diff_sq);
