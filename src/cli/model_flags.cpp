@@ -31,6 +31,18 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_option("--seq", seq, "sequence length");
   app.add_flag("--no-bias", no_bias, "no biases in linear layers and layer norms");
   app.add_flag("--untied", untied, "separate LM-head weights (default: tied to the embedding)");
+  app.add_option("--moe-experts", moe_experts,
+                 "routed experts in place of the MLP (0: dense; docs/moe.md; default: the "
+                 "preset's, e.g. mixtral-tiny 8)");
+  app.add_option("--moe-top-k", moe_top_k, "experts per token (default: the preset's, or 2)");
+  app.add_option("--moe-every", moe_every,
+                 "every k-th block is MoE: block i when (i + 1) % k == 0 (default 1: all)");
+  app.add_option("--moe-ff", moe_ff, "each expert's hidden width (default --d-ff)");
+  app.add_option("--moe-shared-ff", moe_shared_ff,
+                 "width of a shared expert every token goes through (default 0: none)");
+  app.add_option("--moe-router", moe_router,
+                 "gates: softmax-topk (Mixtral: softmax over all experts, top k, renormalised) "
+                 "or topk-softmax (top-k logits, then softmax; the same numbers to rounding)");
 }
 
 template <class T>
@@ -93,8 +105,19 @@ void ModelFlags::apply(model::GptConfig& c, const nlohmann::json& j) const {
   if (no_bias) c.bias = false;
   if (j.contains("tied")) c.tied = config_value<bool>(j, "tied");
   if (untied) c.tied = false;
+  get("moe_experts", c.moe.n_experts, moe_experts);
+  get("moe_top_k", c.moe.top_k, moe_top_k);
+  get("moe_every", c.moe.every, moe_every);
+  get("moe_ff", c.moe.d_ff_expert, moe_ff);
+  get("moe_shared_ff", c.moe.d_ff_shared, moe_shared_ff);
+  std::string router = model::router_order_name(c.moe.order);
+  take_config(j, "moe_router", router, moe_router);
+  c.moe.order = model::parse_router_order(router);
+  const bool moe_changed = moe_experts || moe_top_k || moe_every || moe_ff || moe_shared_ff ||
+                           moe_router || j.contains("moe_experts");
   const bool custom = n_layer || n_head || n_kv_head || rope_theta || d_model || d_ff || vocab ||
-                      seq || no_bias || untied || j.contains("n_layer") || j.contains("d_model");
+                      seq || no_bias || untied || moe_changed || j.contains("n_layer") ||
+                      j.contains("d_model");
   if (custom) c.name = name_of_shape(c, model || j.contains("model") ? name : "");
   c.validate();
 }

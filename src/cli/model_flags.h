@@ -19,6 +19,10 @@ struct ModelFlags {
   std::optional<std::string> model;
   std::optional<int64_t> n_layer, n_head, n_kv_head, d_model, d_ff, vocab, seq;
   std::optional<double> rope_theta;
+  // Mixture of experts (model::MoeConfig): experts (0: dense), top-k, every k-th block,
+  // the experts' and the shared expert's widths, the router's order.
+  std::optional<int64_t> moe_experts, moe_top_k, moe_every, moe_ff, moe_shared_ff;
+  std::optional<std::string> moe_router;
   bool no_bias = false;
   bool untied = false;
 

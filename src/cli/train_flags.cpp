@@ -20,7 +20,8 @@ const std::vector<std::string> kConfigKeys = {
     "sp",         "mesh_order",   "recompute", "dtype",          "device",       "comm_timeout",
     "pp",         "microbatches", "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",
     "attention",  "data_format",  "shuffle",      "cp",           "cp_comm",
-    "skip_nonfinite"};
+    "skip_nonfinite", "moe_experts", "moe_top_k", "moe_every", "moe_ff", "moe_shared_ff",
+    "moe_router", "moe_capacity_factor", "moe_aux_loss", "moe_z_loss"};
 
 }  // namespace
 
@@ -149,6 +150,15 @@ void TrainFlags::add_to(CLI::App& cmd) {
                      "flash (flash-attention style, O(T) memory: the CPU's blockwise f32 kernel, a "
                      "GPU's fused bf16 kernel; also named fused) or naive (f32 GEMMs and softmax "
                      "over T x T)");
+  cmd.add_option("--moe-capacity-factor", moe_capacity_factor,
+                 "tokens per expert = C x tokens x top-k / experts; over it the lowest-probability "
+                 "assignments are dropped (the token keeps its residual). 0 (default): dropless");
+  cmd.add_option("--moe-aux-loss", moe_aux_loss,
+                 "coefficient of Switch's load-balancing loss E x sum f_i P_i (default 0; "
+                 "Mixtral 0.02, Switch 0.01)");
+  cmd.add_option("--moe-z-loss", moe_z_loss,
+                 "coefficient of ST-MoE's router z-loss, mean of logsumexp(logits)^2 (default 0; "
+                 "ST-MoE 0.001)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));
@@ -212,6 +222,9 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "device", o.device, device);
     take_config(j, "attention", o.attention, attention);
     take_config(j, "comm_timeout", o.comm_timeout_s, comm_timeout);
+    take_config(j, "moe_capacity_factor", o.moe.capacity_factor, moe_capacity_factor);
+    take_config(j, "moe_aux_loss", o.moe.aux_loss, moe_aux_loss);
+    take_config(j, "moe_z_loss", o.moe.z_loss, moe_z_loss);
     take_config(j, "pp", o.pipeline.pp, pp);
     take_config(j, "microbatches", o.pipeline.microbatches, microbatches);
     take_config(j, "schedule", o.pipeline.schedule, schedule);

@@ -88,11 +88,13 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
       parts_(std::move(parts)),
       params_(rank_specs(config_, tp, parts_), DType::kF32, store),
       cp_(std::make_unique<parallel::cp::CpContext>()),
-      tp_(tp) {
+      tp_(tp),
+      moe_options_(std::make_unique<MoeOptions>()),
+      moe_stats_(std::make_unique<std::vector<MoeStats>>()) {
   config_.validate();
-  if (config_.moe.enabled())
-    fail("model {} has {} experts: the engine does not run MoE layers yet (plan it with "
-         "`meshtrain plan`)", config_.name, config_.moe.n_experts);
+  if (config_.moe.enabled() && device::on_cuda())
+    fail("model {} has {} experts: MoE layers run on the CPU only so far (drop --device cuda)",
+         config_.name, config_.moe.n_experts);
   params_.initialize(seed);  // by global name and element index: the same on any layout
   if (store.bf16_copy) mp_ = std::make_unique<MixedPrecision>();
   const int64_t C = config_.d_model, F = config_.d_ff / tp.size, Cl = C / tp.size;
@@ -111,6 +113,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
     lm_head_ = config_.tied ? wte_ : &params_.get("lm_head.weight");
     ln_f_ = norm("transformer.ln_f");
   }
+  moe_stats_->reserve(static_cast<size_t>(config_.n_layer));  // the layers point into it
   for (int l = 0; l < config_.n_layer; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     if (!params_.find(h + "ln_1.weight")) continue;
@@ -127,6 +130,35 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
     b.attn_proj = {&params_.get(h + "attn.c_proj.weight"), maybe(params_, h + "attn.c_proj.bias"),
                    Cl, C};
     b.ln_2 = norm(h + "ln_2");
+    if (config_.moe.is_moe_layer(l)) {
+      b.is_moe = true;
+      MoeLayer& m = b.moe;
+      m.router = &params_.get(h + "moe.router.weight");
+      m.w_in = &params_.get(h + "moe.experts.c_fc.weight");
+      m.b_in = maybe(params_, h + "moe.experts.c_fc.bias");
+      m.w_out = &params_.get(h + "moe.experts.c_proj.weight");
+      m.b_out = maybe(params_, h + "moe.experts.c_proj.bias");
+      m.shared_in = maybe(params_, h + "moe.shared.c_fc.weight");
+      m.shared_in_b = maybe(params_, h + "moe.shared.c_fc.bias");
+      m.shared_out = maybe(params_, h + "moe.shared.c_proj.weight");
+      m.shared_out_b = maybe(params_, h + "moe.shared.c_proj.bias");
+      m.experts = config_.moe.n_experts;
+      m.top_k = config_.moe.top_k;
+      m.c = C;
+      m.f = config_.expert_ff();
+      m.f_shared = config_.moe.d_ff_shared;
+      m.mlp = config_.mlp;
+      m.order = config_.moe.order;
+      m.mp = mp_.get();
+      m.options = moe_options_.get();
+      moe_stats_->push_back({});
+      moe_stats_->back().reset(m.experts);
+      m.stats = &moe_stats_->back();
+      moe_layers_.push_back(l);
+      b.c_attn.mp = b.attn_proj.mp = mp_.get();
+      blocks_.push_back(b);
+      continue;
+    }
     b.c_fc = {&params_.get(h + "mlp.c_fc.weight"), maybe(params_, h + "mlp.c_fc.bias"), C,
               config_.fc_dim() / tp.size};
     b.mlp_proj = {&params_.get(h + "mlp.c_proj.weight"), maybe(params_, h + "mlp.c_proj.bias"), F,
@@ -249,8 +281,15 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
   dres_ = Tensor::empty({B * T, config_.d_model}, DType::kF32, mem::Category::kWorkspace);
   scratch_tokens_ = B * T;
   if (mp_) {  // bf16: the largest GEMM input (C or F/t wide) and output gradient
-    const int64_t N = B * T, C = config_.d_model, F = config_.d_ff / tp_.size;
-    const int64_t widest = std::max({config_.qkv_dim() / tp_.size, C, config_.fc_dim() / tp_.size});
+    const int64_t N = B * T, C = config_.d_model;
+    // An MoE layer's GEMMs: an expert's rows (at most N: top-k experts are distinct) of
+    // width C or its F, and the shared expert's N rows.
+    const MoeConfig& moe = config_.moe;
+    const int64_t Fe = moe.enabled() ? std::max(config_.expert_ff(), moe.d_ff_shared) : 0;
+    const int64_t F = std::max(config_.d_ff / tp_.size, Fe);
+    const int64_t FCe = config_.mlp == MlpKind::kSwiGlu ? 2 * Fe : Fe;
+    const int64_t widest =
+        std::max({config_.qkv_dim() / tp_.size, C, config_.fc_dim() / tp_.size, FCe});
     mp_->x = Tensor::empty({N * std::max(C, F)}, DType::kBF16, mem::Category::kWorkspace);
     // The LM head's [N, Vp/t] output gradient goes through it in chunks of at least
     // kMixedHeadRows rows: each chunk reads and writes the whole f32 d(wte), so tiny chunks
@@ -271,6 +310,7 @@ float Gpt::forward(Activations& a, const int32_t* inputs, const int32_t* targets
 
 void Gpt::backward(Activations& a, float dloss) {
   ensure_scratch(a.B, a.T);
+  a.dloss = dloss;
   float* dres = dres_.f32();
   head_backward(a, dloss, dres, BackwardPart::kAll);
   blocks_backward(a, 0, num_blocks(), dres, BackwardPart::kAll);
@@ -425,6 +465,8 @@ void Gpt::blocks_backward(Activations& a, int k0, int n, float* dres, BackwardPa
       continue;
     }
     hooks().before_backward(block_unit(k));
+    // The balancing losses are means over the microbatch's tokens, weighed like its loss.
+    a.blocks[si].moe_loss_weight = a.dloss * static_cast<float>(a.B * a.T);
     if (recompute_ == Recompute::kFull) {  // the block's forward again, into the shared set
       profile::Scope p("recompute.fwd");
       b.forward(a.blocks[si], x, a.B, a.T, &scratch_);
@@ -483,9 +525,17 @@ void Gpt::head_weight_backward(Activations& a) {
 double training_flops_per_token(const GptConfig& c, int64_t T) {
   const double L = c.n_layer, C = c.d_model, F = c.d_ff, Vp = c.padded_vocab();
   // q|k|v, the attention's output projection, the MLP's first (gate|up with SwiGLU) and
-  // second projections, and the LM head.
-  const double matmul_params =
-      L * (double(c.qkv_dim()) * C + C * C + double(c.fc_dim()) * C + F * C) + Vp * C;
+  // second projections, and the LM head. An MoE block's MLP is what a token passes through:
+  // the router, its top-k experts and the shared expert (the active parameters).
+  const double mlp_mats = c.mlp == MlpKind::kSwiGlu ? 3.0 : 2.0;
+  const double Lm = static_cast<double>(c.n_moe_layers());
+  const double moe_mlp = static_cast<double>(c.moe.n_experts) * C +
+                         static_cast<double>(c.moe.top_k) * mlp_mats * C *
+                             static_cast<double>(c.expert_ff()) +
+                         mlp_mats * C * static_cast<double>(c.moe.d_ff_shared);
+  const double matmul_params = L * (double(c.qkv_dim()) * C + C * C) +
+                               (L - Lm) * (double(c.fc_dim()) * C + F * C) + Lm * moe_mlp +
+                               Vp * C;
   // 2 FLOPs per multiply-add, x3 for forward + backward; attention scores and the
   // weighted sum (2 * 2 * T * C per token per layer forward) counted over the full T x T as
   // Megatron-LM and PaLM count them.

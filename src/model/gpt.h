@@ -70,6 +70,9 @@ struct Activations {
   Tensor ce_max, ce_sums;  // [N], [2N]
   Tensor lnf_full;
   std::vector<BlockGradStash> stash;  // zero-bubble split backward (BackwardPart)
+  // The step's dloss (set by whoever runs backward: Gpt::backward, a pipeline stage): the
+  // MoE layers weigh their balancing losses with it.
+  float dloss = 0;
 };
 
 // The model's units, in forward order, are what data parallelism gathers and reduces
@@ -126,6 +129,17 @@ class Gpt {
   // Rows of one sequence on this rank: seq_len, or seq_len / cp.
   int64_t local_seq_len() const { return cp_->local_len(config_.seq_len); }
   Recompute recompute() const { return recompute_; }
+
+  // Mixture of experts (model/moe.h): the training options of every MoE layer, and each MoE
+  // layer this rank holds with its counters (global block indices ascending; the counters
+  // add up the microbatches' backward since the last reset_moe_stats).
+  void set_moe_options(const MoeOptions& o) { *moe_options_ = o; }
+  const MoeOptions& moe_options() const { return *moe_options_; }
+  const std::vector<int>& moe_layers() const { return moe_layers_; }
+  const std::vector<MoeStats>& moe_stats() const { return *moe_stats_; }
+  void reset_moe_stats() {
+    for (MoeStats& s : *moe_stats_) s.reset(config_.moe.n_experts);
+  }
 
   // The whole stage's activations (every block this rank holds, the head if it has it).
   Activations make_activations(int64_t B, int64_t T) const;
@@ -200,6 +214,10 @@ class Gpt {
   // --dtype bf16 (StoreOptions::bf16_copy): the GEMM workspaces, made with the scratch; on
   // the heap, so that the blocks' pointers to it survive moving the model. Null: f32.
   std::unique_ptr<MixedPrecision> mp_;
+  // On the heap: the MoE layers point at them.
+  std::unique_ptr<MoeOptions> moe_options_;
+  std::unique_ptr<std::vector<MoeStats>> moe_stats_;
+  std::vector<int> moe_layers_;
 };
 
 // Training FLOPs per token (forward + backward, no recomputation): see docs/flops.md.

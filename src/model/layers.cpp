@@ -35,32 +35,48 @@ void Norm::backward(float* dx, const float* dy, const float* x, const float* mea
                                 c);
 }
 
-void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Param& w,
-                  const float* b, int64_t n, int64_t in, int64_t out) {
+void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const float* w,
+                  const bf16* wb, const float* b, int64_t n, int64_t in, int64_t out) {
   if (!mp) {
-    kernels::linear_forward(y, x, w.value.f32(), b, n, in, out);
+    kernels::linear_forward(y, x, w, b, n, in, out);
     return;
   }
-  MT_ASSERT(w.value_bf16.defined() && mp->x.numel() >= n * in);
+  MT_ASSERT(wb && mp->x.numel() >= n * in);
   bf16* xb = mp->x.bf16p();
   kernels::to_bf16(xb, x, n * in);
-  kernels::linear_forward_mixed(y, xb, w.value_bf16.bf16p(), b, n, in, out);
+  kernels::linear_forward_mixed(y, xb, wb, b, n, in, out);
 }
 
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
-                   const float* x, const Param& w, int64_t n, int64_t in, int64_t out) {
+                   const float* x, const float* w, const bf16* wb, int64_t n, int64_t in,
+                   int64_t out) {
   if (!mp) {
-    kernels::linear_backward(dx, dw, db, dy, x, w.value.f32(), n, in, out);
+    kernels::linear_backward(dx, dw, db, dy, x, w, n, in, out);
     return;
   }
-  MT_ASSERT(w.value_bf16.defined() && mp->x.numel() >= n * in);
+  MT_ASSERT(wb && mp->x.numel() >= n * in);
   bf16* xb = nullptr;
   if (dw) {
     xb = mp->x.bf16p();
     kernels::to_bf16(xb, x, n * in);
   }
-  kernels::linear_backward_mixed(dx, dw, db, dy, xb, w.value_bf16.bf16p(), n, in, out,
-                                 mp->dy.bf16p(), mp->dy.numel());
+  kernels::linear_backward_mixed(dx, dw, db, dy, xb, wb, n, in, out, mp->dy.bf16p(),
+                                 mp->dy.numel());
+}
+
+void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Param& w,
+                  const float* b, int64_t n, int64_t in, int64_t out) {
+  // With bf16 only the bf16 copy is read (ZeRO-3 may hold no f32 value here).
+  if (mp) MT_ASSERT(w.value_bf16.defined());
+  gemm_forward(mp, y, x, mp ? nullptr : w.value.f32(), mp ? w.value_bf16.bf16p() : nullptr, b, n,
+               in, out);
+}
+
+void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
+                   const float* x, const Param& w, int64_t n, int64_t in, int64_t out) {
+  if (mp) MT_ASSERT(w.value_bf16.defined());
+  gemm_backward(mp, dx, dw, db, dy, x, mp ? nullptr : w.value.f32(),
+                mp ? w.value_bf16.bf16p() : nullptr, n, in, out);
 }
 
 void Linear::forward(float* y, const float* x, int64_t n) const {
@@ -91,8 +107,11 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
   a.ln2 = acts({Nl, C});
   a.ln2_mean = acts({Nl});
   a.ln2_rstd = acts({Nl});
-  a.fch = acts({N, FCl});
-  a.fch_gelu = acts({N, F});
+  if (c.n_moe_layers() < c.n_layer) {  // dense blocks
+    a.fch = acts({N, FCl});
+    a.fch_gelu = acts({N, F});
+  }
+  if (c.moe.enabled()) a.moe = MoeLayer::make_activations(c, N);
   return a;
 }
 
@@ -115,7 +134,9 @@ BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
       Tensor(),           Tensor(),
       Tensor(),           Tensor(),
       Tensor(),           Tensor(),
-      Tensor(),           Tensor()};
+      Tensor(),           Tensor(),
+      MoeScratch{}};
+  if (c.moe.enabled()) s.moe = MoeLayer::make_scratch(c, N);
   if (c.kv_heads() != c.n_head) {
     s.qkvx = scratch({N, 3 * Cl});
     s.dqkvx = scratch({N, 3 * Cl});
@@ -240,9 +261,13 @@ void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
   kernels::add(a.res2.f32(), a.res2.f32(), x, N * C);
   // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
   ln_2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), N);
-  c_fc.forward(a.fch.f32(), a.ln2.f32(), N);
-  activation_forward(a);
-  mlp_proj.forward(a.out.f32(), a.fch_gelu.f32(), N);
+  if (is_moe) {
+    moe.forward(a.moe, a.out.f32(), a.ln2.f32(), N, s->moe);
+  } else {
+    c_fc.forward(a.fch.f32(), a.ln2.f32(), N);
+    activation_forward(a);
+    mlp_proj.forward(a.out.f32(), a.fch_gelu.f32(), N);
+  }
   kernels::add(a.out.f32(), a.out.f32(), a.res2.f32(), N * C);
 }
 
@@ -254,9 +279,13 @@ void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, co
   }
   const int64_t N = B * T;
   // MLP branch. dres = d(out) = d(res2) through the residual; add the branch's share.
-  mlp_proj.backward(s.dgelu.f32(), dres, a.fch_gelu.f32(), N);
-  activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
-  c_fc.backward(s.dln.f32(), s.dfch.f32(), a.ln2.f32(), N);
+  if (is_moe) {
+    moe.backward(s.dln.f32(), dres, a.ln2.f32(), N, a.moe, s.moe, a.moe_loss_weight);
+  } else {
+    mlp_proj.backward(s.dgelu.f32(), dres, a.fch_gelu.f32(), N);
+    activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
+    c_fc.backward(s.dln.f32(), s.dfch.f32(), a.ln2.f32(), N);
+  }
   ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), N);
   // Attention branch. dres now = d(res2) = d(x) through the residual.
   attn_proj.backward(s.datty.f32(), dres, a.atty.f32(), N);
@@ -308,9 +337,41 @@ void Block::forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T
     tpo::all_gather_rows(tp, a.ln2.f32(), s.gath.f32(), Nl * C);
     in2 = s.gath.f32();
   }
+  if (is_moe) {
+    moe_forward_tp(a, in2, N, s);
+    return;
+  }
   c_fc.forward(a.fch.f32(), in2, N);
   activation_forward(a);
   row_parallel_forward(mlp_proj, a.out.f32(), a.fch_gelu.f32(), a.res2.f32(), N, s);
+}
+
+void Block::moe_forward_tp(BlockActivations& a, const float* in2, int64_t N,
+                           BlockScratch& s) const {
+  // Every tp rank runs the experts on all N rows (the same numbers on each); with --sp it
+  // keeps its own rows of the output.
+  const int64_t C = ln_1.c, Nl = tp.local_rows(N), row0 = tp.first_row(N);
+  float* y = tp.sp ? s.part.f32() : a.out.f32();
+  moe.forward(a.moe, y, in2, N, s.moe);
+  kernels::add(a.out.f32(), y + row0 * C, a.res2.f32(), Nl * C);
+}
+
+void Block::moe_backward(float* dres, BlockScratch& s, const BlockActivations& a,
+                         int64_t N) const {
+  namespace tpo = parallel::tp;
+  const int64_t C = ln_1.c, Nl = tp.local_rows(N), row0 = tp.first_row(N);
+  const bool sp = tp.active() && tp.sp;
+  const float* dy = dres;
+  const float* in2 = a.ln2.f32();
+  if (sp) {  // the whole microbatch's output gradient and ln_2 output, gathered
+    tpo::all_gather_rows(tp, dres, s.gath.f32(), Nl * C);
+    tpo::all_gather_rows(tp, a.ln2.f32(), s.part.f32(), Nl * C);
+    dy = s.gath.f32();
+    in2 = s.part.f32();
+  }
+  moe.backward(s.dln.f32(), dy, in2, N, a.moe, s.moe, a.moe_loss_weight);
+  ln_2.backward(dres, s.dln.f32() + row0 * C, a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(),
+                Nl);
 }
 
 void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
@@ -336,10 +397,14 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
       tpo::all_reduce(tp, dx, N * C);
   };
   // MLP branch.
-  mlp_proj.backward(s.dgelu.f32(), gathered(dres), a.fch_gelu.f32(), N);
-  activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
-  column_input_grad(c_fc, s.dfch.f32(), a.ln2.f32());
-  ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
+  if (is_moe) {
+    moe_backward(dres, s, a, N);
+  } else {
+    mlp_proj.backward(s.dgelu.f32(), gathered(dres), a.fch_gelu.f32(), N);
+    activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
+    column_input_grad(c_fc, s.dfch.f32(), a.ln2.f32());
+    ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
+  }
   // Attention branch.
   attn_proj.backward(s.datty.f32(), gathered(dres), a.atty.f32(), N);
   attend_backward(s.dqkv.f32(), s, a, B, T);
@@ -363,7 +428,7 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
   namespace tpo = parallel::tp;
   profile::Scope p("block.bwd_input");
   const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
-  const int64_t Cl = C / tp.size, F = mlp_proj.in;
+  const int64_t Cl = C / tp.size, F = is_moe ? 0 : mlp_proj.in;
   const bool sp = tp.active() && tp.sp;
   // The row-parallel output gradient, whole (ḡ backward gathers it with --sp).
   auto stash_output_grad = [&](float* dst) {
@@ -378,13 +443,18 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
     else
       tpo::all_reduce(tp, dx, N * C);
   };
-  // MLP branch.
-  stash_output_grad(st.dmlp.f32());
-  gemm_backward(mlp_proj.mp, s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr, *mlp_proj.w,
-                N, F, C);
-  activation_backward(st.dfch.f32(), s.dgelu.f32(), a);
-  column_input_grad(c_fc, st.dfch.f32());
-  ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
+  // MLP branch. An MoE layer's backward runs whole here, its weight gradients included (the
+  // W pass then has only the attention's): the same gradients, computed earlier.
+  if (is_moe) {
+    moe_backward(dres, s, a, N);
+  } else {
+    stash_output_grad(st.dmlp.f32());
+    gemm_backward(mlp_proj.mp, s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr,
+                  *mlp_proj.w, N, F, C);
+    activation_backward(st.dfch.f32(), s.dgelu.f32(), a);
+    column_input_grad(c_fc, st.dfch.f32());
+    ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
+  }
   // Attention branch.
   stash_output_grad(st.dproj.f32());
   gemm_backward(attn_proj.mp, s.datty.f32(), nullptr, nullptr, st.dproj.f32(), nullptr,
@@ -408,8 +478,10 @@ void Block::backward_weight(BlockScratch& s, const BlockActivations& a, const Bl
   auto weight_grad = [&](const Linear& l, const float* dy, const float* in) {
     gemm_backward(l.mp, nullptr, l.w->grad.f32(), grad_of(l.b), dy, in, *l.w, N, l.in, l.out);
   };
-  weight_grad(mlp_proj, st.dmlp.f32(), a.fch_gelu.f32());
-  weight_grad(c_fc, st.dfch.f32(), ln_input(a.ln2.f32()));
+  if (!is_moe) {
+    weight_grad(mlp_proj, st.dmlp.f32(), a.fch_gelu.f32());
+    weight_grad(c_fc, st.dfch.f32(), ln_input(a.ln2.f32()));
+  }
   weight_grad(attn_proj, st.dproj.f32(), a.atty.f32());
   weight_grad(c_attn, st.dqkv.f32(), ln_input(a.ln1.f32()));
 }

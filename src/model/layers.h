@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "model/moe.h"
 #include "model/params.h"
 #include "model/rope.h"
 #include "parallel/context.h"
@@ -44,6 +45,13 @@ void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Para
                   const float* b, int64_t n, int64_t in, int64_t out);
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
                    const float* x, const Param& w, int64_t n, int64_t in, int64_t out);
+// The same on a weight given by pointers (one expert's slice of a stacked weight): w its f32
+// values, wb its bf16 copy (read when mp is set).
+void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const float* w,
+                  const bf16* wb, const float* b, int64_t n, int64_t in, int64_t out);
+void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
+                   const float* x, const float* w, const bf16* wb, int64_t n, int64_t in,
+                   int64_t out);
 
 struct Linear {
   Param* w = nullptr;  // [out, in]
@@ -66,6 +74,9 @@ struct BlockActivations {
   Tensor fch;                      // [N, F] before GELU ([N, 2F] gate | up with SwiGLU)
   Tensor fch_gelu;                 // [N, F] the activation's output
   Tensor out;                      // [N, C] block output (= next block's input)
+  MoeActivations moe;              // an MoE block's (model/moe.h); fch, fch_gelu unused then
+  // d(loss)/d(the MoE layer's balancing losses): set by the model before backward.
+  float moe_loss_weight = 0;
 };
 
 // Zero-bubble split backward: the output gradients of the four linear layers, kept from the
@@ -98,6 +109,7 @@ struct BlockScratch {
   // Context parallelism: the attention's exchange buffers (parallel/context.h Workspace);
   // undefined otherwise.
   Tensor cp_local, cp_ranked, cp_kv, cp_dkv, cp_o, cp_lse;
+  MoeScratch moe;  // with MoE layers
 };
 
 // With tensor parallelism (tp.size = t > 1) the block is Megatron's: c_attn and c_fc are
@@ -112,6 +124,12 @@ struct Block {
   int64_t n_head = 0;     // global query heads
   int64_t n_kv_head = 0;  // global key/value heads (= n_head: multi-head attention)
   MlpKind mlp = MlpKind::kGelu;
+  // An MoE block: the mixture of experts in the MLP's place (c_fc and mlp_proj unset). Its
+  // experts are whole on every tp rank (expert tensor parallelism 1) and run on all N
+  // tokens of the microbatch (with --sp gathered), so that routing and capacity see the
+  // same tokens on every layout.
+  bool is_moe = false;
+  MoeLayer moe;
   const RopeTables* rope = nullptr;  // rotary positions on q and k; null: none (GPT-2)
   parallel::tp::TpContext tp;
   // Context parallelism: the sequence split over the cp group (parallel/context.h); the
@@ -128,6 +146,8 @@ struct Block {
   static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T,
                                            const parallel::tp::TpContext& tp = {},
                                            Keep keep = Keep::kAll);
+  // A model with MoE layers gives every block's activations the MoE buffers, and the dense
+  // MLP's only when it has dense blocks too (a pipeline slot serves any chunk).
   // Selective recomputation: the attention probabilities again, from the kept qkv.
   void recompute_attention(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s) const;
   // T: the local sequence (T / cp with context parallelism).
@@ -165,6 +185,10 @@ struct Block {
   parallel::cp::AttentionShape cp_shape(int64_t B, int64_t T) const;
   void activation_forward(BlockActivations& a) const;
   void activation_backward(float* dfch, const float* dy, const BlockActivations& a) const;
+  // The MoE branch with tensor parallelism: out = res2 + moe(in2) on this rank's rows, and
+  // its backward into dres (d(ln_2 output) through s.dln).
+  void moe_forward_tp(BlockActivations& a, const float* in2, int64_t N, BlockScratch& s) const;
+  void moe_backward(float* dres, BlockScratch& s, const BlockActivations& a, int64_t N) const;
   void forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T, BlockScratch& s) const;
   void backward_tp(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
                    int64_t B, int64_t T) const;

@@ -31,6 +31,36 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
     p.hf_transposed = transposed && !c.llama_family();  // HF Llama's Linear is [out, in]
     s.push_back(std::move(p));
   };
+  // An MoE block's mixture of experts (model/moe.h): the router [E, C], each expert's c_fc
+  // and c_proj stacked over the experts ([E, FC, C], [E, C, F]: an expert-parallel rank
+  // holds a range of whole experts), and the shared expert's c_fc and c_proj.
+  auto add_moe = [&](const std::string& h, int l) {
+    const int64_t E = c.moe.n_experts, F = c.expert_ff(), FC = swiglu ? 2 * F : F;
+    add(h + "moe.router.weight", {E, d}, Init::kNormal, kStd, TpSplit::kReplicated, l);
+    add(h + "moe.experts.c_fc.weight", {E, FC, d}, Init::kNormal, kStd, TpSplit::kReplicated, l);
+    s.back().weight_decay = true;
+    s.back().gemm_weight = true;
+    if (c.bias) {
+      add(h + "moe.experts.c_fc.bias", {E, FC}, Init::kZeros, 0, TpSplit::kReplicated, l);
+      s.back().weight_decay = false;  // a bias, though two-dimensional
+    }
+    add(h + "moe.experts.c_proj.weight", {E, d, F}, Init::kNormal, residual_std,
+        TpSplit::kReplicated, l);
+    s.back().weight_decay = true;
+    s.back().gemm_weight = true;
+    if (c.bias) {
+      add(h + "moe.experts.c_proj.bias", {E, d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+      s.back().weight_decay = false;
+    }
+    if (c.moe.d_ff_shared > 0) {
+      const int64_t Fs = c.moe.d_ff_shared, FCs = swiglu ? 2 * Fs : Fs;
+      add(h + "moe.shared.c_fc.weight", {FCs, d}, Init::kNormal, kStd, TpSplit::kReplicated, l);
+      if (c.bias) add(h + "moe.shared.c_fc.bias", {FCs}, Init::kZeros, 0, TpSplit::kReplicated, l);
+      add(h + "moe.shared.c_proj.weight", {d, Fs}, Init::kNormal, residual_std,
+          TpSplit::kReplicated, l);
+      if (c.bias) add(h + "moe.shared.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+    }
+  };
   add("transformer.wte.weight", {vp, d}, Init::kNormal, kStd, TpSplit::kRows, -1);
   s.back().real_rows = c.vocab;
   s.back().gemm_weight = c.tied;  // the LM head
@@ -54,6 +84,10 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
     if (c.bias) add(h + "attn.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
     add(h + "ln_2.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, l);
     if (norm_bias) add(h + "ln_2.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
+    if (c.moe.is_moe_layer(l)) {
+      add_moe(h, l);
+      continue;
+    }
     // GELU: c_fc [F, C]; SwiGLU: gate | up stacked [2F, C] (gate_proj, up_proj), each half
     // split over tp alone so that a rank holds matching gate and up rows.
     const TpSplit fc_split = swiglu ? TpSplit::kBlockRows : TpSplit::kRows;
@@ -67,7 +101,7 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
     }
     add(h + "mlp.c_proj.weight", {d, f}, Init::kNormal, residual_std, TpSplit::kCols, l, true);
     if (c.bias) add(h + "mlp.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
-  }
+    }
   add("transformer.ln_f.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, -1);
   if (norm_bias) add("transformer.ln_f.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, -1);
   if (!c.tied) {
@@ -75,8 +109,10 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
     s.back().real_rows = c.vocab;
     s.back().gemm_weight = true;
   }
-  for (ParamSpec& p : s)  // a block's four linear weights
-    if (p.layer >= 0 && p.shape.size() == 2) p.gemm_weight = true;
+  for (ParamSpec& p : s)  // a block's linear weights (the MoE router's GEMM stays f32)
+    if (p.layer >= 0 && p.shape.size() == 2 && p.name.find("moe.router") == std::string::npos &&
+        p.name.find("moe.experts") == std::string::npos)
+      p.gemm_weight = true;
   return s;
 }
 

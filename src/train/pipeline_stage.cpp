@@ -187,6 +187,7 @@ void PipelineStage::forward(int mb, int chunk) {
 void PipelineStage::backward(int mb, int chunk, model::BackwardPart part) {
   Slot& s = find(mb, chunk);
   float* dres = s.dinput.f32();  // received d(output), unless this is the last chunk
+  s.acts.dloss = dloss_;
   if (is_last(chunk)) gpt_.head_backward(s.acts, dloss_, dres, part);
   gpt_.blocks_backward(s.acts, chunk_k0_[static_cast<size_t>(chunk)], part_.layers[chunk], dres,
                        part);

@@ -38,6 +38,7 @@
 #include "train/hf_export.h"
 #include "train/host_share.h"
 #include "train/init_from.h"
+#include "train/moe_report.h"
 #include "train/nonfinite.h"
 #include "train/output_paths.h"
 #include "train/pipeline_stage.h"
@@ -136,6 +137,13 @@ void check_context_parallel(const TrainOptions& o) {
   parallel::cp::check_split(o.model.seq_len, o.cp);
   const parallel::cp::CpComm comm = parallel::cp::parse_cp_comm(o.cp_comm);
   if (o.cp == 1) return;
+  // The balancing losses and the capacity are per microbatch: a cp rank sees part of each
+  // sequence, so its routing counts would not be the single rank's.
+  if (o.model.moe.enabled())
+    fail(
+        "--cp {} with an MoE model ({} experts): not supported yet (the router's loads and "
+        "capacity would need the whole sequence; use --cp 1)",
+        o.cp, o.model.moe.n_experts);
   if (comm == parallel::cp::CpComm::kA2a)
     parallel::cp::check_a2a(o.model.n_head / o.tp, o.model.kv_heads() / o.tp, o.model.seq_len,
                             o.cp);
@@ -159,6 +167,15 @@ void check_context_parallel(const TrainOptions& o) {
 void TrainOptions::validate() const {
   model.validate();
   if (batch < 1) fail("--batch {} must be at least 1", batch);
+  if (!(moe.capacity_factor >= 0) || !(moe.aux_loss >= 0) || !(moe.z_loss >= 0))
+    fail(
+        "--moe-capacity-factor {}, --moe-aux-loss {} and --moe-z-loss {} must be 0 or more "
+        "(capacity 0: dropless; typical: 1.25, 0.01, 0.001)",
+        moe.capacity_factor, moe.aux_loss, moe.z_loss);
+  if (!model.moe.enabled() && (moe.capacity_factor > 0 || moe.aux_loss > 0 || moe.z_loss > 0))
+    fail(
+        "--moe-capacity-factor, --moe-aux-loss and --moe-z-loss need an MoE model (--model "
+        "mixtral-tiny, or --moe-experts N)");
   if (microbatch < 0) fail("--microbatch {} must be at least 1", microbatch);
   if (dp < 1) fail("--dp {} must be at least 1", dp);
   if (pipeline.pp < 1) fail("--pp {} must be at least 1", pipeline.pp);
@@ -568,6 +585,7 @@ void run_rank(Shared& sh, comm::Group& world) {
               o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{},
               P > 1 ? stage_parts(*sh.schedule, *sh.partition, p) : model::StageParts{});
   rep.gpt.set_recompute(model::parse_recompute(o.recompute));
+  rep.gpt.set_moe_options(o.moe);
   if (CP > 1)
     rep.gpt.set_context_parallel(
         parallel::cp::CpContext::of(cpg, parallel::cp::parse_cp_comm(o.cp_comm)));
@@ -728,6 +746,16 @@ void run_rank(Shared& sh, comm::Group& world) {
     const double norm = std::sqrt(sums[1]);
     const bool nonfinite = sums[2] > 0 || !std::isfinite(loss) || !std::isfinite(norm);
     const bool stop_asked = sums[3] > 0;
+    // Mixture of experts: the step's routing counters of every MoE layer, the job's sums
+    // (each replica and stage once: tp ranks hold the same numbers).
+    std::optional<MoeReport> moe;
+    if (o.model.moe.enabled()) {
+      std::vector<float> counters = moe_counters(rep.gpt, tp_group.rank() == 0);
+      if (scalars && !counters.empty())
+        scalars->all_reduce(comm::Buf(counters.data(), static_cast<int64_t>(counters.size())));
+      moe = summarise_moe(counters, o.model, o.moe);
+      rep.gpt.reset_moe_stats();
+    }
     const bool give_up = guard.record(nonfinite);
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
     if (!nonfinite) {  // a non-finite step changes nothing: no clipping, no update
@@ -801,6 +829,11 @@ void run_rank(Shared& sh, comm::Group& world) {
     row["tokens"] = r.step * B * T;  // trained on so far (the x axis of loss vs tokens)
     if (CP > 1) row["cp_bytes"] = r.cp_bytes;
     if (P > 1) row["bubble"] = r.bubble;
+    if (moe) {
+      row["moe"] = moe_json(*moe);
+      row["moe_aux_loss"] = moe->aux_loss;
+      row["moe_z_loss"] = moe->z_loss;
+    }
     if (step == start_step) row["run"] = run_header(o, sh.threads, world, rep.gpt.config());
     // The last step: every rank's peak bytes by category (a collective: all ranks join).
     if (r.step == o.steps) row["memory_by_rank"] = memory_by_rank(scalars, tracker);
@@ -820,7 +853,8 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (metrics) metrics->write(row);
     if (tensorboard) {
       for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes", "bubble"})
+                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes", "bubble",
+                              "moe_aux_loss", "moe_z_loss"})
         if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
       tensorboard->flush();
     }
@@ -833,6 +867,7 @@ void run_rank(Shared& sh, comm::Group& world) {
           obs::human_bytes(r.dp_bytes), obs::human_bytes(r.tp_bytes), obs::human_bytes(r.pp_bytes),
           CP > 1 ? " cp " + obs::human_bytes(r.cp_bytes) : "",
           P > 1 ? fmt::format(" | bubble {:.0f}%", 100 * r.bubble) : "", 1000 * dt);
+      if (moe) text += moe_progress(*moe);
       if (row.contains("val_loss"))
         text += fmt::format(" | val loss {:.4f}", row["val_loss"].get<float>());
       if (nonfinite)

@@ -10,6 +10,7 @@
 
 #include "core/memory.h"
 #include "model/config.h"
+#include "model/moe.h"
 #include "train/optimizer.h"
 #include "train/pipeline_options.h"
 
@@ -80,6 +81,8 @@ struct TrainOptions {
   // pp, dp, cp and tp (cp may be left out: it then goes just before tp).
   std::string mesh_order = "pp,dp,cp,tp";
   std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
+  // Mixture of experts: capacity and balancing losses (model/moe.h; docs/moe.md).
+  model::MoeOptions moe;
   // Checkpoints (train/checkpoint.h, docs/checkpoints.md).
   std::string checkpoint_dir;    // "": none
   int64_t checkpoint_every = 0;  // save every N steps (and after the last); 0: after the last

@@ -1,0 +1,265 @@
+#include "model/moe.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/profile.h"
+#include "kernels/kernels.h"
+#include "model/layers.h"
+
+namespace mt::model {
+
+namespace {
+Tensor acts(const Shape& s, DType t = DType::kF32) {
+  return Tensor::empty(s, t, mem::Category::kActivations);
+}
+Tensor scratch(const Shape& s) { return Tensor::empty(s, DType::kF32, mem::Category::kWorkspace); }
+const float* value_of(const Param* p) { return p ? p->value.f32() : nullptr; }
+float* grad_of(const Param* p) { return p ? p->grad.f32() : nullptr; }
+
+void activation_forward(MlpKind mlp, float* act, const float* h, int64_t rows, int64_t f) {
+  if (mlp == MlpKind::kSwiGlu)
+    kernels::swiglu_forward(act, h, rows, f);
+  else
+    kernels::gelu_forward(act, h, rows * f);
+}
+void activation_backward(MlpKind mlp, float* dh, const float* h, const float* dact, int64_t rows,
+                         int64_t f) {
+  if (mlp == MlpKind::kSwiGlu)
+    kernels::swiglu_backward(dh, h, dact, rows, f);
+  else
+    kernels::gelu_backward(dh, h, dact, rows * f);
+}
+}  // namespace
+
+MoeActivations MoeLayer::make_activations(const GptConfig& c, int64_t n) {
+  const int64_t E = c.moe.n_experts, k = c.moe.top_k, C = c.d_model, F = c.expert_ff();
+  const int64_t FC = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
+  MoeActivations a;
+  a.probs = acts({n, E});
+  a.lse = acts({n});
+  a.gate = acts({n, k});
+  a.expert = acts({n, k}, DType::kI32);
+  a.slot = acts({n, k}, DType::kI32);
+  a.order = acts({n * k}, DType::kI32);
+  a.h = acts({n * k, FC});
+  a.act = acts({n * k, F});
+  a.ys = acts({n * k, C});
+  if (c.moe.d_ff_shared > 0) {
+    const int64_t Fs = c.moe.d_ff_shared, FCs = c.mlp == MlpKind::kSwiGlu ? 2 * Fs : Fs;
+    a.shared_h = acts({n, FCs});
+    a.shared_act = acts({n, Fs});
+  }
+  a.counts.assign(static_cast<size_t>(E), 0);
+  a.routed.assign(static_cast<size_t>(E), 0);
+  return a;
+}
+
+MoeScratch MoeLayer::make_scratch(const GptConfig& c, int64_t n) {
+  const int64_t E = c.moe.n_experts, k = c.moe.top_k, C = c.d_model, F = c.expert_ff();
+  const int64_t FC = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
+  MoeScratch s;
+  s.logits = scratch({n, E});
+  s.xs = scratch({n * k, C});
+  s.dys = scratch({n * k, C});
+  s.dact = scratch({n * k, F});
+  s.dh = scratch({n * k, FC});
+  s.dgate = scratch({n, k});
+  s.y = scratch({n, C});
+  if (c.moe.d_ff_shared > 0) {
+    const int64_t Fs = c.moe.d_ff_shared, FCs = c.mlp == MlpKind::kSwiGlu ? 2 * Fs : Fs;
+    s.dshared_act = scratch({n, Fs});
+    s.dshared_h = scratch({n, FCs});
+  }
+  return s;
+}
+
+Routing MoeLayer::routing(const MoeActivations& a, int64_t n) const {
+  MoeActivations& m = const_cast<MoeActivations&>(a);  // the views are the caller's buffers
+  Routing r;
+  r.n = n;
+  r.e = experts;
+  r.k = top_k;
+  r.probs = m.probs.f32();
+  r.lse = m.lse.f32();
+  r.expert = m.expert.data<int32_t>();
+  r.gate = m.gate.f32();
+  r.slot = m.slot.data<int32_t>();
+  r.order = m.order.data<int32_t>();
+  r.counts = &m.counts;
+  r.routed = &m.routed;
+  r.kept = m.kept;
+  return r;
+}
+
+void MoeLayer::mlp_forward(float* h, float* act, float* y, const float* x, int64_t rows,
+                           const float* w1, const bf16* w1b, const float* b1, const float* w2,
+                           const bf16* w2b, const float* b2, int64_t width) const {
+  const int64_t wide = mlp == MlpKind::kSwiGlu ? 2 * width : width;
+  gemm_forward(mp, h, x, w1, w1b, b1, rows, c, wide);
+  activation_forward(mlp, act, h, rows, width);
+  gemm_forward(mp, y, act, w2, w2b, b2, rows, width, c);
+}
+
+void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
+                       MoeScratch& s) const {
+  const int64_t C = c, FC = fc(), k = top_k;
+  Routing r = routing(a, n);
+  {
+    profile::Scope p("moe.router");
+    kernels::linear_forward(s.logits.f32(), x, router->value.f32(), nullptr, n, C, experts);
+    route(r, s.logits.f32(), {order, options ? options->capacity_factor : 0.0, selection_bias});
+    a.kept = r.kept;
+    a.losses = balance_losses(r);
+  }
+  float* xs = s.xs.f32();
+  {
+    profile::Scope p("moe.permute");
+    for (int64_t row = 0; row < r.kept; ++row)
+      std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
+  }
+  {
+    profile::Scope p("moe.experts");
+    int64_t row0 = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t rows = a.counts[static_cast<size_t>(e)];
+      if (rows > 0) {
+        const int64_t w1 = e * FC * C, w2 = e * C * f;
+        mlp_forward(a.h.f32() + row0 * FC, a.act.f32() + row0 * f, a.ys.f32() + row0 * C,
+                    xs + row0 * C, rows, mp ? nullptr : w_in->value.f32() + w1,
+                    mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
+                    b_in ? b_in->value.f32() + e * FC : nullptr,
+                    mp ? nullptr : w_out->value.f32() + w2,
+                    mp ? w_out->value_bf16.bf16p() + w2 : nullptr,
+                    b_out ? b_out->value.f32() + e * C : nullptr, f);
+      }
+      row0 += rows;
+    }
+  }
+  {
+    profile::Scope p("moe.combine");
+    const float* ys = a.ys.f32();
+    for (int64_t t = 0; t < n; ++t) {
+      float* yt = y + t * C;
+      for (int64_t i = 0; i < C; ++i) yt[i] = 0.f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t row = r.slot[t * k + j];
+        if (row < 0) continue;  // dropped: the token keeps only the residual for it
+        const float g = r.gate[t * k + j];
+        const float* src = ys + static_cast<int64_t>(row) * C;
+        for (int64_t i = 0; i < C; ++i) yt[i] += g * src[i];
+      }
+    }
+  }
+  if (shared_in) {
+    profile::Scope p("moe.shared");
+    mlp_forward(a.shared_h.f32(), a.shared_act.f32(), s.y.f32(), x, n,
+                mp ? nullptr : shared_in->value.f32(), mp ? shared_in->value_bf16.bf16p() : nullptr,
+                value_of(shared_in_b), mp ? nullptr : shared_out->value.f32(),
+                mp ? shared_out->value_bf16.bf16p() : nullptr, value_of(shared_out_b), f_shared);
+    kernels::add(y, y, s.y.f32(), n * C);
+  }
+}
+
+void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
+                        const MoeActivations& a, MoeScratch& s, float loss_weight) const {
+  const int64_t C = c, FC = fc(), k = top_k;
+  const Routing r = routing(a, n);
+  float* dys = s.dys.f32();
+  float* dgate = s.dgate.f32();
+  {
+    profile::Scope p("moe.combine.bwd");  // y_t = Σ_j g_tj · ys_row: both factors' gradients
+    const float* ys = a.ys.f32();
+    for (int64_t t = 0; t < n; ++t) {
+      const float* dyt = dy + t * C;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t row = r.slot[t * k + j];
+        if (row < 0) {
+          dgate[t * k + j] = 0.f;
+          continue;
+        }
+        const float g = r.gate[t * k + j];
+        const float* src = ys + static_cast<int64_t>(row) * C;
+        float* d = dys + static_cast<int64_t>(row) * C;
+        double dot = 0;
+        for (int64_t i = 0; i < C; ++i) {
+          d[i] = g * dyt[i];
+          dot += static_cast<double>(dyt[i]) * src[i];
+        }
+        dgate[t * k + j] = static_cast<float>(dot);
+      }
+    }
+  }
+  // The gathered inputs again (not kept: n·k·C floats per layer), for the weight gradients.
+  float* xs = s.xs.f32();
+  for (int64_t row = 0; row < r.kept; ++row)
+    std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
+  {
+    profile::Scope p("moe.experts.bwd");
+    int64_t row0 = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t rows = a.counts[static_cast<size_t>(e)];
+      if (rows > 0) {
+        const int64_t w1 = e * FC * C, w2 = e * C * f;
+        gemm_backward(mp, s.dact.f32(), w_out->grad.f32() + w2,
+                      b_out ? b_out->grad.f32() + e * C : nullptr, dys + row0 * C,
+                      a.act.f32() + row0 * f, mp ? nullptr : w_out->value.f32() + w2,
+                      mp ? w_out->value_bf16.bf16p() + w2 : nullptr, rows, f, C);
+        activation_backward(mlp, s.dh.f32(), a.h.f32() + row0 * FC, s.dact.f32(), rows, f);
+        // dxs overwrites this expert's rows of xs after they are read for dW_in.
+        gemm_backward(mp, nullptr, w_in->grad.f32() + w1,
+                      b_in ? b_in->grad.f32() + e * FC : nullptr, s.dh.f32(), xs + row0 * C,
+                      nullptr, mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
+        gemm_backward(mp, xs + row0 * C, nullptr, nullptr, s.dh.f32(), nullptr,
+                      mp ? nullptr : w_in->value.f32() + w1,
+                      mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
+      }
+      row0 += rows;
+    }
+  }
+  {
+    profile::Scope p("moe.router.bwd");
+    float* dlogits = s.logits.f32();
+    const double w = loss_weight;
+    route_backward(dlogits, dgate, r, options ? options->aux_loss * w : 0.0,
+                   options ? options->z_loss * w : 0.0);
+    kernels::linear_backward(dx, router->grad.f32(), nullptr, dlogits, x, router->value.f32(), n,
+                             C, experts);
+  }
+  {
+    profile::Scope p("moe.permute.bwd");  // the experts' input gradients back to their tokens
+    for (int64_t t = 0; t < n; ++t) {
+      float* dxt = dx + t * C;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t row = r.slot[t * k + j];
+        if (row < 0) continue;
+        const float* src = xs + static_cast<int64_t>(row) * C;
+        for (int64_t i = 0; i < C; ++i) dxt[i] += src[i];
+      }
+    }
+  }
+  if (shared_in) {
+    profile::Scope p("moe.shared.bwd");
+    const int64_t FCs = fc_shared();
+    gemm_backward(mp, s.dshared_act.f32(), grad_of(shared_out), grad_of(shared_out_b), dy,
+                  a.shared_act.f32(), mp ? nullptr : shared_out->value.f32(),
+                  mp ? shared_out->value_bf16.bf16p() : nullptr, n, f_shared, C);
+    activation_backward(mlp, s.dshared_h.f32(), a.shared_h.f32(), s.dshared_act.f32(), n,
+                        f_shared);
+    gemm_backward(mp, s.y.f32(), grad_of(shared_in), grad_of(shared_in_b), s.dshared_h.f32(), x,
+                  mp ? nullptr : shared_in->value.f32(),
+                  mp ? shared_in->value_bf16.bf16p() : nullptr, n, C, FCs);
+    kernels::add(dx, dx, s.y.f32(), n * C);
+  }
+  if (stats) {
+    for (int64_t e = 0; e < experts; ++e)
+      stats->routed[static_cast<size_t>(e)] += static_cast<double>(a.routed[static_cast<size_t>(e)]);
+    stats->assignments += static_cast<double>(n * k);
+    stats->dropped += static_cast<double>(n * k - a.kept);
+    stats->aux += a.losses.aux;
+    stats->z += a.losses.z;
+    stats->microbatches += 1;
+  }
+}
+
+}  // namespace mt::model

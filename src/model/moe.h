@@ -1,0 +1,111 @@
+// The mixture-of-experts layer (docs/moe.md): in an MoE block it takes the MLP's place,
+// between ln_2 and the residual. A router (linear, no bias) scores E experts per token, the
+// top k are chosen (model/moe_routing.h), the tokens are sorted by expert and each expert's
+// rows run as one GEMM (its MLP: SwiGLU or GELU), and the outputs are combined with the
+// gates; a shared expert, when the config has one, runs on every token beside them. An
+// explicit forward/backward pair like every layer; routing is held fixed in backward (top-k
+// is not differentiable: the gradient reaches the router through the gates and the
+// balancing losses).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/moe_routing.h"
+#include "model/params.h"
+
+namespace mt::model {
+
+struct MixedPrecision;
+struct Linear;
+
+// What training sets for every MoE layer (not the model's shape): the capacity and the
+// balancing losses' coefficients (--moe-capacity-factor, --moe-aux-loss, --moe-z-loss).
+struct MoeOptions {
+  double capacity_factor = 0;  // 0: dropless
+  double aux_loss = 0;         // α of Switch's α·E·Σ fᵢ·Pᵢ
+  double z_loss = 0;           // β of ST-MoE's β·mean(lse²)
+};
+
+// One MoE layer's counters, summed over the microbatches whose backward ran since the last
+// reset (the trainer's per-step report): tokens routed to each expert, assignments dropped
+// by the capacity, and the balancing losses (before their coefficients) summed over
+// microbatches.
+struct MoeStats {
+  std::vector<double> routed;  // [E]
+  double assignments = 0, dropped = 0;
+  double aux = 0, z = 0;  // sums of BalanceLosses over microbatches
+  double microbatches = 0;
+  void reset(int64_t experts) {
+    routed.assign(static_cast<size_t>(experts), 0.0);
+    assignments = dropped = aux = z = microbatches = 0;
+  }
+};
+
+// What an MoE layer keeps for backward (one microbatch of n tokens; rows of the expert
+// buffers: up to n·k, the kept assignments in expert order).
+struct MoeActivations {
+  Tensor probs, lse, gate;      // [n, E], [n], [n, k]
+  Tensor expert, slot, order;   // i32: [n, k], [n, k], [n·k]
+  Tensor h;                     // [n·k, FC] the experts' first projection (gate | up)
+  Tensor act;                   // [n·k, F] its activation
+  Tensor ys;                    // [n·k, C] the experts' outputs, before the gates
+  Tensor shared_h, shared_act;  // the shared expert's: [n, FCs], [n, Fs]
+  std::vector<int64_t> counts, routed;  // [E]
+  int64_t kept = 0;
+  BalanceLosses losses;
+};
+
+// Scratch shared by the MoE layers of a rank.
+struct MoeScratch {
+  Tensor logits;  // [n, E] the router's output; d(logits) in backward
+  Tensor xs;      // [n·k, C] the tokens gathered in expert order (and their gradient)
+  Tensor dys;     // [n·k, C]
+  Tensor dact;    // [n·k, F]
+  Tensor dh;      // [n·k, FC]
+  Tensor dgate;   // [n, k]
+  Tensor y;       // [n, C] the layer's output, and the shared expert's / router's dx
+  Tensor dshared_act, dshared_h;  // [n, Fs], [n, FCs]
+};
+
+struct MoeLayer {
+  Param* router = nullptr;  // [E, C]
+  Param* w_in = nullptr;    // [E, FC, C]: each expert's c_fc (SwiGLU: gate | up)
+  Param* b_in = nullptr;    // [E, FC] or null
+  Param* w_out = nullptr;   // [E, C, F]: each expert's c_proj
+  Param* b_out = nullptr;   // [E, C] or null
+  Param* shared_in = nullptr;   // [FCs, C], null without a shared expert
+  Param* shared_in_b = nullptr;
+  Param* shared_out = nullptr;  // [C, Fs]
+  Param* shared_out_b = nullptr;
+  int64_t experts = 0, top_k = 0, c = 0, f = 0, f_shared = 0;
+  MlpKind mlp = MlpKind::kSwiGlu;
+  RouterOrder order = RouterOrder::kSoftmaxTopK;
+  const MixedPrecision* mp = nullptr;  // bf16 expert GEMMs (the router's stays f32)
+  const MoeOptions* options = nullptr;
+  const float* selection_bias = nullptr;  // [E] --moe-balance bias; null: none
+  MoeStats* stats = nullptr;              // added to in backward; null: none
+
+  int64_t fc() const { return mlp == MlpKind::kSwiGlu ? 2 * f : f; }
+  int64_t fc_shared() const { return mlp == MlpKind::kSwiGlu ? 2 * f_shared : f_shared; }
+
+  static MoeActivations make_activations(const GptConfig& c, int64_t n);
+  static MoeScratch make_scratch(const GptConfig& c, int64_t n);
+
+  // y [n, C] = the layer's output for x [n, C] (overwritten).
+  void forward(MoeActivations& a, float* y, const float* x, int64_t n, MoeScratch& s) const;
+  // dx [n, C] overwritten with d(loss)/dx for dy = d(loss)/dy; parameter gradients added.
+  // loss_weight: d(loss)/d(this microbatch's mean balancing losses), the trainer's dloss
+  // times the microbatch's tokens, so that the losses enter as token-weighted means.
+  void backward(float* dx, const float* dy, const float* x, int64_t n, const MoeActivations& a,
+                MoeScratch& s, float loss_weight) const;
+
+ private:
+  Routing routing(const MoeActivations& a, int64_t n) const;
+  void mlp_forward(float* h, float* act, float* y, const float* x, int64_t rows, const float* w1,
+                   const bf16* w1b, const float* b1, const float* w2, const bf16* w2b,
+                   const float* b2, int64_t width) const;
+};
+
+}  // namespace mt::model
