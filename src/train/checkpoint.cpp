@@ -504,6 +504,8 @@ std::vector<Target> replica_targets(Replica& rep, const OptimizerArrays& arrays)
 
 json layout_json(const TrainOptions& o) {
   return {{"dp", o.dp},
+          {"cp", o.cp},
+          {"cp_comm", o.cp_comm},
           {"tp", o.tp},
           {"pp", o.pipeline.pp},
           {"zero", o.zero},
@@ -615,7 +617,11 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
     idx.tp = static_cast<int>(integer(l.at("tp"), "layout.tp", 1, kMaxInt));
     idx.pp = static_cast<int>(integer(l.at("pp"), "layout.pp", 1, kMaxInt));
     idx.zero = static_cast<int>(integer(l.at("zero"), "layout.zero", 0, 3));
-    idx.layout_text = fmt::format("dp {} tp {} pp {} zero {}", idx.dp, idx.tp, idx.pp, idx.zero);
+    // Written since context parallelism: an older index is a cp 1 layout.
+    idx.cp = l.contains("cp") ? static_cast<int>(integer(l.at("cp"), "layout.cp", 1, kMaxInt)) : 1;
+    idx.layout_text =
+        fmt::format("dp {}{} tp {} pp {} zero {}", idx.dp,
+                    idx.cp > 1 ? fmt::format(" cp {}", idx.cp) : "", idx.tp, idx.pp, idx.zero);
     const json& tensors = j.at("tensors");
     if (!tensors.is_object()) fail("'{}': \"tensors\" must be a JSON object", where);
     for (auto& [name, e] : tensors.items()) {
@@ -1354,15 +1360,17 @@ void check_resumable(const Index& idx, const TrainOptions& target) {
     o.validate();
   } catch (const Error& e) {
     fail(
-        "checkpoint '{}' (trained with --batch {}) could not be resumed as dp {} tp {} pp {} "
-        "zero {}: {}",
-        idx.dir, idx.batch, o.dp, o.tp, o.pipeline.pp, o.zero, e.what());
+        "checkpoint '{}' (trained with --batch {}) could not be resumed as dp {} cp {} tp {} pp "
+        "{} zero {}: {}",
+        idx.dir, idx.batch, o.dp, o.cp, o.tp, o.pipeline.pp, o.zero, e.what());
   }
 }
 
 int write_resharded(const Index& idx, const GlobalState& st, const TrainOptions& o,
                     const std::string& out_dir) {
-  const int P = o.pipeline.pp, D = o.dp, T = o.tp;
+  // D: the replica's gradient group, dp x cp (the cp ranks of a replica share its ZeRO
+  // shards); d is a rank of that group, as the "dp" of a saved shard's coords.
+  const int P = o.pipeline.pp, D = o.dp * o.cp, T = o.tp;
   check_resumable(idx, o);
   std::unique_ptr<parallel::pp::Schedule> sched;
   std::unique_ptr<parallel::pp::Partition> part;
