@@ -724,8 +724,12 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
   } catch (const Error& e) {
     fail("checkpoint index '{}' describes an impossible model or layout: {}", where, e.what());
   }
+  // Per block: 2 norms, 4 linears (each with its bias); outside: wte, the position table
+  // (GPT-2's learned one; rotary positions have none), the final norm (+ bias), an untied
+  // LM head.
   const int64_t per_layer = idx.config.bias ? 12 : 6;
-  const int64_t outside = (idx.config.bias ? 4 : 3) + (idx.config.tied ? 0 : 1);
+  const int64_t outside = 2 + (idx.config.positions == model::Positions::kLearned ? 1 : 0) +
+                          (idx.config.bias ? 1 : 0) + (idx.config.tied ? 0 : 1);
   if (idx.config.n_layer > (static_cast<int64_t>(idx.tensors.size()) - outside) / per_layer)
     fail("{}: its model has {} blocks but it lists only {} tensors", damaged, idx.config.n_layer,
          idx.tensors.size());
