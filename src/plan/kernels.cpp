@@ -47,11 +47,16 @@ LayerKernels layer_kernels(const Job& j, const Layout& l, double share) {
     k.attention = cp * (gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t));
     k.attention_bwd = 2 * k.attention;
     if (ours && runs_our_flash(j, l)) {
-      // Our blockwise kernel (kernels/flash_attention.h): the causal mask skips the blocks
-      // above the diagonal, half the pairs (with cp under the load-balanced split too:
-      // parallel/context.h), and backward recomputes the probabilities: five GEMMs per block
-      // pair against forward's two.
-      k.attention *= 0.5;
+      // Our blockwise kernel (kernels/flash_attention.h): GEMMs on blocks of br query rows x
+      // bc keys, batched over the block pairs a rank computes. The causal mask skips the
+      // blocks above the diagonal: query block i of a whole sequence sees about
+      // (i + 1)·br/bc key blocks, (s/br)·(S/bc + 1)/2 pairs in all, and under cp's
+      // load-balanced split every rank 1/cp of them (parallel/context.h). Backward
+      // recomputes the probabilities: five GEMMs per block pair against forward's two.
+      const double br = std::min(s, double(kOurFlashQueryBlock));
+      const double bc = std::min(S, double(kOurFlashKeyBlock));
+      const double pairs = b * a / t * (s / br) * (S / bc + 1) / 2;
+      k.attention = gemm(br, bc, hd, pairs) + gemm(br, hd, bc, pairs);
       k.attention_bwd = 2.5 * k.attention;
     }
   }

@@ -4,6 +4,8 @@
 // block cannot hide them.
 #include <gtest/gtest.h>
 
+#include "kernels/flash_attention.h"
+#include "plan/kernels.h"
 #include "plan/planner.h"
 #include "train/trainer.h"
 
@@ -140,6 +142,8 @@ TEST(PlanContextParallel, EachExchangeCostsWhatItMoves) {
 // activations grow as T, not T².
 TEST(PlanContextParallel, OurAttentionMemoryFollowsTheKernel) {
   EXPECT_EQ(kOurCpuFlashMinSeq, train::kCpuFlashMinSeq);
+  EXPECT_EQ(kOurFlashQueryBlock, kernels::kFlashQueryBlock);
+  EXPECT_EQ(kOurFlashKeyBlock, kernels::kFlashKeyBlock);
   Job j;
   j.model = model_preset("llama3.2-1b");
   j.cluster = cluster_preset("dgx-a100");
