@@ -188,11 +188,12 @@ void register_checkpoint(CLI::App& app) {
       const ckpt::GlobalState st = ckpt::load_global(idx);
       const int files = ckpt::write_resharded(idx, st, o, f->out);
       std::fprintf(stderr,
-                   "resharded %s (%s) into %s/step-%08lld as dp %d cp %d tp %d pp %d zero %d: "
+                   "resharded %s (%s) into %s/step-%08lld as dp %d%s tp %d pp %d zero %d: "
                    "%d files in %.2f s\n",
                    idx.dir.c_str(), idx.layout_text.c_str(), f->out.c_str(),
-                   static_cast<long long>(idx.step), o.dp, o.cp, o.tp, o.pipeline.pp, o.zero, files,
-                   now_s() - t0);
+                   static_cast<long long>(idx.step), o.dp,
+                   o.cp > 1 ? fmt::format(" cp {}", o.cp).c_str() : "", o.tp, o.pipeline.pp, o.zero,
+                   files, now_s() - t0);
     });
   }
   {

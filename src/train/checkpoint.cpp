@@ -1364,9 +1364,10 @@ void check_resumable(const Index& idx, const TrainOptions& target) {
     o.validate();
   } catch (const Error& e) {
     fail(
-        "checkpoint '{}' (trained with --batch {}) could not be resumed as dp {} cp {} tp {} pp "
-        "{} zero {}: {}",
-        idx.dir, idx.batch, o.dp, o.cp, o.tp, o.pipeline.pp, o.zero, e.what());
+        "checkpoint '{}' (trained with --batch {}) could not be resumed as dp {}{} tp {} pp {} "
+        "zero {}: {}",
+        idx.dir, idx.batch, o.dp, o.cp > 1 ? fmt::format(" cp {}", o.cp) : "", o.tp, o.pipeline.pp,
+        o.zero, e.what());
   }
 }
 
