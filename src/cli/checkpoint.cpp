@@ -139,7 +139,7 @@ void register_checkpoint(CLI::App& app) {
   {
     struct Flags {
       std::string path, out;
-      std::optional<int> dp, tp, pp, zero;  // not given: the checkpoint's
+      std::optional<int> dp, cp, tp, pp, zero;  // not given: the checkpoint's
       int virtual_stages = 1, microbatches = 0;
       std::string schedule = "1f1b", pp_layers;
       bool force = false;
@@ -151,6 +151,9 @@ void register_checkpoint(CLI::App& app) {
         ->required();
     cmd->add_option("--out", f->out, "directory to write step-N into")->required();
     cmd->add_option("--dp", f->dp, "data-parallel ranks (default: the checkpoint's)");
+    cmd->add_option("--cp", f->cp,
+                    "context-parallel ranks (default: the checkpoint's; the ZeRO shards are "
+                    "over dp x cp)");
     cmd->add_option("--tp", f->tp, "tensor-parallel ranks (default: the checkpoint's)");
     cmd->add_option("--pp", f->pp, "pipeline stages (default: the checkpoint's)");
     cmd->add_option("--zero", f->zero, "ZeRO stage 0-3 (default: the checkpoint's)");
@@ -169,6 +172,7 @@ void register_checkpoint(CLI::App& app) {
       o.model = idx.config;
       // A dimension not named keeps the checkpoint's: nothing changes unasked.
       o.dp = f->dp.value_or(idx.dp);
+      o.cp = f->cp.value_or(idx.cp);
       o.tp = f->tp.value_or(idx.tp);
       o.zero = f->zero.value_or(idx.zero);
       o.pipeline.pp = f->pp.value_or(idx.pp);
@@ -176,18 +180,20 @@ void register_checkpoint(CLI::App& app) {
       o.pipeline.virtual_stages = f->virtual_stages;
       o.pipeline.microbatches = f->microbatches;
       o.pipeline.layers = f->pp_layers;
-      if (o.dp < 1 || o.tp < 1 || o.pipeline.pp < 1)
-        fail("--dp {} --tp {} --pp {}: each must be at least 1", o.dp, o.tp, o.pipeline.pp);
+      if (o.dp < 1 || o.cp < 1 || o.tp < 1 || o.pipeline.pp < 1)
+        fail("--dp {} --cp {} --tp {} --pp {}: each must be at least 1", o.dp, o.cp, o.tp,
+             o.pipeline.pp);
       ckpt::check_resumable(idx, o);  // before the slow part: reading the whole checkpoint
       const double t0 = now_s();
       const ckpt::GlobalState st = ckpt::load_global(idx);
       const int files = ckpt::write_resharded(idx, st, o, f->out);
       std::fprintf(stderr,
-                   "resharded %s (%s) into %s/step-%08lld as dp %d tp %d pp %d zero %d: "
+                   "resharded %s (%s) into %s/step-%08lld as dp %d%s tp %d pp %d zero %d: "
                    "%d files in %.2f s\n",
                    idx.dir.c_str(), idx.layout_text.c_str(), f->out.c_str(),
-                   static_cast<long long>(idx.step), o.dp, o.tp, o.pipeline.pp, o.zero, files,
-                   now_s() - t0);
+                   static_cast<long long>(idx.step), o.dp,
+                   o.cp > 1 ? fmt::format(" cp {}", o.cp).c_str() : "", o.tp, o.pipeline.pp, o.zero,
+                   files, now_s() - t0);
     });
   }
   {

@@ -53,6 +53,9 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   j.cluster = plan::cluster_preset("dgx-a100");  // only the backend and node size matter here
   j.cluster.backend = pool.backend;
   j.cluster.gpus_per_node = std::max(j.cluster.gpus_per_node, o.world_size());
+  // CPU ranks: the planner's attention memory follows the CPU's kernel choice (blockwise from
+  // plan::kOurCpuFlashMinSeq, and with cp; plan::runs_our_flash).
+  if (!pool.gpu) j.cluster.compute_units = 1;
   j.gpus = o.world_size();
   j.batch = o.batch;
   j.seq = o.model.seq_len;
@@ -63,6 +66,9 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   plan::Layout l;
   l.dp = o.dp;
   l.tp = o.tp;
+  l.cp = o.cp;
+  l.cp_comm = o.cp_comm;
+  l.fused_attention = o.fused_attention();  // --attention naive: the T x T kernel
   l.pp = o.pipeline.pp;
   l.sp = o.sp;
   l.zero = o.zero;
@@ -76,11 +82,11 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   const std::vector<plan::MemoryBytes> stages = plan::memory_by_stage(j, l);
   // A GPU's fused attention keeps no probabilities: only the model states bound it.
   const bool states_only = pool.gpu && o.fused_attention();
-  std::vector<double> per_rank;  // every rank of the job: dp x tp ranks per stage
+  std::vector<double> per_rank;  // every rank of the job: dp x cp x tp ranks per stage
   Need n;
   for (const plan::MemoryBytes& m : stages) {
     const double bytes = states_only ? m.states() : m.total();
-    for (int k = 0; k < o.dp * o.tp; ++k) per_rank.push_back(bytes);
+    for (int k = 0; k < o.dp * o.cp * o.tp; ++k) per_rank.push_back(bytes);
     if (m.total() > n.worst.total()) n.worst = m;
   }
   // The ranks in the pool: all of them, or (not knowing which) the smallest so many.

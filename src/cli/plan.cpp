@@ -37,7 +37,11 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_option("--dp", dp, "data-parallel ranks");
   app.add_option("--tp", tp, "tensor-parallel ranks (within a node)");
   app.add_option("--pp", pp, "pipeline stages");
-  app.add_option("--cp", cp, "context-parallel ranks (ring attention; pinned, default 1)");
+  app.add_option("--cp", cp, "context-parallel ranks (pinned, default 1)");
+  app.add_option("--cp-comm", cp_comm,
+                 "how the cp ranks get the keys and values, as train runs it: ring (default; "
+                 "overlapped with the attention), all-gather or a2a (Ulysses)")
+      ->check(CLI::IsMember({"ring", "all-gather", "a2a"}));
   app.add_option("--zero", zero, "ZeRO stage 0..3");
   app.add_flag("--sp", sp, "sequence parallelism in the tp group");
   app.add_flag("--no-sp", no_sp, "no sequence parallelism (plan: pins it off)");
@@ -262,6 +266,7 @@ plan::SearchPins PlanFlags::pins() const {
           *microbatch, *microbatches, batch.value_or(*gpus), *dp, *microbatches, *p.microbatch);
   }
   p.schedule = schedule;
+  p.cp_comm = cp_comm;
   if (pp_layers) p.pp_layers = parallel::pp::parse_layer_counts(*pp_layers);
   if (recompute) p.recompute = plan::parse_recompute(*recompute);
   if (sp) p.sp = true;
@@ -310,6 +315,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"tp", l.tp},
           {"pp", l.pp},
           {"cp", l.cp},
+          {"cp_comm", l.cp_comm},
           {"virtual_stages", l.virtual_stages},
           {"pp_layers", plan::chunk_layers(j, l)},
           {"microbatch", l.microbatch},
@@ -460,8 +466,13 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   c["sp"] = l.sp;
   if (l.cp > 1) {
     c["cp"] = l.cp;
-    c["cp_comm"] = "ring";  // the exchange the planner costs (overlapped ring attention)
+    c["cp_comm"] = l.cp_comm;  // the exchange the planner costed
   }
+  // The attention kernel the plan costed: train's auto picks the same one, except where the
+  // plan was asked for the unfused kernel (--unfused-attention) on a shared host.
+  if (j.cluster.compute_units > 0 && l.cp == 1 && !l.fused_attention &&
+      j.seq >= plan::kOurCpuFlashMinSeq)
+    c["attention"] = "naive";
   c["zero"] = l.zero;
   c["recompute"] = plan::recompute_name(l.recompute);
   // The planned hardware: a GPU per rank (NCCL between them), or this host's CPU ranks.

@@ -21,6 +21,7 @@ struct PlanFlags {
   std::optional<int> dp, tp, pp, cp, zero, virtual_stages;
   std::optional<int64_t> microbatch, microbatches;
   std::optional<std::string> schedule, recompute;
+  std::string cp_comm = "ring";          // how cp ranks exchange keys and values (train --cp-comm)
   std::optional<std::string> pp_layers;  // "5,7,7,5", as train takes it
   bool sp = false, no_sp = false;
   bool tp_comm_overlap = false;

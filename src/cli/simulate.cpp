@@ -50,6 +50,7 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
   plan::set_software(l, megatron_2021);  // Megatron-LM 2021 (Narayanan et al.) or today's
   l.tp_comm_overlap = f.tp_comm_overlap;
   if (f.unfused_attention) l.fused_attention = false;
+  l.cp_comm = f.cp_comm;
   if (f.unfused_grad_accum) l.grad_accum_fusion = false;
   if (f.pp_layers) l.pp_layers = parallel::pp::parse_layer_counts(*f.pp_layers);
   return l;

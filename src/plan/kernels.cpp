@@ -46,6 +46,19 @@ LayerKernels layer_kernels(const Job& j, const Layout& l, double share) {
     // Scores (full T×T) and probabilities · V, per key block, batched over the rank's heads.
     k.attention = cp * (gemm(s, s, hd, b * a / t) + gemm(s, hd, s, b * a / t));
     k.attention_bwd = 2 * k.attention;
+    if (ours && runs_our_flash(j, l)) {
+      // Our blockwise kernel (kernels/flash_attention.h): GEMMs on blocks of br query rows x
+      // bc keys, batched over the block pairs a rank computes. The causal mask skips the
+      // blocks above the diagonal: query block i of a whole sequence sees about
+      // (i + 1)·br/bc key blocks, (s/br)·(S/bc + 1)/2 pairs in all, and under cp's
+      // load-balanced split every rank 1/cp of them (parallel/context.h). Backward
+      // recomputes the probabilities: five GEMMs per block pair against forward's two.
+      const double br = std::min(s, double(kOurFlashQueryBlock));
+      const double bc = std::min(S, double(kOurFlashKeyBlock));
+      const double pairs = b * a / t * (s / br) * (S / bc + 1) / 2;
+      k.attention = gemm(br, bc, hd, pairs) + gemm(br, hd, bc, pairs);
+      k.attention_bwd = 2.5 * k.attention;
+    }
   }
   // Memory-bound kernels (bytes per token, docs/planner.md): layer norms and residual
   // (dropout-)adds (4 kernels), the activation function, the softmax over the attention
@@ -59,6 +72,7 @@ LayerKernels layer_kernels(const Job& j, const Layout& l, double share) {
   // probabilities (+ dropout's mask and output); f32 is our runtime; fused: none.
   double soft = 16.0 * a * S;
   if (mixed) soft = l.fused_attention ? 0.0 : (drop ? 9.0 : 4.0) * a * S;
+  if (ours && runs_our_flash(j, l)) soft = 0.0;  // inside the blockwise kernel, per block
   k.norm_residual = std::max(4 * launch, n * (l.sp ? rep / t : rep) / hbm);
   k.activation = std::max(launch, n * act / t / hbm);
   k.softmax = soft > 0 ? std::max(launch, n * soft / t / hbm) : 0.0;

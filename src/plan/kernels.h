@@ -10,6 +10,12 @@
 
 namespace mt::plan {
 
+// Our blockwise attention kernel's blocks (kernels/flash_attention.h kFlashQueryBlock and
+// kFlashKeyBlock; plan/ does not include kernels/, tests/plan/context_parallel_test.cpp
+// checks that they agree).
+inline constexpr int64_t kOurFlashQueryBlock = 128;
+inline constexpr int64_t kOurFlashKeyBlock = 256;
+
 struct LayerKernels {
   // Forward seconds. GEMMs: qkv, attention (scores and probabilities · V over every CP key
   // block, or the fused kernel's forward), output projection, MLP in (gate + up), MLP out.

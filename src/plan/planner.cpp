@@ -75,6 +75,30 @@ double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
   return p;
 }
 
+// Our runtime's context-parallel exchange workspace (f32, one set per rank shared by the
+// layers: parallel/context.cpp workspace_elems, docs/context_parallel.md "Memory"), with
+// blk = b·(S/cp)·2·(kv_heads/t)·hd floats a rank's K|V rows: ring 4 blocks, a piece's output
+// and its log-sum-exp; all-gather 1 + cp blocks and two [b, S, 2·kv/t] buffers in global
+// order; a2a four [b, S, (a + 2·kv_heads)/t/cp·hd] head-group buffers and two outputs
+// [b, S, a/t/cp·hd].
+double cp_workspace_bytes(const Job& j, const Layout& l) {
+  if (l.cp <= 1) return 0;
+  const ModelSpec& m = j.model;
+  const double t = l.tp, cp = l.cp, b = double(l.microbatch), S = double(j.seq), s = S / cp;
+  const double hd = double(m.head_dim()), a = double(m.n_head) / t, kvh = double(m.n_kv_head) / t;
+  const double blk = b * s * 2 * kvh * hd;
+  double floats = 0;
+  if (l.cp_comm == "all-gather") {
+    floats = blk + cp * blk + 2 * b * S * 2 * kvh * hd + 2;
+  } else if (l.cp_comm == "a2a") {
+    const double g = b * S * std::floor((a + 2 * kvh) / cp) * hd;
+    floats = 4 * g + 2 * b * S * std::floor(a / cp) * hd + 1;
+  } else {
+    floats = 4 * blk + b * s * a * hd + b * a * s;
+  }
+  return 4 * floats;
+}
+
 // Activation bytes one layer keeps for backward for one microbatch (Korthikanti et al.
 // 2022, Table 2, generalised to GQA / SwiGLU; docs/planner.md).
 double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
@@ -85,12 +109,13 @@ double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
   if (!mixed(j)) {
     // Our f32 runtime (docs/flops.md, docs/tensor_parallel.md), floats per token: whole
     // ln1, res2, ln2, block output and 4 norm statistics (/t with SP); split qkv,
-    // attention output, fc, GELU; probabilities n_head·T/t. t = 1: 8C + 2F + 4 + n_head·T.
-    // Full recomputation keeps the block output only, selective all but the probabilities
-    // (model/layers.h Block::Keep).
+    // attention output, fc, GELU; probabilities n_head·T/t, or with the blockwise kernel
+    // (runs_our_flash) one log-sum-exp per head, n_head/t (kernels::attention_stash_elems).
+    // t = 1: 8C + 2F + 4 + n_head·T (flash: n_head). Full recomputation keeps the block
+    // output only, selective all but the attention's stash (model/layers.h Block::Keep).
     const double rows = l.sp ? t : 1;
     if (rc == Recompute::kFull) return 4.0 * s * b * h / rows;
-    const double att = rc == Recompute::kNone ? a / t * S : 0.0;
+    const double att = rc == Recompute::kNone ? a / t * (runs_our_flash(j, l) ? 1.0 : S) : 0.0;
     return 4.0 * s * b * ((4 * h + 4) / rows + (4 * h + 2 * F) / t + att);
   }
   const bool drop = dropout(j);
@@ -197,16 +222,36 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
     pc.tp_fwd = pc.tp_bwd = exposed;
   }
   if (l.cp > 1) {
-    // Ring attention: cp − 1 times each rank passes the K and V of its tokens (its TP rank's
-    // heads) to the next CP rank while it computes on the block it holds; backward passes
-    // K, V and their gradients against twice the compute. CP ranks follow TP in the rank
-    // order: inside a node while tp·cp fits, else the ring crosses nodes.
+    // CP ranks follow TP in the rank order: inside a node while tp·cp fits, else the
+    // exchange crosses nodes. kv_bytes: a rank's K and V (its TP rank's kv heads), one block.
     const bool intra = int64_t(l.tp) * l.cp <= j.cluster.gpus_per_node;
     const double bw = intra ? j.cluster.intra_bytes_per_s : j.cluster.inter_bytes_per_s;
     const double lat = intra ? j.cluster.intra_latency_s : j.cluster.inter_latency_s;
     const double kv_bytes = 2 * n * kv / t * wb;
-    pc.cp_fwd = (cp - 1) * std::max(0.0, lat + kv_bytes / bw - att_block);
-    pc.cp_bwd = (cp - 1) * std::max(0.0, lat + 2 * kv_bytes / bw - k.attention_bwd / cp);
+    if (l.cp_comm == "all-gather") {
+      // Llama 3: per layer an all-gather of the cp blocks (each rank receives cp − 1);
+      // backward gathers them again and reduce-scatters dK|dV. Collectives that wait for
+      // every rank, not overlapped with the attention.
+      const double one = ring_time(cp * kv_bytes, l.cp, 1, bw, lat);
+      pc.cp_fwd = one;
+      pc.cp_bwd = 2 * one;
+    } else if (l.cp_comm == "a2a") {
+      // Ulysses: an all-to-all moves (cp − 1)/cp of what a rank sends, in cp − 1 steps.
+      // Forward: q|k|v of the rank's tokens (its TP rank's a + 2·kv heads) out, the outputs
+      // (a heads) back; backward: q|k|v, the outputs and their gradients out, dq|dk|dv back
+      // (docs/context_parallel.md's bytes). Not overlapped.
+      const double hdb = n * m.head_dim() / t * wb;  // one head's rows of this rank, bytes
+      const double a = double(m.n_head), kvh = double(m.n_kv_head);
+      auto a2a = [&](double bytes) { return (cp - 1) / cp * bytes / bw + (cp - 1) * lat; };
+      pc.cp_fwd = a2a(hdb * (a + 2 * kvh)) + a2a(hdb * a);
+      pc.cp_bwd = a2a(hdb * (a + 2 * kvh)) + 2 * a2a(hdb * a) + a2a(hdb * (a + 2 * kvh));
+    } else {
+      // Ring attention: cp − 1 times each rank passes the K and V of its tokens to the next
+      // CP rank while it computes on the block it holds; backward passes K, V and their
+      // gradients against the backward compute (bench/cp: on the local backend too).
+      pc.cp_fwd = (cp - 1) * std::max(0.0, lat + kv_bytes / bw - att_block);
+      pc.cp_bwd = (cp - 1) * std::max(0.0, lat + 2 * kv_bytes / bw - k.attention_bwd / cp);
+    }
   }
   pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd;
   double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd;
@@ -325,6 +370,17 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::st
   if (l.cp > 1 && j.seq % (2 * l.cp) != 0)
     return refuse("cp does not split seq into chunks",
                   fmt::format("cp {} does not divide seq {} in 2·cp chunks", l.cp, j.seq));
+  if (l.cp_comm != "ring" && l.cp_comm != "all-gather" && l.cp_comm != "a2a")
+    return refuse("no such cp exchange",
+                  fmt::format("--cp-comm '{}' (choose ring, all-gather or a2a)", l.cp_comm));
+  // As train refuses it (parallel/context.h check_a2a): Ulysses splits each tp rank's query
+  // and key/value heads over cp.
+  if (l.cp > 1 && l.cp_comm == "a2a" &&
+      ((m.n_head / l.tp) % l.cp != 0 || (m.n_kv_head / l.tp) % l.cp != 0))
+    return refuse("a2a: heads per tp rank not divisible by cp",
+                  fmt::format("--cp-comm a2a splits the heads over cp: {} query heads and {} "
+                              "key/value heads per tp rank do not divide by cp {}",
+                              m.n_head / l.tp, m.n_kv_head / l.tp, l.cp));
   if (j.batch % (int64_t(l.dp) * l.microbatch) != 0)
     return refuse("batch not divisible by dp x microbatch",
                   fmt::format("batch {} is not divisible by dp {} x microbatch {}", j.batch, l.dp,
@@ -386,6 +442,12 @@ bool runs_our_runtime(const Job& j) {
   return !mixed(j) || j.our_runtime || j.cluster.compute_units > 0;
 }
 
+bool runs_our_flash(const Job& j, const Layout& l) {
+  if (!runs_our_runtime(j)) return false;
+  if (l.cp > 1) return true;  // context parallelism runs the blockwise kernel on its pieces
+  return j.cluster.compute_units > 0 && l.fused_attention && j.seq >= kOurCpuFlashMinSeq;
+}
+
 Layout as_run(const Job& j, Layout l) {
   if (l.pp == 1 && l.schedule != "interleaved") l.schedule = "1f1b";
   // A shared host's collectives and sends are copies by the cores that compute: nothing
@@ -397,7 +459,8 @@ Layout as_run(const Job& j, Layout l) {
   l.tp_overlap = l.tp_overlap && gpus && !ours && l.tp > 1 && l.schedule != "zb1";
   l.tp_comm_overlap = l.tp_comm_overlap && gpus && !ours && l.tp > 1;
   l.pp_overlap = l.pp_overlap && gpus && !ours && l.pp > 1 && l.schedule == "interleaved";
-  l.fused_attention = l.fused_attention && !ours;
+  // Ours: the blockwise CPU kernel where train's --attention auto picks it (runs_our_flash).
+  l.fused_attention = ours ? runs_our_flash(j, l) : l.fused_attention;
   return l;
 }
 
@@ -501,11 +564,14 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
       // embedding output (C) and, when pipelined, the received input gradient (C); on the
       // head's rank also the final norm (C + 2 stats), the vocab-parallel logits and the
       // loss stats (2). The backward scratch (below) and one n_head·T·T score matrix per
-      // sequence, once.
-      // Selective recomputation: one probabilities stash that every layer recomputes into;
+      // sequence, once (the blockwise kernel: none, one float).
+      // Selective recomputation: one attention stash that every layer recomputes into (the
+      // probabilities, or with the blockwise kernel the log-sum-exp of each row and head);
       // zero-bubble: each layer's input-gradient results kept for its weight gradient
       // (Block::make_stash: qkv' 3C/t, C, fc' F/t, C) in every buffer.
-      if (l.recompute == Recompute::kSelective) act += 4 * b * m.n_head / t * s * double(j.seq);
+      const bool flash = runs_our_flash(j, l);
+      const double att_stash = 4 * b * m.n_head / t * s * (flash ? 1.0 : double(j.seq));
+      if (l.recompute == Recompute::kSelective) act += att_stash;
       if (l.schedule == "zb1")
         act += flight[r] * split.rank_max[size_t(r)] * 4 * s * b * (2 * h + (3 * h + m.d_ff) / t);
       const double rows = l.sp ? t : 1;  // SP splits the residual region's rows
@@ -516,7 +582,7 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
       // Scratch: the residual gradient and a block's input gradient (2C), attention output
       // and qkv gradients (4C/t), the MLP's (2F/t); SP's gathered and partial inputs (2C).
       act += 4 * s * b * (2 * h + 4 * h / t + 2 * m.d_ff / t + (l.sp ? 2 * h : 0)) +
-             4 * b * m.n_head / t * s * double(j.seq);
+             (flash ? 4.0 : att_stash) + cp_workspace_bytes(j, l);
     }
     mb.activations = act;
     // Communication buffers: p2p send/recv (2 each way; our runtime sends from and receives
@@ -915,6 +981,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.tp = t;
                 l.pp = pp;
                 l.cp = cp;
+                l.cp_comm = pins.cp_comm;
                 l.virtual_stages = v;
                 l.microbatch = mbs;
                 l.zero = z;

@@ -19,6 +19,11 @@ namespace mt::plan {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  // How the cp ranks get the keys and values (train --cp-comm, docs/context_parallel.md):
+  // "ring" (point-to-point, overlapped with the attention), "all-gather" (gathered per layer,
+  // dK|dV reduce-scattered; not overlapped) or "a2a" (Ulysses: all-to-alls that turn the
+  // sequence split into a head split; not overlapped).
+  std::string cp_comm = "ring";
   int virtual_stages = 1;
   int64_t microbatch = 1;
   int zero = 0;
@@ -84,6 +89,17 @@ struct Job {
 // opt-in), blocking TP collectives and pipeline exchanges, a spare activation set per
 // pipeline rank and no separate p2p buffers; Megatron-LM's otherwise (as_run).
 bool runs_our_runtime(const Job& j);
+
+// train's --attention auto on the CPU: the blockwise kernel from this sequence length on
+// (train/trainer.h kCpuFlashMinSeq; plan/ does not include train/, and
+// tests/plan/context_parallel_test.cpp checks that the two agree).
+inline constexpr int64_t kOurCpuFlashMinSeq = 1024;
+
+// Whether our runtime runs this layout's attention on the blockwise (flash-style) CPU
+// kernel: always with cp > 1 (its pieces), else on a shared host from kOurCpuFlashMinSeq
+// unless the layout asks for the unfused kernel (train --attention naive). Its attention then
+// keeps one log-sum-exp per row and head instead of the T x T probabilities.
+bool runs_our_flash(const Job& j, const Layout& l);
 
 struct MemoryBytes {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, communication = 0;
@@ -188,6 +204,7 @@ struct SearchPins {
   std::optional<Recompute> recompute;
   std::optional<bool> sp;
   std::optional<std::string> schedule;
+  std::string cp_comm = "ring";  // Layout::cp_comm
   // Gradient reduction overlapped with backward (PyTorch DDP) or after it (Megatron's
   // "local" DDP); unset: overlapped (megatron_2021: only without pipelining).
   std::optional<bool> dp_overlap;

@@ -504,6 +504,8 @@ std::vector<Target> replica_targets(Replica& rep, const OptimizerArrays& arrays)
 
 json layout_json(const TrainOptions& o) {
   return {{"dp", o.dp},
+          {"cp", o.cp},
+          {"cp_comm", o.cp_comm},
           {"tp", o.tp},
           {"pp", o.pipeline.pp},
           {"zero", o.zero},
@@ -615,7 +617,11 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
     idx.tp = static_cast<int>(integer(l.at("tp"), "layout.tp", 1, kMaxInt));
     idx.pp = static_cast<int>(integer(l.at("pp"), "layout.pp", 1, kMaxInt));
     idx.zero = static_cast<int>(integer(l.at("zero"), "layout.zero", 0, 3));
-    idx.layout_text = fmt::format("dp {} tp {} pp {} zero {}", idx.dp, idx.tp, idx.pp, idx.zero);
+    // Written since context parallelism: an older index is a cp 1 layout.
+    idx.cp = l.contains("cp") ? static_cast<int>(integer(l.at("cp"), "layout.cp", 1, kMaxInt)) : 1;
+    idx.layout_text =
+        fmt::format("dp {}{} tp {} pp {} zero {}", idx.dp,
+                    idx.cp > 1 ? fmt::format(" cp {}", idx.cp) : "", idx.tp, idx.pp, idx.zero);
     const json& tensors = j.at("tensors");
     if (!tensors.is_object()) fail("'{}': \"tensors\" must be a JSON object", where);
     for (auto& [name, e] : tensors.items()) {
@@ -718,8 +724,12 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
   } catch (const Error& e) {
     fail("checkpoint index '{}' describes an impossible model or layout: {}", where, e.what());
   }
+  // Per block: 2 norms, 4 linears (each with its bias); outside: wte, the position table
+  // (GPT-2's learned one; rotary positions have none), the final norm (+ bias), an untied
+  // LM head.
   const int64_t per_layer = idx.config.bias ? 12 : 6;
-  const int64_t outside = (idx.config.bias ? 4 : 3) + (idx.config.tied ? 0 : 1);
+  const int64_t outside = 2 + (idx.config.positions == model::Positions::kLearned ? 1 : 0) +
+                          (idx.config.bias ? 1 : 0) + (idx.config.tied ? 0 : 1);
   if (idx.config.n_layer > (static_cast<int64_t>(idx.tensors.size()) - outside) / per_layer)
     fail("{}: its model has {} blocks but it lists only {} tensors", damaged, idx.config.n_layer,
          idx.tensors.size());
@@ -1354,15 +1364,18 @@ void check_resumable(const Index& idx, const TrainOptions& target) {
     o.validate();
   } catch (const Error& e) {
     fail(
-        "checkpoint '{}' (trained with --batch {}) could not be resumed as dp {} tp {} pp {} "
+        "checkpoint '{}' (trained with --batch {}) could not be resumed as dp {}{} tp {} pp {} "
         "zero {}: {}",
-        idx.dir, idx.batch, o.dp, o.tp, o.pipeline.pp, o.zero, e.what());
+        idx.dir, idx.batch, o.dp, o.cp > 1 ? fmt::format(" cp {}", o.cp) : "", o.tp, o.pipeline.pp,
+        o.zero, e.what());
   }
 }
 
 int write_resharded(const Index& idx, const GlobalState& st, const TrainOptions& o,
                     const std::string& out_dir) {
-  const int P = o.pipeline.pp, D = o.dp, T = o.tp;
+  // D: the replica's gradient group, dp x cp (the cp ranks of a replica share its ZeRO
+  // shards); d is a rank of that group, as the "dp" of a saved shard's coords.
+  const int P = o.pipeline.pp, D = o.dp * o.cp, T = o.tp;
   check_resumable(idx, o);
   std::unique_ptr<parallel::pp::Schedule> sched;
   std::unique_ptr<parallel::pp::Partition> part;

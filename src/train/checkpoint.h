@@ -71,8 +71,11 @@ struct Index {
   int64_t batch = 0;             // the global batch it was trained with (0: not recorded)
   int64_t nonfinite_in_row = 0;  // non-finite steps skipped in a row up to `step`
   model::GptConfig config;
-  std::string layout_text;  // "dp 2 tp 2 pp 2 zero 1" (informative)
-  int dp = 1, tp = 1, pp = 1, zero = 0;
+  std::string layout_text;  // "dp 2 cp 2 tp 2 pp 2 zero 1" (informative)
+  // The saving layout. With context parallelism the optimizer ranges are those of the
+  // dp x cp group (the cp ranks of a replica hold the same parameters and share its ZeRO
+  // shards, docs/context_parallel.md); cp 1 for an index written before cp was recorded.
+  int dp = 1, cp = 1, tp = 1, pp = 1, zero = 0;
   std::string json_text;  // the whole index, for inspect
   std::map<std::string, TensorInfo> tensors;
   std::vector<FileInfo> files;
@@ -152,7 +155,7 @@ GlobalState load_global(const Index& idx);
 // as train would check it (--dp must divide the batch, and so on).
 void check_resumable(const Index& idx, const TrainOptions& target);
 
-// Writes `st` as a checkpoint of the layout in `o` (dp, tp, pp, zero; its schedule) into
+// Writes `st` as a checkpoint of the layout in `o` (dp, cp, tp, pp, zero; its schedule) into
 // out_dir (atomically, like save); check_resumable first. Returns the number of files written.
 int write_resharded(const Index& idx, const GlobalState& st, const TrainOptions& o,
                     const std::string& out_dir);

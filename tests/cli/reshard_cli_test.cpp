@@ -1,7 +1,7 @@
 // `meshtrain reshard` never writes into its source (docs/checkpoints.md): --out equal to the
 // checkpoint, to the directory holding it or inside either is refused before anything is
-// read (exit 2); a non-empty --out needs --force; and `latest` there never moves back to an
-// older step.
+// read (exit 2); a non-empty --out needs --force; `latest` there never moves back to an
+// older step; --cp rewrites it for context parallelism.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -97,6 +97,33 @@ TEST_F(ReshardCli, NonEmptyOutNeedsForceAndLatestNeverMovesBack) {
   EXPECT_TRUE(ckpt::verify(ckpt::read_index((out / "step-00000002").string())).empty());
   EXPECT_EQ(ckpt::read_index((out / "step-00000002").string()).dp, 2);
   EXPECT_EQ(latest(out), "step-00000004");  // not moved back to step 2
+  expect_source_intact();
+}
+
+// --cp: the checkpoint rewritten for cp 2 x ZeRO-1 (a shard per rank of the dp x cp group),
+// which `train --cp 2 --resume` continues; a cp that does not split the sequence is refused
+// before anything is written.
+TEST_F(ReshardCli, ToAnotherCpAndResumed) {
+  const fs::path out = *dir_ / "out_cp";
+  fs::remove_all(out);
+  const RunResult r =
+      run_meshtrain("reshard " + src().string() + " --out " + out.string() + " --cp 2 --zero 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("as dp 1 cp 2 tp 1 pp 1 zero 1: 2 files"), std::string::npos) << r.output;
+  const ckpt::Index idx = ckpt::read_index((out / "step-00000004").string());
+  EXPECT_EQ(idx.cp, 2);
+  EXPECT_TRUE(ckpt::verify(idx).empty());
+  const RunResult resumed =
+      run_meshtrain("train --model tiny --n-layer 2 --data " + demo_tokens(*dir_) +
+                    " --steps 6 --batch 8 --threads 1 --peak-gflops 100 --cp 2 --zero 1 --resume " +
+                    (out / "step-00000004").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from checkpoint"), std::string::npos) << resumed.output;
+  const RunResult odd = run_meshtrain("reshard " + src().string() + " --out " +
+                                      (*dir_ / "out_cp3").string() + " --cp 5");
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("--cp 5"), std::string::npos) << odd.output;
+  EXPECT_FALSE(fs::exists(*dir_ / "out_cp3" / "step-00000004"));
   expect_source_intact();
 }
 

@@ -4,7 +4,10 @@
 // block cannot hide them.
 #include <gtest/gtest.h>
 
+#include "kernels/flash_attention.h"
+#include "plan/kernels.h"
 #include "plan/planner.h"
+#include "train/trainer.h"
 
 namespace mt::plan {
 namespace {
@@ -94,6 +97,73 @@ TEST(PlanContextParallel, RingTransfersShowWhereComputeCannotHideThem) {
   odd.seq = 8190;
   odd.model.seq = odd.seq;
   EXPECT_TRUE(invalid_reason(odd, layout(4, 8, 2, 1)).has_value());
+}
+
+// The three exchanges train runs (--cp-comm), costed as they run: the ring's transfers
+// hide behind the block attention, the all-gather's and the all-to-all's collectives do not.
+TEST(PlanContextParallel, EachExchangeCostsWhatItMoves) {
+  Job j = llama_job(64);
+  j.cluster.inter_bytes_per_s = 1e9;  // slow: tp 8 x cp 2 crosses nodes
+  Layout ring = layout(4, 8, 2, 1), ag = ring;
+  ag.cp_comm = "all-gather";
+  const Estimate r = estimate(j, ring), g = estimate(j, ag);
+  EXPECT_EQ(g.layout.cp_comm, "all-gather");
+  // Per layer and microbatch, with full recomputation: the all-gather forward twice (forward
+  // and recomputed) and backward's gather and reduce-scatter, each a ring collective of the
+  // cp = 2 blocks: (cp − 1)/cp · cp·kv_bytes / bw + (cp − 1)·lat = kv_bytes / bw + lat.
+  const double kv_bytes = 2.0 * 4096 * (8 * 128) / 8 * 2;
+  const double one = kv_bytes / j.cluster.inter_bytes_per_s + j.cluster.inter_latency_s;
+  const double per_layer_mb = g.cp_comm_s / double(g.microbatches) / 80;
+  EXPECT_NEAR(per_layer_mb, 4 * one, 1e-9 * one);
+  EXPECT_GT(g.cp_comm_s, r.cp_comm_s);  // the ring hides part of its transfers
+  // a2a (Ulysses): 64 query and 8 kv heads over tp 2 leave 32 and 4 per tp rank, which cp 2
+  // and 4 split. Not overlapped, so it costs even inside a node; its volume per rank falls as
+  // cp grows ((cp − 1)/cp² of the sequence's q|k|v|o).
+  Layout a2a2 = layout(16, 2, 2, 1), a2a4 = layout(8, 2, 4, 1);
+  a2a2.cp_comm = a2a4.cp_comm = "a2a";
+  const Estimate u2 = estimate(j, a2a2), u4 = estimate(j, a2a4);
+  EXPECT_GT(u2.cp_comm_s, 0.0);
+  EXPECT_LT(u4.cp_comm_s / double(u4.microbatches), u2.cp_comm_s / double(u2.microbatches));
+  // Refused as train refuses it: 8 kv heads over tp 4 leave 2 per tp rank, which cp 4 does
+  // not split.
+  Layout odd = layout(4, 4, 4, 1);
+  odd.cp_comm = "a2a";
+  const auto why = invalid_reason(j, odd);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("2 key/value heads per tp rank do not divide by cp 4"), std::string::npos)
+      << *why;
+  Layout unknown = ring;
+  unknown.cp_comm = "p2p";
+  EXPECT_TRUE(invalid_reason(j, unknown).has_value());
+}
+
+// Our runtime's attention memory follows its kernel: on a CPU host the blockwise kernel from
+// train::kCpuFlashMinSeq (and always with cp) keeps n_head floats per token, so the f32
+// activations grow as T, not T².
+TEST(PlanContextParallel, OurAttentionMemoryFollowsTheKernel) {
+  EXPECT_EQ(kOurCpuFlashMinSeq, train::kCpuFlashMinSeq);
+  EXPECT_EQ(kOurFlashQueryBlock, kernels::kFlashQueryBlock);
+  EXPECT_EQ(kOurFlashKeyBlock, kernels::kFlashKeyBlock);
+  Job j;
+  j.model = model_preset("llama3.2-1b");
+  j.cluster = cluster_preset("dgx-a100");
+  j.cluster.compute_units = 2;  // a CPU host: train's kernel choice
+  j.gpus = 1;
+  j.batch = 1;
+  j.dtype = "f32";
+  Layout l;
+  auto activations = [&](int64_t seq, bool fused) {
+    j.seq = seq;
+    j.model.seq = seq;
+    l.fused_attention = fused;
+    return memory_per_gpu(j, l).activations;
+  };
+  // Blockwise: twice the sequence, twice the activations (to the per-sequence constants).
+  EXPECT_NEAR(activations(8192, true) / activations(4096, true), 2.0, 1e-3);
+  // The unfused kernel (train --attention naive) keeps the probabilities: about 4x.
+  EXPECT_GT(activations(8192, false) / activations(4096, false), 3.0);
+  // Below kCpuFlashMinSeq the runtime's auto runs the T x T kernel: the same as unfused.
+  EXPECT_EQ(activations(512, true), activations(512, false));
 }
 
 }  // namespace

@@ -581,6 +581,27 @@ TEST(PlanCliReview, EmitConfigCarriesContextParallelismOnTheCpu) {
                                      test::demo_tokens(dir));
   ASSERT_EQ(t.exit_code, 0) << t.output;
   EXPECT_NE(t.output.find("cp 2 (ring exchange"), std::string::npos) << t.output;
+  // --cp-comm: the exchange planned is the one the config asks train for.
+  const auto a2a = test::run_meshtrain(
+      "plan --model tiny --n-layer 2 --seq 64 --cluster this-host --gpus 4 --batch 4 --cp 2 "
+      "--cp-comm a2a --dp 2 --tp 1 --pp 1 --emit-config " +
+      cfg);
+  ASSERT_EQ(a2a.exit_code, 0) << a2a.output;
+  std::ifstream in2(cfg);
+  EXPECT_EQ(nlohmann::json::parse(in2)["cp_comm"], "a2a");
+  const auto t2 = test::run_meshtrain("train --config " + cfg +
+                                      " --steps 1 --threads 1 --peak-gflops 100 --backend local "
+                                      "--data " +
+                                      test::demo_tokens(dir));
+  ASSERT_EQ(t2.exit_code, 0) << t2.output;
+  EXPECT_NE(t2.output.find("cp 2 (a2a exchange"), std::string::npos) << t2.output;
+  // An exchange the heads cannot take is refused as train refuses it: tiny's 4 heads over
+  // --cp 8 (a2a).
+  const auto bad = test::run_meshtrain(
+      "plan --model tiny --n-layer 2 --seq 64 --cluster this-host --gpus 8 --batch 8 --cp 8 "
+      "--cp-comm a2a --dp 1 --tp 1 --pp 1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("do not divide by cp 8"), std::string::npos) << bad.output;
 }
 
 TEST(PlanCliReview, TablesShowCpAndMemoryThatAddsUp) {
