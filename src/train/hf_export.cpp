@@ -48,6 +48,31 @@ std::vector<HfPart> hf_parts(const model::ParamSpec& s, const model::GptConfig& 
   if (rest == "ln_2.weight") return {{h + "post_attention_layernorm.weight", 0, rows}};
   if (rest == "attn.c_proj.weight") return {{h + "self_attn.o_proj.weight", 0, rows}};
   if (rest == "mlp.c_proj.weight") return {{h + "mlp.down_proj.weight", 0, rows}};
+  // Mixtral's names for an MoE block: the router is block_sparse_moe.gate, expert j's gate,
+  // down and up projections w1, w2, w3. Our stacked [E, 2F, C] and [E, C, F] tensors count
+  // rows of their [E·2F, C] and [E·C, F] views.
+  const std::string moe = h + "block_sparse_moe.";
+  if (rest == "moe.router.weight") return {{moe + "gate.weight", 0, rows}};
+  if (rest == "moe.experts.c_fc.weight" || rest == "moe.experts.c_proj.weight") {
+    const bool in = rest == "moe.experts.c_fc.weight";
+    const int64_t Fe = c.expert_ff();
+    std::vector<HfPart> parts;
+    for (int64_t j = 0; j < c.moe.n_experts; ++j) {
+      const std::string e = moe + "experts." + std::to_string(j) + ".";
+      if (in) {
+        parts.push_back({e + "w1.weight", j * 2 * Fe, Fe});
+        parts.push_back({e + "w3.weight", j * 2 * Fe + Fe, Fe});
+      } else {
+        parts.push_back({e + "w2.weight", j * C, C});
+      }
+    }
+    return parts;
+  }
+  // A shared expert (not in Mixtral: Qwen2-MoE's names under block_sparse_moe).
+  if (rest == "moe.shared.c_fc.weight")
+    return {{moe + "shared_expert.gate_proj.weight", 0, c.moe.d_ff_shared},
+            {moe + "shared_expert.up_proj.weight", c.moe.d_ff_shared, c.moe.d_ff_shared}};
+  if (rest == "moe.shared.c_proj.weight") return {{moe + "shared_expert.down_proj.weight", 0, rows}};
   // With biases (config.json's attention_bias and mlp_bias, both from our one switch).
   if (rest == "attn.c_proj.bias") return {{h + "self_attn.o_proj.bias", 0, rows}};
   if (rest == "mlp.c_proj.bias") return {{h + "mlp.down_proj.bias", 0, rows}};
@@ -65,6 +90,10 @@ std::vector<HfPart> hf_parts(const model::ParamSpec& s, const model::GptConfig& 
 
 Shape part_shape(const model::ParamSpec& s, const HfPart& p) {
   if (s.shape.size() == 1) return {p.rows};
+  if (s.shape.size() == 3) {  // stacked experts: rows of the [E·R, K] view, or all of it
+    if (p.name.find("block_sparse_moe") == std::string::npos) return s.shape;
+    return {p.rows, s.shape[2]};
+  }
   if (s.hf_transposed) return {s.shape[1], p.rows};  // GPT-2's Conv1D: whole tensors only
   return {p.rows, s.shape[1]};
 }
@@ -130,6 +159,10 @@ double llama_parameter_count(const model::GptConfig& c) {
   const double kv = static_cast<double>(c.kv_heads()) * static_cast<double>(c.head_dim());
   double block = 2 * d + d * (d + 2 * kv) + d * d + 3 * d * f;  // 2 norms, q|k|v, o, gate|up|down
   if (c.bias) block += (d + 2 * kv) + d + 2 * f + d;
+  if (c.moe.enabled())  // every block counted as MoE: the bound is only an upper one
+    block += static_cast<double>(c.moe.n_experts) *
+                 (d + 3 * d * static_cast<double>(c.expert_ff())) +
+             3 * d * static_cast<double>(c.moe.d_ff_shared);
   const double embedding = static_cast<double>(c.vocab) * d;
   return embedding * (c.tied ? 1 : 2) + d + static_cast<double>(c.n_layer) * block;
 }
@@ -162,6 +195,26 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
   c.mlp = model::MlpKind::kSwiGlu;
   c.positions = model::Positions::kRope;
   c.rope_theta = j.contains("rope_theta") ? field<double>(j, "rope_theta", path) : 10000.0;
+  if (j.contains("num_local_experts") && !j.at("num_local_experts").is_null()) {  // Mixtral
+    c.moe.n_experts = field<int64_t>(j, "num_local_experts", path);
+    c.moe.top_k = field<int64_t>(j, "num_experts_per_tok", path);
+    if (c.moe.n_experts < 1 || c.moe.n_experts > 65536 || c.moe.top_k < 1 ||
+        c.moe.top_k > c.moe.n_experts)
+      fail("config '{}': num_local_experts {} must be in [1, 65536] and num_experts_per_tok {} "
+           "in [1, num_local_experts]", path, c.moe.n_experts, c.moe.top_k);
+    if (j.contains("meshtrain_moe_every")) {
+      c.moe.every = field<int64_t>(j, "meshtrain_moe_every", path);
+      c.moe.first_dense = field<int64_t>(j, "meshtrain_moe_first_dense", path);
+      c.d_ff = field<int64_t>(j, "meshtrain_dense_intermediate_size", path);
+      c.moe.d_ff_expert = field<int64_t>(j, "intermediate_size", path);
+    }
+    if (j.contains("meshtrain_shared_expert_intermediate_size"))
+      c.moe.d_ff_shared = field<int64_t>(j, "meshtrain_shared_expert_intermediate_size", path);
+    for (const int64_t v : {c.moe.every, c.moe.first_dense + 1, c.d_ff, c.moe.d_ff_expert + 1,
+                            c.moe.d_ff_shared + 1})
+      if (v < 1 || v > kMaxDimension)
+        fail("config '{}': an MoE field of {} is outside its range", path, v);
+  }
   c.tied = j.contains("tie_word_embeddings") && field<bool>(j, "tie_word_embeddings", path);
   c.bias = j.contains("attention_bias") && field<bool>(j, "attention_bias", path);
   if (j.contains("hidden_act") && field<std::string>(j, "hidden_act", path) != "silu")
@@ -263,6 +316,22 @@ std::string hf_config_json(const model::GptConfig& c) {
          {"attention_bias", c.bias},
          {"mlp_bias", c.bias},
          {"torch_dtype", "float32"}};
+    if (c.moe.enabled()) {  // Mixtral's fields (every block MoE, the experts' width)
+      j["architectures"] = {"MixtralForCausalLM"};
+      j["model_type"] = "mixtral";
+      j["intermediate_size"] = c.expert_ff();
+      j["num_local_experts"] = c.moe.n_experts;
+      j["num_experts_per_tok"] = c.moe.top_k;
+      j["output_router_logits"] = false;
+      j["sliding_window"] = nullptr;
+      // What Mixtral cannot say, in fields of our own (transformers does not read them).
+      if (c.moe.every != 1 || c.moe.first_dense != 0) {
+        j["meshtrain_moe_every"] = c.moe.every;
+        j["meshtrain_moe_first_dense"] = c.moe.first_dense;
+        j["meshtrain_dense_intermediate_size"] = c.d_ff;
+      }
+      if (c.moe.d_ff_shared > 0) j["meshtrain_shared_expert_intermediate_size"] = c.moe.d_ff_shared;
+    }
     j["rope_scaling"] = nullptr;
     if (c.rope_scaling.llama3)
       j["rope_scaling"] = {
@@ -292,7 +361,7 @@ void export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
   const auto& c = gpt.config();
   std::vector<NamedArray> arrays;
   for (const auto& p : gpt.params().params()) {
-    const int64_t cols = p.spec.shape.size() > 1 ? p.spec.shape[1] : 1;
+    const int64_t cols = p.spec.shape.size() > 1 ? p.spec.shape.back() : 1;
     for (const HfPart& part : hf_parts(p.spec, c)) {
       NamedArray a;
       a.name = part.name;
@@ -483,7 +552,7 @@ std::vector<float> hf_global_tensor(const SafetensorsFile& f, const std::string&
   g.global_shape = {};
   g.tp_rank = 0;
   g.tp_size = 1;
-  const int64_t cols = g.shape.size() > 1 ? g.shape[1] : 1;
+  const int64_t cols = g.shape.size() > 1 ? g.shape.back() : 1;
   std::vector<float> out(static_cast<size_t>(shape_numel(g.shape)), 0.0f);
   for (const HfPart& part : hf_parts(g, c)) {
     auto it = f.arrays.find(part.name);
@@ -511,7 +580,7 @@ std::vector<float> hf_global_tensor(const SafetensorsFile& f, const std::string&
 void load_hf_weights(model::Gpt& gpt, const SafetensorsFile& f, const std::string& path) {
   const auto& c = gpt.config();
   for (auto& p : gpt.params().params()) {
-    const int64_t cols = p.spec.shape.size() > 1 ? p.spec.shape[1] : 1;
+    const int64_t cols = p.spec.shape.size() > 1 ? p.spec.shape.back() : 1;
     p.value.zero_();  // padding rows stay zero
     for (const HfPart& part : hf_parts(p.spec, c)) {
       auto it = f.arrays.find(part.name);

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """An independent PyTorch implementation of the Llama forward pass, written from Hugging
-Face's LlamaForCausalLM formulas (modeling_llama.py), to check meshtrain's Llama against.
+Face's LlamaForCausalLM formulas (modeling_llama.py), to check meshtrain's Llama against;
+and Mixtral's (modeling_mixtral.py, MixtralSparseMoeBlock) when config.json says
+model_type mixtral: every MLP a router over num_local_experts SwiGLU experts, the softmax
+over all of them in float, the top num_experts_per_tok renormalised.
 
     torch_llama.py eval FOLDER --data TOKENS.bin --batch B --seq T --batches K [--double]
 
@@ -22,7 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_gpt import batch_at, load_safetensors, read_tokens  # noqa: E402
 
 # Tests break one formula on purpose to show that the comparison would catch it:
-# TORCH_LLAMA_BREAK=rope_scaling (ignored) or rotate_half (the other sign).
+# TORCH_LLAMA_BREAK=rope_scaling (ignored) or rotate_half (the other sign); for Mixtral
+# moe_renormalise (the top-k probabilities used as they are) or moe_top1 (one expert).
 BREAK = os.environ.get("TORCH_LLAMA_BREAK", "")
 
 
@@ -65,6 +69,8 @@ class Llama:
         self.hd = self.C // self.H
         self.eps = float(cfg["rms_norm_eps"])
         self.inv_freq = rope_inv_freq(cfg, self.hd)
+        self.experts = cfg.get("num_local_experts") or 0
+        self.top_k = cfg.get("num_experts_per_tok") or 0
         if cfg.get("tie_word_embeddings"):
             self.w.setdefault("lm_head.weight", self.w["model.embed_tokens.weight"])
 
@@ -96,12 +102,37 @@ class Llama:
             y = y.transpose(1, 2).reshape(B, T, self.C)
             x = x + y @ w[p + "self_attn.o_proj.weight"].T
             h = self.rms(x, w[p + "post_attention_layernorm.weight"])
+            if self.experts:
+                x = x + self.sparse_moe(h, p + "block_sparse_moe.")
+                continue
             gate = h @ w[p + "mlp.gate_proj.weight"].T
             up = h @ w[p + "mlp.up_proj.weight"].T
             x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
         x = self.rms(x, w["model.norm.weight"])
         logits = x @ w["lm_head.weight"].T
         return torch.nn.functional.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+
+
+    def sparse_moe(self, h, p):
+        """MixtralSparseMoeBlock.forward: token by token through its chosen experts."""
+        w = self.w
+        B, T, C = h.shape
+        flat = h.reshape(-1, C)
+        probs = torch.softmax(flat @ w[p + "gate.weight"].T, dim=-1)
+        k = 1 if BREAK == "moe_top1" else self.top_k
+        weights, chosen = torch.topk(probs, k, dim=-1)
+        if BREAK != "moe_renormalise":
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for e in range(self.experts):
+            rows, slot = torch.where(chosen == e)
+            if rows.numel() == 0:
+                continue
+            q = f"{p}experts.{e}."
+            xe = flat[rows]
+            ye = (torch.nn.functional.silu(xe @ w[q + "w1.weight"].T) * (xe @ w[q + "w3.weight"].T)) @ w[q + "w2.weight"].T
+            out.index_add_(0, rows, ye * weights[rows, slot, None])
+        return out.view(B, T, C)
 
 
 def main():
@@ -118,8 +149,9 @@ def main():
     torch.set_num_threads(1)
     with open(os.path.join(a.folder, "config.json")) as f:
         cfg = json.load(f)
-    if cfg.get("model_type") != "llama" or cfg.get("architectures") != ["LlamaForCausalLM"]:
-        raise SystemExit(f"{a.folder}/config.json does not describe a LlamaForCausalLM")
+    if (cfg.get("model_type"), cfg.get("architectures")) not in (
+            ("llama", ["LlamaForCausalLM"]), ("mixtral", ["MixtralForCausalLM"])):
+        raise SystemExit(f"{a.folder}/config.json describes neither a LlamaForCausalLM nor a MixtralForCausalLM")
     weights, _ = load_safetensors(os.path.join(a.folder, "model.safetensors"))
     dtype = torch.float64 if a.double else torch.float32
     model = Llama(cfg, weights, dtype)

@@ -317,5 +317,65 @@ TEST_F(ExportTorch, LlamaExportEvaluatesTheSameInTorch) {
   }
 }
 
+// A Mixtral-shaped model (every MLP 8 SwiGLU experts, top 2; dropless) trained by meshtrain
+// with the balancing loss and exported as a Mixtral folder: tests/python/torch_llama.py's
+// MixtralSparseMoeBlock (written from Hugging Face's modeling_mixtral.py) gives meshtrain
+// eval's loss within the same 1e-5. Using the top-2 probabilities without renormalising,
+// or one expert instead of two, moves it by more than 10x that.
+TEST_F(ExportTorch, MixtralExportEvaluatesTheSameInTorch) {
+  data_ = test::demo_tokens(dir_);
+  TrainOptions o = test::tiny_run(data_.string(), 40, 64, 8);
+  model::GptConfig& c = o.model;
+  c.name = "mixtral-export";
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.d_model = 64;
+  c.d_ff = 96;
+  c.bias = false;
+  c.tied = false;
+  c.norm = model::NormKind::kRmsNorm;
+  c.mlp = model::MlpKind::kSwiGlu;
+  c.positions = model::Positions::kRope;
+  c.rope_theta = 10000;
+  c.moe.n_experts = 8;
+  c.moe.top_k = 2;
+  o.moe.aux_loss = 0.01;
+  o.lr = 1e-2f;
+  o.export_path = (dir_ / "mixtral").string();
+  run_training(o);
+  const fs::path folder = dir_ / "mixtral";
+  std::ifstream cf(folder / "config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(cf, nullptr, false);
+  ASSERT_TRUE(cfg.is_object());
+  EXPECT_EQ(cfg["model_type"], "mixtral");
+  EXPECT_EQ(cfg["architectures"], nlohmann::json::array({"MixtralForCausalLM"}));
+  EXPECT_EQ(cfg["num_local_experts"], 8);
+  EXPECT_EQ(cfg["num_experts_per_tok"], 2);
+  EXPECT_EQ(cfg["intermediate_size"], 96);
+  const nlohmann::json header = read_safetensors_header(folder / "model.safetensors");
+  EXPECT_EQ(header["model.layers.1.block_sparse_moe.gate.weight"]["shape"],
+            nlohmann::json::array({8, 64}));
+  EXPECT_EQ(header["model.layers.0.block_sparse_moe.experts.7.w1.weight"]["shape"],
+            nlohmann::json::array({96, 64}));
+  EXPECT_EQ(header["model.layers.0.block_sparse_moe.experts.7.w2.weight"]["shape"],
+            nlohmann::json::array({64, 96}));
+  EXPECT_TRUE(header.contains("model.layers.1.block_sparse_moe.experts.3.w3.weight"));
+
+  const std::string torch_cmd = std::string(kPython) + " " + quote(kTorchLlama) + " eval " +
+                                quote(folder.string()) + " --data " + quote(data_.string()) + " " +
+                                kEvalArgs;
+  const double mt = meshtrain_eval(folder), torch = loss_of(torch_cmd);
+  expect_same_loss(mt, torch);
+  std::printf("mixtral: meshtrain %.9g, torch %.9g, relative %.2e\n", mt, torch,
+              std::abs(mt - torch) / torch);
+  for (const char* broken : {"moe_renormalise", "moe_top1"}) {
+    const double b = loss_of("env TORCH_LLAMA_BREAK=" + std::string(broken) + " " + torch_cmd);
+    std::printf("mixtral: torch with %s broken %.9g, relative %.2e\n", broken, b,
+                std::abs(b - torch) / torch);
+    EXPECT_GT(std::abs(b - torch), 10 * kLossRelTol * std::abs(torch)) << broken;
+  }
+}
+
 }  // namespace
 }  // namespace mt::train
