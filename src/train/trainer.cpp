@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/hosts.h"
 #include "comm/launch.h"
 #include "comm/mesh.h"
 #include "comm/mpi.h"
@@ -519,10 +520,20 @@ nlohmann::json memory_by_rank(comm::Group* scalars, const mem::Tracker& tracker)
   return out;
 }
 
-void run_rank(Shared& sh, comm::Group& world) {
+void run_rank(Shared& sh, comm::Group& world_in) {
   const TrainOptions& o = sh.o;
   mem::Tracker tracker;
   mem::ScopedTracker track(tracker);
+  // Processes on several hosts (mpirun over a hostfile): the world ordered host by host, so
+  // that the mesh's fastest dimensions (tp first) fall inside a host (docs/multihost.md).
+  comm::HostMap hosts;
+  std::unique_ptr<comm::Group> by_host;
+  if (world_in.backend_kind() == "mpi" && world_in.size() > 1) {
+    hosts = comm::exchange_host_names(world_in);
+    by_host = comm::order_by_host(world_in, hosts, "world");
+    hosts = comm::reorder_by_host(hosts);
+  }
+  comm::Group& world = by_host ? *by_host : world_in;
   // Before the first allocation: tensors go to the thread's device.
   if (o.device == "cuda")
     device::use_cuda(gpu_of_rank(world.rank()));
@@ -533,6 +544,8 @@ void run_rank(Shared& sh, comm::Group& world) {
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
   comm::DeviceMesh mesh(world, make_mesh_shape(o, world.size()));
+  const std::string placement =
+      hosts.hosts() > 1 ? comm::describe_placement(mesh.shape(), hosts) : "";
   comm::Group& dp = mesh.group("dp");
   comm::Group& tp_group = mesh.group("tp");
   comm::Group& ppg = mesh.group("pp");
@@ -612,7 +625,7 @@ void run_rank(Shared& sh, comm::Group& world) {
           sh.schedule->lowering == parallel::pp::Lowering::kBatched ? ", batched exchanges" : "");
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads{}, vocab {} padded to {}), {:.2f}M "
-        "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
+        "parameters; batch {} x seq {}; {}; mesh {}{}; {} microbatch(es) of {} per step and "
         "replica; recompute {}; {}; data {} ({}; {} train sequences{})",
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head,
         o.model.llama_family() || o.model.kv_heads() != o.model.n_head
@@ -623,7 +636,7 @@ void run_rank(Shared& sh, comm::Group& world) {
             : "",
         o.model.vocab, rep.gpt.config().padded_vocab(),
         model::count_params(model::gpt_param_specs(o.model)) / 1e6, B, T, layout, o.mesh_order,
-        n_micro, mb, o.recompute,
+        placement.empty() ? "" : " on " + placement, n_micro, mb, o.recompute,
         device::on_cuda() ? fmt::format("device {}", device::describe(mem::Device::kCuda,
                                                                       device::current_index()))
                           : fmt::format("{} thread(s) per rank", sh.threads),
@@ -916,6 +929,28 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (!o.pipeline.trace.empty()) {
       write_pipeline_trace(world, p + P * d, trace, o.pipeline.trace);
       if (talk) progress.line(fmt::format("wrote the pipeline trace to {}", o.pipeline.trace));
+    }
+  }
+
+  // On several hosts: what the flight recorders counted on the groups that span hosts, by
+  // dimension, summed over the ranks (tp's is 0 where tp sits inside hosts).
+  if (hosts.hosts() > 1 && scalars) {
+    const std::vector<std::string> across = comm::dims_across_hosts(mesh.shape(), hosts);
+    const std::vector<std::pair<std::string, comm::Group*>> dims = {
+        {"tp", &tp_group}, {"cp", &cpg}, {"pp", &ppg}, {"dp", &grads_group}};
+    std::vector<float> kib;
+    for (const auto& [dim, g] : dims) {
+      const bool crosses = std::find(across.begin(), across.end(), dim) != across.end();
+      kib.push_back(crosses ? static_cast<float>(bytes_of(*g)) / 1024.0f : 0.0f);
+    }
+    scalars->all_reduce(comm::Buf(kib.data(), static_cast<int64_t>(kib.size())));
+    if (talk) {
+      std::string line = "bytes received over groups that cross hosts (all ranks):";
+      for (size_t i = 0; i < dims.size(); ++i)
+        if (mesh.shape().size(dims[i].first) > 1)
+          line += fmt::format(" {} {}", dims[i].first,
+                              obs::human_bytes(static_cast<double>(kib[i]) * 1024.0));
+      progress.line(line);
     }
   }
 
