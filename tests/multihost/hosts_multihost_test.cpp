@@ -92,14 +92,16 @@ TEST_F(NamespaceHosts, TpStaysInsideAHostWhateverTheMapping) {
   EXPECT_NE(in.output.find("on 2 hosts (up to 4 ranks each); tp inside hosts; dp across hosts"),
             std::string::npos)
       << in.output;
-  EXPECT_NE(in.output.find("cross hosts (all ranks): dp "), std::string::npos) << in.output;
-  EXPECT_NE(in.output.find(" tp 0 B"), std::string::npos) << in.output;
+  EXPECT_NE(in.output.find("cross hosts (all ranks): tp 0.0 B dp "), std::string::npos)
+      << in.output;
+  EXPECT_EQ(in.output.find(" dp 0.0 B"), std::string::npos) << in.output;
 
   const RunResult across = mpirun(8, run + " --mesh-order tp,pp,cp,dp", "--map-by node");
   ASSERT_EQ(across.exit_code, 0) << across.output;
   EXPECT_NE(across.output.find("dp inside hosts; tp across hosts"), std::string::npos)
       << across.output;
-  EXPECT_EQ(across.output.find(" tp 0 B"), std::string::npos) << across.output;
+  EXPECT_NE(across.output.find(" dp 0.0 B"), std::string::npos) << across.output;
+  EXPECT_EQ(across.output.find(" tp 0.0 B"), std::string::npos) << across.output;
 }
 
 // A file's text ("" if it is not there yet).
