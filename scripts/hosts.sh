@@ -140,7 +140,8 @@ do_shape() {
     shape_one "$prefix-v$i"
     shape_one "$(ns_of "$i")" -n "$(ns_of "$i")"
   done
-  echo "hosts.sh: links of prefix '$prefix' shaped: rate $rate${delay:+ delay $delay} each way" >&2
+  if [ "$rate" = off ]; then echo "hosts.sh: links of prefix '$prefix' no longer shaped" >&2
+  else echo "hosts.sh: links of prefix '$prefix' shaped: rate $rate${delay:+ delay $delay} each way" >&2; fi
 }
 
 case "$cmd" in
