@@ -105,7 +105,15 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+# SIGINT/SIGTERM stop the job cleanly instead of restarting it: mpirun passes SIGUSR1 on to
+# every rank, which finishes its step, saves and exits 3 (docs/checkpoints.md).
+stopping=""
+on_signal() {
+  stopping=1
+  echo "elastic-mpirun: stopping the job (SIGUSR1 to mpirun; no restart)" >&2
+  [ -n "$child" ] && kill -USR1 "$child" 2>/dev/null
+}
+trap on_signal INT TERM
 
 attempt=0 lost_total=() ran_s=0
 while true; do
@@ -157,7 +165,7 @@ while true; do
   child=$!
   # Wait for the job; end it when one of its hosts has been silent for --hang-grace seconds.
   silent_since=()
-  while kill -0 "$child" 2>/dev/null; do
+  while kill -0 "$child" 2>/dev/null && [ -z "$stopping" ]; do
     sleep 1
     now=$(date +%s)
     for k in "${!alive[@]}"; do
@@ -174,6 +182,7 @@ while true; do
   wait "$child"
   rc=$?
   child=""
+  if [ -n "$stopping" ]; then exit $rc; fi
   ran_s=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [ $rc -eq 0 ] || [ $rc -eq 2 ] || [ $rc -eq 3 ]; then exit $rc; fi
   echo "elastic-mpirun: the job exited with $rc after $ran_s s" >&2
