@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 
 #include "core/error.h"
 
@@ -48,64 +47,38 @@ HostMap exchange_host_names(Group& world) {
   return m;
 }
 
-namespace {
-std::vector<int> host_major_order(const HostMap& hosts) {  // position -> rank
-  std::vector<int> ranks(hosts.host_of_rank.size());
-  std::iota(ranks.begin(), ranks.end(), 0);
-  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
-    return hosts.host_of_rank[static_cast<size_t>(a)] < hosts.host_of_rank[static_cast<size_t>(b)];
-  });
-  return ranks;
-}
-}  // namespace
-
 std::unique_ptr<Group> order_by_host(Group& world, const HostMap& hosts, const std::string& name) {
   if (hosts.hosts() <= 1) return nullptr;
-  const std::vector<int> order = host_major_order(hosts);
-  const int key =
-      static_cast<int>(std::find(order.begin(), order.end(), world.rank()) - order.begin());
+  // This rank's place: the ranks of lower hosts, then this host's lower ranks, before it.
+  const int mine = hosts.host_of_rank[static_cast<size_t>(world.rank())];
+  int key = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    const int h = hosts.host_of_rank[static_cast<size_t>(r)];
+    if (h < mine || (h == mine && r < world.rank())) ++key;
+  }
   return world.split(0, key, name);
 }
 
-HostMap reorder_by_host(const HostMap& hosts) {
-  HostMap m = hosts;
-  const std::vector<int> order = host_major_order(hosts);
-  for (size_t pos = 0; pos < order.size(); ++pos)
-    m.host_of_rank[pos] = hosts.host_of_rank[static_cast<size_t>(order[pos])];
-  return m;
+bool spans_hosts(const Group& group, const HostMap& hosts) {
+  const std::vector<int>& members = group.world_ranks();
+  for (int r : members)
+    if (hosts.host_of_rank.at(static_cast<size_t>(r)) !=
+        hosts.host_of_rank.at(static_cast<size_t>(members[0])))
+      return true;
+  return false;
 }
 
-std::vector<std::string> dims_across_hosts(const MeshShape& shape, const HostMap& hosts) {
-  MT_ASSERT(static_cast<int>(hosts.host_of_rank.size()) == shape.world_size());
-  std::vector<std::string> across;
-  for (const std::string& dim : shape.order()) {
-    if (shape.size(dim) <= 1) continue;
-    bool crosses = false;
-    for (int r = 0; r < shape.world_size() && !crosses; ++r)
-      for (int peer : shape.group_ranks({dim}, r))
-        if (hosts.host_of_rank[static_cast<size_t>(peer)] !=
-            hosts.host_of_rank[static_cast<size_t>(r)])
-          crosses = true;
-    if (crosses) across.push_back(dim);
+std::string describe_placement(const std::vector<std::pair<std::string, bool>>& dims_across,
+                               const HostMap& hosts) {
+  std::string inside, across;
+  for (const auto& [dim, crosses] : dims_across) {
+    std::string& list = crosses ? across : inside;
+    list += (list.empty() ? "" : ", ") + dim;
   }
-  return across;
-}
-
-std::string describe_placement(const MeshShape& shape, const HostMap& hosts) {
-  const std::vector<std::string> across = dims_across_hosts(shape, hosts);
-  std::vector<std::string> inside;
-  for (const std::string& dim : shape.order())
-    if (shape.size(dim) > 1 && std::find(across.begin(), across.end(), dim) == across.end())
-      inside.push_back(dim);
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
-    return s;
-  };
   std::string s =
       fmt::format("{} hosts (up to {} ranks each)", hosts.hosts(), hosts.max_ranks_per_host());
-  if (!inside.empty()) s += "; " + join(inside) + " inside hosts";
-  s += "; " + (across.empty() ? std::string("no dimension") : join(across)) + " across hosts";
+  if (!inside.empty()) s += "; " + inside + " inside hosts";
+  s += "; " + (across.empty() ? std::string("no dimension") : across) + " across hosts";
   return s;
 }
 

@@ -9,38 +9,38 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/group.h"
-#include "comm/mesh.h"
 
 namespace mt::comm {
 
 struct HostMap {
   std::vector<std::string> names;  // by host index
-  std::vector<int> host_of_rank;   // by rank of the group it was made over
+  std::vector<int> host_of_rank;   // by world rank (the job's, Group::world_ranks)
   int hosts() const { return static_cast<int>(names.size()); }
-  // Ranks of the largest host (a mesh placed inside hosts needs equal hosts to divide it).
   int max_ranks_per_host() const;
 };
 
 // This process's host name ("?" when the system will not say).
 std::string this_host_name();
 
-// Collective over `world`: every rank's host name (at most 63 bytes are compared).
+// Collective over `world` (the job's world group): every rank's host name (at most 63 bytes
+// are compared).
 HostMap exchange_host_names(Group& world);
 
-// Collective over `world` when the ranks span several hosts: `world` ordered by (host index,
-// rank), named `name`; nullptr (no collective) when every rank is on one host. Rank 0 stays
-// rank 0 (its host is host 0 and it is that host's lowest rank).
+// Collective over `world` (the job's world group) when the ranks span several hosts: `world`
+// ordered by (host index, rank), named `name`; nullptr (no collective) when every rank is on
+// one host. Rank 0 stays rank 0 (its host is host 0 and it is that host's lowest rank).
 std::unique_ptr<Group> order_by_host(Group& world, const HostMap& hosts, const std::string& name);
 
-// The world's ranks listed by host in the order order_by_host gives them.
-HostMap reorder_by_host(const HostMap& hosts);
+// Whether `group`'s members run on more than one host.
+bool spans_hosts(const Group& group, const HostMap& hosts);
 
-// Of each dimension of size > 1: whether some group of it holds ranks of more than one host
-// (rank r of the mesh on host hosts.host_of_rank[r]). "tp inside hosts; dp, pp across hosts".
-std::vector<std::string> dims_across_hosts(const MeshShape& shape, const HostMap& hosts);
-std::string describe_placement(const MeshShape& shape, const HostMap& hosts);
+// "2 hosts (up to 4 ranks each); tp inside hosts; dp across hosts", from each dimension of
+// size > 1 (slowest first) and whether some group of it spans hosts.
+std::string describe_placement(const std::vector<std::pair<std::string, bool>>& dims_across,
+                               const HostMap& hosts);
 
 }  // namespace mt::comm

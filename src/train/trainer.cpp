@@ -526,12 +526,11 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   mem::ScopedTracker track(tracker);
   // Processes on several hosts (mpirun over a hostfile): the world ordered host by host, so
   // that the mesh's fastest dimensions (tp first) fall inside a host (docs/multihost.md).
-  comm::HostMap hosts;
+  comm::HostMap hosts;  // by the job's world rank
   std::unique_ptr<comm::Group> by_host;
   if (world_in.backend_kind() == "mpi" && world_in.size() > 1) {
     hosts = comm::exchange_host_names(world_in);
     by_host = comm::order_by_host(world_in, hosts, "world");
-    hosts = comm::reorder_by_host(hosts);
   }
   comm::Group& world = by_host ? *by_host : world_in;
   // Before the first allocation: tensors go to the thread's device.
@@ -544,8 +543,6 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
   comm::DeviceMesh mesh(world, make_mesh_shape(o, world.size()));
-  const std::string placement =
-      hosts.hosts() > 1 ? comm::describe_placement(mesh.shape(), hosts) : "";
   comm::Group& dp = mesh.group("dp");
   comm::Group& tp_group = mesh.group("tp");
   comm::Group& ppg = mesh.group("pp");
@@ -560,6 +557,21 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   std::unique_ptr<comm::Group> scalars_group;
   if (world.size() > 1) scalars_group = world.split(0, world.rank(), "scalars");
   comm::Group* scalars = scalars_group.get();
+  // On several hosts: which dimensions' groups span hosts, on any rank (from the groups as
+  // made, so a placement that went wrong shows).
+  std::vector<std::pair<std::string, bool>> across;  // dims of size > 1, slowest first
+  std::string placement;
+  if (hosts.hosts() > 1 && scalars) {
+    std::vector<float> spans;
+    for (const std::string& dim : mesh.shape().order())
+      spans.push_back(comm::spans_hosts(mesh.group(dim), hosts) ? 1.0f : 0.0f);
+    scalars->all_reduce(comm::Buf(spans.data(), static_cast<int64_t>(spans.size())),
+                        comm::ReduceOp::kMax);
+    for (size_t i = 0; i < spans.size(); ++i)
+      if (mesh.shape().size(mesh.shape().order()[i]) > 1)
+        across.emplace_back(mesh.shape().order()[i], spans[i] > 0);
+    placement = comm::describe_placement(across, hosts);
+  }
   // The tied embedding / LM head: the first and the last stage of each (dp, tp) position.
   const bool tied_sync = o.model.tied && P > 1;
   std::unique_ptr<comm::Group> tied;
@@ -935,14 +947,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   // On several hosts: what the flight recorders counted on the groups that span hosts, by
   // dimension, summed over the ranks (tp's is 0 where tp sits inside hosts).
   if (hosts.hosts() > 1 && scalars) {
-    const std::vector<std::string> across = comm::dims_across_hosts(mesh.shape(), hosts);
     const std::vector<std::pair<std::string, comm::Group*>> dims = {
         {"tp", &tp_group}, {"cp", &cpg}, {"pp", &ppg}, {"dp", &grads_group}};
     std::vector<float> kib;
-    for (const auto& [dim, g] : dims) {
-      const bool crosses = std::find(across.begin(), across.end(), dim) != across.end();
-      kib.push_back(crosses ? static_cast<float>(bytes_of(*g)) / 1024.0f : 0.0f);
-    }
+    for (const auto& [dim, g] : dims)
+      kib.push_back(comm::spans_hosts(*g, hosts) ? static_cast<float>(bytes_of(*g)) / 1024.0f
+                                                 : 0.0f);
     scalars->all_reduce(comm::Buf(kib.data(), static_cast<int64_t>(kib.size())));
     if (talk) {
       std::string line = "bytes received over groups that cross hosts (all ranks):";
