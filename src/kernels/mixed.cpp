@@ -1,6 +1,5 @@
 // Mixed-precision kernels (mixed.h): bf16 conversions, the linear layer on bf16 operands
 // through oneDNN's matmul (AMX here), and its backward with fp32 gradients.
-#include "kernels/dispatch.h"
 #include "kernels/mixed.h"
 
 #include <omp.h>
@@ -10,6 +9,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
 #include "kernels/vec_math.h"
@@ -18,7 +18,9 @@ namespace mt::kernels {
 namespace {
 
 // Below this many elements a conversion runs on the calling thread (the fork costs more
-// than the copy).
+// than the copy). Not through OpenMP's `if` clause: libgomp allocates a team even for a
+// region it runs on one thread, a heap allocation per call in the steady state
+// (tests/kernels/mixed_test.cpp counts them).
 constexpr int64_t kParallelElems = int64_t{1} << 15;
 
 // Rows [0, rows) of dy[., out]: ws = bf16(dy), and db += column sums of the f32 dy. Threads
@@ -27,8 +29,7 @@ constexpr int64_t kParallelElems = int64_t{1} << 15;
 void round_and_bias_grad(bf16* ws, float* db, const float* dy, int64_t rows, int64_t out) {
   constexpr int64_t kCols = 64;
   const int64_t blocks = (out + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static) if (rows * out >= kParallelElems)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
+  auto block = [&](int64_t blk) {
     const int64_t j0 = blk * kCols, j1 = std::min(out, j0 + kCols);
     float acc[kCols] = {};
     for (int64_t i = 0; i < rows; ++i) {
@@ -41,7 +42,13 @@ void round_and_bias_grad(bf16* ws, float* db, const float* dy, int64_t rows, int
       }
     }
     for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
+  };
+  if (rows * out < kParallelElems) {
+    for (int64_t blk = 0; blk < blocks; ++blk) block(blk);
+    return;
   }
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) block(blk);
 }
 
 void check_linear(const char* what, int64_t n, int64_t in, int64_t out) {
@@ -73,14 +80,24 @@ void forward_impl(Y* y, const bf16* x, const bf16* w, const float* b, int64_t n,
 void to_bf16(bf16* y, const float* x, int64_t n) {
   MT_CUDA_DISPATCH(to_bf16(y, x, n));
   uint16_t* o = reinterpret_cast<uint16_t*>(y);
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElems)
+  if (n < kParallelElems) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = detail::bf16_bits(x[i]);
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) o[i] = detail::bf16_bits(x[i]);
 }
 
 void to_f32(float* y, const bf16* x, int64_t n) {
   MT_CUDA_DISPATCH(to_f32(y, x, n));
   const uint16_t* in = reinterpret_cast<const uint16_t*>(x);
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElems)
+  if (n < kParallelElems) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
 }
 

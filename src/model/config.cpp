@@ -41,6 +41,13 @@ GptConfig llama(const char* name, int64_t layers, int64_t heads, int64_t kv, int
   return c;
 }
 
+// A Mixtral-family model: a Llama whose MLPs are `experts` routed SwiGLU experts, top `k`.
+GptConfig mixtral(GptConfig c, int64_t experts, int64_t k) {
+  c.moe.n_experts = experts;
+  c.moe.top_k = k;
+  return c;
+}
+
 // Llama 3.1 and 3.2's rope_scaling: {"rope_type": "llama3", "factor", "low_freq_factor": 1,
 // "high_freq_factor": 4, "original_max_position_embeddings": 8192}.
 GptConfig scaled(GptConfig c, double factor) {
@@ -55,7 +62,8 @@ GptConfig scaled(GptConfig c, double factor) {
 
 std::vector<std::string> preset_names() {
   return {"tiny",        "gpt2-124m",   "gpt2-350m", "gpt2-774m",  "gpt2-1.5b",    "llama-tiny",
-          "llama3.2-1b", "llama3.2-3b", "llama3-8b", "llama3-70b", "llama3.1-405b"};
+          "llama3.2-1b", "llama3.2-3b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mixtral-tiny", "mixtral-8x7b", "qwen3-30b-a3b",
+          "deepseek-v3"};
 }
 
 GptConfig preset(const std::string& name) {
@@ -80,6 +88,32 @@ GptConfig preset(const std::string& name) {
   if (name == "llama3.1-405b")
     return scaled(llama("llama3.1-405b", 126, 128, 8, 16384, 53248, 128256, 8192, false, 500000),
                   8);
+  // `mixtral-tiny`: llama-tiny's attention with 8 SwiGLU experts of width 176, top 2.
+  if (name == "mixtral-tiny")
+    return mixtral(llama("mixtral-tiny", 4, 4, 2, 128, 176, 256, 128, false, 10000), 8, 2);
+  // mistralai/Mixtral-8x7B-v0.1 config.json (max_position_embeddings 32768).
+  if (name == "mixtral-8x7b")
+    return mixtral(llama("mixtral-8x7b", 32, 32, 8, 4096, 14336, 32000, 32768, false, 1e6), 8, 2);
+  // Qwen/Qwen3-30B-A3B: 128 experts of 768, top 8 (norm_topk_prob: renormalised). Its
+  // head_dim is 128 (not d_model / n_head = 64) and it normalises q and k: the engine has
+  // neither, so this preset is for the planner (attention FLOPs within a few percent).
+  if (name == "qwen3-30b-a3b") {
+    GptConfig c = mixtral(llama("qwen3-30b-a3b", 48, 32, 4, 2048, 6144, 151936, 40960, false, 1e6),
+                          128, 8);
+    c.moe.d_ff_expert = 768;
+    return c;
+  }
+  // deepseek-ai/DeepSeek-V3: 61 blocks (the first 3 dense, d_ff 18432), 256 routed experts of
+  // 2048 and one shared, top 8. Its attention is MLA, which the engine does not run; here it
+  // is shaped as 128-head attention of the same width, for the planner's MoE arithmetic.
+  if (name == "deepseek-v3") {
+    GptConfig c = mixtral(llama("deepseek-v3", 61, 128, 128, 7168, 18432, 129280, 4096, false, 1e4),
+                          256, 8);
+    c.moe.d_ff_expert = 2048;
+    c.moe.d_ff_shared = 2048;
+    c.moe.first_dense = 3;
+    return c;
+  }
   fail("unknown model preset '{}' (choose one of {}, or give --config FILE.json)", name,
        fmt::join(preset_names(), ", "));
 }
@@ -92,12 +126,22 @@ bool GptConfig::same_model(const GptConfig& o) const {
          positions == o.positions && rope_theta == o.rope_theta && a.llama3 == b.llama3 &&
          (!a.llama3 || (a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
                         a.high_freq_factor == b.high_freq_factor &&
-                        a.original_max_position == b.original_max_position));
+                        a.original_max_position == b.original_max_position)) &&
+         moe == o.moe;
 }
 
 const char* norm_name(NormKind n) { return n == NormKind::kRmsNorm ? "rmsnorm" : "layernorm"; }
 const char* mlp_name(MlpKind m) { return m == MlpKind::kSwiGlu ? "swiglu" : "gelu"; }
 const char* positions_name(Positions p) { return p == Positions::kRope ? "rope" : "learned"; }
+
+const char* router_order_name(RouterOrder o) {
+  return o == RouterOrder::kTopKSoftmax ? "topk-softmax" : "softmax-topk";
+}
+RouterOrder parse_router_order(const std::string& s) {
+  if (s == "softmax-topk") return RouterOrder::kSoftmaxTopK;
+  if (s == "topk-softmax") return RouterOrder::kTopKSoftmax;
+  fail("router order '{}' is not one (choose softmax-topk, Mixtral's, or topk-softmax)", s);
+}
 
 NormKind parse_norm(const std::string& s) {
   if (s == "layernorm") return NormKind::kLayerNorm;
@@ -159,6 +203,19 @@ void GptConfig::validate() const {
         "high_freq_factor {}, original_max_position_embeddings {} >= 1",
         rope_scaling.factor, rope_scaling.low_freq_factor, rope_scaling.high_freq_factor,
         rope_scaling.original_max_position);
+  if (moe.n_experts < 0) fail("n_experts {} must be 0 (dense) or more", moe.n_experts);
+  if (moe.enabled()) {
+    if (moe.top_k < 1 || moe.top_k > moe.n_experts)
+      fail("--moe-top-k {} must be between 1 and the number of experts {}", moe.top_k,
+           moe.n_experts);
+    if (moe.every < 1) fail("--moe-every {} must be at least 1 (1: every block)", moe.every);
+    if (moe.first_dense < 0 || moe.d_ff_expert < 0 || moe.d_ff_shared < 0)
+      fail("first_dense {}, d_ff_expert {} and d_ff_shared {} must not be negative",
+           moe.first_dense, moe.d_ff_expert, moe.d_ff_shared);
+    if (n_moe_layers() == 0)
+      fail("n_experts {} but no block is MoE (n_layer {}, every {}, first_dense {})",
+           moe.n_experts, n_layer, moe.every, moe.first_dense);
+  }
 }
 
 void check_tp(const GptConfig& c, int tp, bool sp) {

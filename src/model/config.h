@@ -31,6 +31,30 @@ struct RopeScaling {
   int64_t original_max_position = 8192;
 };
 
+// Mixture of experts (docs/moe.md). The router's order: Mixtral's (softmax over all experts,
+// then the top k, renormalised) or the top k logits first, then a softmax over those.
+enum class RouterOrder : uint8_t { kSoftmaxTopK, kTopKSoftmax };
+
+// Routed experts in place of the MLP (Hugging Face MixtralConfig / Qwen3MoeConfig /
+// DeepseekV3Config fields). Every expert is the block's MLP kind (SwiGLU or GELU) of width
+// d_ff_expert; a shared expert of width d_ff_shared (DeepSeek / Qwen2: n_shared_experts ·
+// moe_intermediate_size) is always active beside them.
+struct MoeConfig {
+  int64_t n_experts = 0;    // num_local_experts / num_experts / n_routed_experts; 0: dense
+  int64_t top_k = 2;        // num_experts_per_tok
+  int64_t every = 1;        // decoder_sparse_step: block i is MoE when (i + 1) % every == 0
+  int64_t first_dense = 0;  // first_k_dense_replace: blocks below are dense MLPs of d_ff
+  int64_t d_ff_expert = 0;  // moe_intermediate_size (0: d_ff)
+  int64_t d_ff_shared = 0;  // the shared expert's width (0: none)
+  RouterOrder order = RouterOrder::kSoftmaxTopK;
+
+  bool enabled() const { return n_experts > 0; }
+  bool is_moe_layer(int64_t i) const {
+    return enabled() && i >= first_dense && (i + 1) % every == 0;
+  }
+  bool operator==(const MoeConfig&) const = default;
+};
+
 struct GptConfig {
   std::string name = "custom";
   int64_t n_layer = 0;
@@ -51,6 +75,15 @@ struct GptConfig {
   // The vocabulary is padded to a multiple of this: 128, or lcm(128, tp) with tensor
   // parallelism so that every tp rank holds the same number of rows (tp_vocab_pad).
   int64_t vocab_pad_multiple = kVocabPadMultiple;
+  MoeConfig moe;  // n_experts 0: every block has the dense MLP
+
+  // The routed experts' width (d_ff unless the config names one).
+  int64_t expert_ff() const { return moe.d_ff_expert > 0 ? moe.d_ff_expert : d_ff; }
+  int64_t n_moe_layers() const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < n_layer; ++i) n += moe.is_moe_layer(i);
+    return n;
+  }
 
   int64_t padded_vocab() const {
     return (vocab + vocab_pad_multiple - 1) / vocab_pad_multiple * vocab_pad_multiple;
@@ -79,6 +112,8 @@ int64_t tp_vocab_pad(int tp);
 const char* norm_name(NormKind n);          // "layernorm", "rmsnorm"
 const char* mlp_name(MlpKind m);            // "gelu", "swiglu"
 const char* positions_name(Positions p);    // "learned", "rope"
+const char* router_order_name(RouterOrder o);  // "softmax-topk", "topk-softmax"
+RouterOrder parse_router_order(const std::string& s);
 NormKind parse_norm(const std::string& s);  // refuses another name, naming the valid ones
 MlpKind parse_mlp(const std::string& s);
 Positions parse_positions(const std::string& s);

@@ -90,6 +90,9 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
       cp_(std::make_unique<parallel::cp::CpContext>()),
       tp_(tp) {
   config_.validate();
+  if (config_.moe.enabled())
+    fail("model {} has {} experts: the engine does not run MoE layers yet (plan it with "
+         "`meshtrain plan`)", config_.name, config_.moe.n_experts);
   params_.initialize(seed);  // by global name and element index: the same on any layout
   if (store.bf16_copy) mp_ = std::make_unique<MixedPrecision>();
   const int64_t C = config_.d_model, F = config_.d_ff / tp.size, Cl = C / tp.size;

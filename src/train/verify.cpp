@@ -7,9 +7,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <string_view>
 
 #include "core/error.h"
+#include "model/gpt.h"
+#include "train/hf_export.h"
 
 namespace mt::train {
 
@@ -85,7 +88,8 @@ double VerifyReport::worst_grad_norm_rel() const {
 bool VerifyReport::pass() const {
   // Written so that a NaN difference fails.
   return worst_loss_rel() <= tol.loss_rel && worst_grad_norm_rel() <= tol.grad_norm_rel &&
-         (!params.compared || params.abs_diff <= tol.param_abs);
+         (!params.compared || params.abs_diff <= tol.param_abs) &&
+         (!params.update_compared || params.update_rel <= tol.update_rel);
 }
 
 TrainOptions oracle_options(const TrainOptions& layout) {
@@ -129,37 +133,68 @@ std::vector<StepComparison> compare_steps(const TrainResult& oracle, const Train
   return out;
 }
 
-ParamComparison compare_params(const SafetensorsFile& oracle, const SafetensorsFile& layout) {
+namespace {
+// sqrt(diff_sq / ref_sq): a ratio of two norms (a NaN stays a NaN; a difference over a zero
+// reference is infinite).
+double norm_ratio(double diff_sq, double ref_sq) {
+  if (ref_sq > 0) return std::sqrt(diff_sq / ref_sq);
+  return diff_sq > 0 ? std::numeric_limits<double>::infinity() : std::sqrt(diff_sq);
+}
+// Keeps the worst (name, value): `!(x <= best)` so that a NaN is the one reported.
+void keep_worst(std::string& name, double& best, const std::string& n, double x) {
+  if (name.empty() || !(x <= best)) {
+    name = n;
+    best = x;
+  }
+}
+}  // namespace
+
+ParamComparison compare_params(const SafetensorsFile& oracle, const SafetensorsFile& layout,
+                               const SafetensorsFile* init) {
   ParamComparison c;
   c.compared = true;
+  c.update_compared = init != nullptr;
   for (const auto& [name, a] : oracle.arrays) {
     const auto it = layout.arrays.find(name);
     if (it == layout.arrays.end() || it->second.data.size() != a.data.size())
       fail_run("the layout's exported weights lack '{}' or differ in its shape", name);
     const std::vector<float>& b = it->second.data;
-    double diff = 0, diff_sq = 0, ref_sq = 0;
+    const std::vector<float>* w0 = nullptr;
+    if (init) {
+      const auto i0 = init->arrays.find(name);
+      if (i0 == init->arrays.end() || i0->second.data.size() != a.data.size())
+        fail_run("the initial weights lack '{}' or differ in its shape", name);
+      w0 = &i0->second.data;
+    }
+    double diff = 0, diff_sq = 0, ref_sq = 0, update_sq = 0;
     for (size_t i = 0; i < a.data.size(); ++i) {
       const double d = static_cast<double>(b[i]) - a.data[i];
       diff = std::max(diff, std::abs(d));
       diff_sq += d * d;
       ref_sq += static_cast<double>(a.data[i]) * a.data[i];
+      if (w0) {
+        const double u = static_cast<double>(a.data[i]) - (*w0)[i];  // the oracle's update
+        update_sq += u * u;
+      }
     }
     if (std::isnan(diff_sq)) diff = diff_sq;  // std::max drops NaN; a NaN must fail
-    const double r = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
-    // `!(x <= best)` so that a NaN difference is the one reported.
-    if (c.abs_name.empty() || !(diff <= c.abs_diff)) {
-      c.abs_name = name;
-      c.abs_diff = diff;
-    }
-    if (c.rel_name.empty() || !(r <= c.rel_diff)) {
-      c.rel_name = name;
-      c.rel_diff = r;
-    }
+    keep_worst(c.abs_name, c.abs_diff, name, diff);
+    keep_worst(c.rel_name, c.rel_diff, name, norm_ratio(diff_sq, ref_sq));
+    // Δ_layout - Δ_oracle = layout - oracle: the same difference, over the update's size.
+    if (w0) keep_worst(c.update_name, c.update_rel, name, norm_ratio(diff_sq, update_sq));
   }
   if (layout.arrays.size() != oracle.arrays.size())
     fail_run("the layout exported {} tensors, the oracle {}", layout.arrays.size(),
              oracle.arrays.size());
   return c;
+}
+
+bool export_initial_weights(const TrainOptions& o, const std::string& path) {
+  // --init-from: the file's names and layout are Hugging Face's, not always the export's.
+  if (!o.init_from.empty()) return false;
+  const model::Gpt gpt(o.model, o.seed);  // one rank: the global initialisation of the seed
+  export_hf_safetensors(gpt, path);
+  return true;
 }
 
 VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& oracle_opts,
@@ -193,8 +228,16 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   if (layout_exports) oracle_exporting.export_path = oracle_path;
   const TrainResult a = run_training(oracle_exporting);
   report.steps = compare_steps(a, b);
-  if (layout_exports)
-    report.params = compare_params(read_safetensors(oracle_path), read_safetensors(layout_path));
+  if (layout_exports) {
+    const std::string init_path = (dir.path / "init.safetensors").string();
+    if (export_initial_weights(oracle, init_path)) {
+      const SafetensorsFile init = read_safetensors(init_path);
+      report.params =
+          compare_params(read_safetensors(oracle_path), read_safetensors(layout_path), &init);
+    } else {
+      report.params = compare_params(read_safetensors(oracle_path), read_safetensors(layout_path));
+    }
+  }
   return report;
 }
 

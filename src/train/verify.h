@@ -3,6 +3,7 @@
 // a verdict against stated tolerances (docs/verify.md says where the defaults come from).
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,13 +16,30 @@ namespace mt::train {
 // demo text over 20 steps, across dp (ZeRO 0-3), tp (with and without sp), dp x tp and pp
 // layouts (docs/verify.md has the table).
 struct VerifyTolerances {
-  double loss_rel = 2e-6;       // |Δ loss| / oracle loss, at any step (worst measured 1.4e-7)
+  double loss_rel = 1e-5;       // |Δ loss| / oracle loss, at any step (worst measured 1.0e-6)
   double grad_norm_rel = 1e-4;  // |Δ grad norm| / oracle grad norm, any step (worst 5.8e-6)
   double param_abs = 1e-4;      // largest |Δ| of any final parameter element (worst 1.0e-5)
+  // The update check, for every tensor: ||Δ_layout - Δ_oracle|| / ||Δ_oracle||, where Δ is the
+  // change of the tensor over the run (final weights - initial weights). A tensor the layout
+  // never updates scores exactly 1, a slice shifted to another rank's place 0.85 or more
+  // (Bf16EquivMutations); the bounds, from the worst measured (docs/verify.md,
+  // scripts/verify-spread.sh), stay well below that.
+  double update_rel = kUpdateRelF32;
+  static constexpr double kUpdateRelF32 = 1e-3;  // worst measured 7.2e-5 (tp 2)
   // --dtype bf16 (layout and oracle both): rounding GEMM inputs to 8 bits of mantissa makes
-  // the layouts' f32 reordering visible sooner; Adam then moves a weight by up to ~lr per
-  // step where a tiny gradient flips sign (docs/verify.md).
-  static VerifyTolerances bf16() { return {1e-3, 5e-3, 2e-2}; }
+  // the layouts' f32 reordering visible sooner. Worst measured over the layouts on `tiny` +
+  // the demo text, 20 steps: loss 3.2e-4, grad norm 7.2e-3 (dp 2 x tp 2), update ratio 0.012
+  // (tp 2); another host reported tp 2 at loss 1.15e-3, grad norm 2.4e-2 (issue 33). The
+  // bounds are 2-20x those. The absolute parameter bound is off: an element whose tiny
+  // gradient flips sign moves by ~lr per step either way, so an absolute bound loose enough
+  // for that passes a layout that never updates; the update check replaces it.
+  static constexpr double kLossRelBf16 = 3e-3;
+  static constexpr double kGradNormRelBf16 = 3e-2;
+  static constexpr double kUpdateRelBf16 = 0.25;
+  static VerifyTolerances bf16() {
+    return {kLossRelBf16, kGradNormRelBf16, std::numeric_limits<double>::infinity(),
+            kUpdateRelBf16};
+  }
 };
 
 struct StepComparison {
@@ -39,6 +57,9 @@ struct ParamComparison {
   double abs_diff = 0;    // max |layout - oracle| over all elements
   std::string rel_name;   // the tensor with the largest relative difference
   double rel_diff = 0;    // ||layout - oracle|| / ||oracle|| of that tensor (information only)
+  bool update_compared = false;  // false where the initial weights are not known
+  std::string update_name;       // the tensor whose update differs most, relative to its size
+  double update_rel = 0;         // ||Δ_layout - Δ_oracle|| / ||Δ_oracle|| of that tensor
 };
 
 struct VerifyReport {
@@ -59,7 +80,12 @@ TrainOptions oracle_options(const TrainOptions& layout);
 std::string describe_layout(const TrainOptions& o);
 
 std::vector<StepComparison> compare_steps(const TrainResult& oracle, const TrainResult& layout);
-ParamComparison compare_params(const SafetensorsFile& oracle, const SafetensorsFile& layout);
+// `init` (the weights both runs started from; null: none) adds the update check.
+ParamComparison compare_params(const SafetensorsFile& oracle, const SafetensorsFile& layout,
+                               const SafetensorsFile* init = nullptr);
+// The weights a run of `o` starts from (its seed's initialisation, or --init-from's file), as
+// exported; false where they cannot be written (a model the export does not handle).
+bool export_initial_weights(const TrainOptions& o, const std::string& path);
 
 // Runs the layout, then the oracle (normally oracle_options(layout)), both on the local
 // backend (under mpirun: the layout as the job's processes, then the oracle on rank 0 alone;

@@ -66,6 +66,8 @@ TEST(DpEquivAccumulation, TwoMicrobatchesPerRankMatchTheSingleRank) {
     TrainOptions o = test::dp_options(2, zero, 6);
     o.microbatch = 2;
     const TrainResult r = run_training(o);
+    ASSERT_EQ(r.steps.size(), 6u);  // sizes first: every step compared
+    ASSERT_EQ(ref.steps.size(), r.steps.size());
     for (size_t i = 0; i < r.steps.size(); ++i)
       EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, kLossTol)
           << "zero " << zero << " step " << i + 1;
@@ -78,6 +80,9 @@ TEST(DpDeterminism, SameLayoutTwiceIsBitwiseTheSame) {
   for (int zero : {0, 3}) {
     const TrainResult a = run_training(test::dp_options(4, zero, 5));
     const TrainResult b = run_training(test::dp_options(4, zero, 5));
+    ASSERT_EQ(a.steps.size(), 5u);
+    ASSERT_EQ(b.steps.size(), a.steps.size());
+    ASSERT_FALSE(a.final_params.empty());
     for (size_t i = 0; i < a.steps.size(); ++i) {
       EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "zero " << zero << " step " << i + 1;
       EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm);

@@ -83,15 +83,18 @@ inline void make_llama3d(model::GptConfig& c) {
   c.rope_scaling.original_max_position = 16;
 }
 
-// Largest |difference| between the tensors of two exported weight files (same names).
+// Largest |difference| between the tensors of two exported weight files (same names):
+// infinity where the names or sizes differ or a file is empty, NaN where a difference is.
 inline double max_weight_diff(const std::string& a, const std::string& b, std::string* where) {
   const train::SafetensorsFile fa = train::read_safetensors(a), fb = train::read_safetensors(b);
-  double worst = fa.arrays.size() == fb.arrays.size() ? 0 : INFINITY;
+  if (fa.arrays.size() != fb.arrays.size() || fa.arrays.empty()) return INFINITY;
+  double worst = 0;
   for (const auto& [name, x] : fa.arrays) {
     auto it = fb.arrays.find(name);
     if (it == fb.arrays.end() || it->second.data.size() != x.data.size()) return INFINITY;
     for (size_t i = 0; i < x.data.size(); ++i) {
       const double d = std::abs(static_cast<double>(x.data[i]) - it->second.data[i]);
+      if (std::isnan(d)) return d;
       if (d > worst) {
         worst = d;
         if (where) *where = name;

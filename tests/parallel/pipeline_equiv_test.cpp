@@ -32,6 +32,7 @@ TEST_P(PipelineEquiv, LossesMatchTheSingleRank) {
   const int v = schedule == "interleaved" ? 2 : 1;
   const TrainResult& ref = oracle();
   const TrainResult r = run_training(test::pp_options(P, m, schedule, v, kSteps));
+  ASSERT_EQ(ref.steps.size(), static_cast<size_t>(kSteps));  // sizes first: every step compared
   ASSERT_EQ(r.steps.size(), ref.steps.size());
   ASSERT_EQ(r.pipeline.size(), static_cast<size_t>(P));  // it did run the pipeline
   EXPECT_EQ(r.pipeline.back().chunks.back(), P * v - 1);
@@ -62,6 +63,8 @@ TEST(PipelineEquivDp, PipelineTimesDataParallel) {
   TrainOptions o = test::pp_options(2, 4, "zb1", 1, kSteps);
   o.dp = 2;
   const TrainResult r = run_training(o);
+  ASSERT_EQ(r.steps.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(oracle().steps.size(), r.steps.size());
   for (size_t i = 0; i < r.steps.size(); ++i)
     EXPECT_NEAR(r.steps[i].loss, oracle().steps[i].loss, kLossTol) << "step " << i + 1;
 }

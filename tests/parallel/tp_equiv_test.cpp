@@ -83,6 +83,9 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(TpDeterminism, SameLayoutTwiceIsBitwiseTheSame) {
   const TrainResult a = run_training(test::tp_options(1, 2, true, 4));
   const TrainResult b = run_training(test::tp_options(1, 2, true, 4));
+  ASSERT_EQ(a.steps.size(), 4u);
+  ASSERT_EQ(b.steps.size(), a.steps.size());
+  ASSERT_FALSE(a.ranks[1].final_params.empty());
   for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
   EXPECT_EQ(a.ranks[1].final_params, b.ranks[1].final_params);
 }

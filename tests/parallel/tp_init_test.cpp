@@ -5,12 +5,47 @@
 
 #include <array>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "model/gpt.h"
 
 namespace mt::model {
 namespace {
+
+// The slice of rank r of t of a global [rows, cols] tensor (a 1-D one: cols 1), written from
+// the definition element by element: an independent path, not tp_slice / for_each_tp_run,
+// which the initialisation itself goes through.
+std::vector<float> expected_slice(const ParamSpec& s, const float* whole) {
+  const Shape& g = s.full_shape();
+  const int64_t rows = g[0], cols = g.size() > 1 ? g[1] : 1;
+  const int64_t t = s.tp_size, r = s.tp_rank;
+  std::vector<float> out;
+  auto take = [&](int64_t row, int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) out.push_back(whole[row * cols + c]);
+  };
+  switch (s.tp_split) {
+    case TpSplit::kReplicated:
+      for (int64_t i = 0; i < rows; ++i) take(i, 0, cols);
+      break;
+    case TpSplit::kRows:
+      for (int64_t i = r * rows / t; i < (r + 1) * rows / t; ++i) take(i, 0, cols);
+      break;
+    case TpSplit::kCols:
+      for (int64_t i = 0; i < rows; ++i) take(i, r * cols / t, (r + 1) * cols / t);
+      break;
+    case TpSplit::kBlockRows: {
+      int64_t first = 0;  // the block's first global row
+      for (int64_t block : s.row_blocks) {
+        for (int64_t i = first + r * block / t; i < first + (r + 1) * block / t; ++i)
+          take(i, 0, cols);
+        first += block;
+      }
+      break;
+    }
+  }
+  return out;
+}
 
 TEST(TpInit, EveryShardIsTheSliceOfTheSingleRankWeights) {
   GptConfig c = preset("tiny");
@@ -26,11 +61,21 @@ TEST(TpInit, EveryShardIsTheSliceOfTheSingleRankWeights) {
       for (size_t i = 0; i < whole.params().params().size(); ++i) {
         const Param& w = whole.params().params()[i];
         const Param& s = shard.params().params()[i];
-        std::vector<float> want(static_cast<size_t>(s.value.numel()));
-        tp_slice(s.spec, w.value.f32(), want.data());
+        ASSERT_EQ(s.spec.full_shape(), w.spec.shape) << s.spec.name;  // same global tensor
+        const std::vector<float> want = expected_slice(s.spec, w.value.f32());
+        ASSERT_EQ(static_cast<int64_t>(want.size()), s.value.numel()) << s.spec.name;
         for (int64_t k = 0; k < s.value.numel(); ++k)
           ASSERT_EQ(s.value.f32()[k], want[static_cast<size_t>(k)])
               << s.spec.name << " t " << t << " rank " << r << " element " << k;
+        // The check sees a shifted slice: the neighbour rank's slice of a split tensor
+        // drawn from a random init differs (a zero-initialised one, e.g. a bias, is all 0).
+        if (s.spec.tp_split != TpSplit::kReplicated && s.spec.init == Init::kNormal) {
+          ParamSpec shifted = s.spec;
+          shifted.tp_rank = (r + 1) % t;
+          EXPECT_NE(expected_slice(shifted, w.value.f32()),
+                    std::vector<float>(s.value.f32(), s.value.f32() + s.value.numel()))
+              << s.spec.name << ": the check would not see a shifted slice";
+        }
       }
     }
   }

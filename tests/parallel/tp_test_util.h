@@ -41,10 +41,14 @@ inline double max_shard_diff(const train::TrainResult& r, const train::TrainOpti
   for (const auto& rank : r.ranks) {
     const int t = rank.rank % o.tp;
     const auto specs = model::tp_shard_specs(model::gpt_param_specs(tc), t, o.tp);
-    if (rank.final_params.empty()) return INFINITY;
+    if (rank.final_params.empty() || specs.size() != ref_specs.size()) return INFINITY;
     int64_t ref_off = 0, off = 0;
     for (size_t i = 0; i < specs.size(); ++i) {
       const auto& s = specs[i];
+      // Sizes first: a shorter rank or reference would compare less than it claims.
+      if (ref_off + shape_numel(ref_specs[i].shape) > static_cast<int64_t>(ref.size()) ||
+          off + shape_numel(s.shape) > static_cast<int64_t>(rank.final_params.size()))
+        return INFINITY;
       // The single-rank tensor, grown with zero rows to the tp run's padded vocabulary.
       std::vector<float> whole(static_cast<size_t>(shape_numel(s.global_shape)), 0.f);
       const int64_t ref_n = shape_numel(ref_specs[i].shape);
@@ -57,6 +61,9 @@ inline double max_shard_diff(const train::TrainResult& r, const train::TrainOpti
       ref_off += ref_n;
       off += static_cast<int64_t>(slice.size());
     }
+    if (ref_off != static_cast<int64_t>(ref.size()) ||
+        off != static_cast<int64_t>(rank.final_params.size()))
+      return INFINITY;  // elements left over: compared less than the whole
   }
   return worst;
 }

@@ -34,8 +34,10 @@ TEST_P(ZeroMemory, PeakPerRankMatchesTheFormula) {
   const Units u = units_of(o.model);
   // ZeRO-2/3 unit pools: slot 0 the embeddings, slot 1 the head (+ the padding, < N
   // elements), two block slots; f32, so 4 bytes an element.
-  const double pad = static_cast<double>(r.padded_params) - psi;
+  EXPECT_EQ(r.padded_params, test::padded_param_elems(o.model, N));
+  const double pad = static_cast<double>(test::padded_param_elems(o.model, N)) - psi;
   const double pool = 4.0 * (u.embed + u.head + pad + 2 * u.block);
+  EXPECT_EQ(pool, 4.0 * static_cast<double>(test::zero_pool_elems(o.model, N)));
   double expect = 0;
   switch (stage) {
     case 0:
@@ -59,11 +61,10 @@ TEST_P(ZeroMemory, PeakPerRankMatchesTheFormula) {
                                                 m.peak_of(mem::Category::kOptimizer));
     EXPECT_NEAR(measured, expect, 0.05 * expect) << "rank " << rk.rank;
     // Exactly, with Ψ padded to Ψp = a multiple of N (shard S = Ψp / N):
-    const double P = static_cast<double>(r.padded_params), S = P / N;
-    const double exact[4] = {
-        16 * P - 8 * pad, 8 * P + 8 * S,
-        4 * P + 12 * S + 4.0 * static_cast<double>(r.gradient_pool_elems),
-        16 * S + 4.0 * static_cast<double>(r.gradient_pool_elems + r.gathered_param_elems)};
+    // (Ψp and the pools from the config, not from the trainer's report of them.)
+    const double P = static_cast<double>(test::padded_param_elems(o.model, N)), S = P / N;
+    const double exact[4] = {16 * P - 8 * pad, 8 * P + 8 * S, 4 * P + 12 * S + pool,
+                             16 * S + 2 * pool};
     // (stage 0's Adam moments cover the real Ψ only: 8 bytes less per padding element.)
     EXPECT_EQ(measured, exact[stage]) << "rank " << rk.rank;
   }

@@ -1,4 +1,4 @@
-// Shared pieces of the planner tests: the model and host of tests/plan/compare_runtime.sh.
+// Shared pieces of the planner tests: the model and host of bench/plan-vs-runtime.
 #pragma once
 
 #include "plan/planner.h"

@@ -88,7 +88,7 @@ TEST(SharedReplay, IdleRanksLendTheirCores) {
 }
 
 TEST(SharedReplay, ThisHostPipelinesAbsorbTheirBubble) {
-  // The runtime-comparison layout dp 2 x pp 4 (tests/plan/compare_runtime.sh) on a host of
+  // The runtime-comparison layout dp 2 x pp 4 (bench/plan-vs-runtime) on a host of
   // two cores: 8 rank threads, one thread each.
   const Job j = test::runtime_tiny_job(8);
   Layout l;

@@ -98,7 +98,7 @@ TEST(ThisHost, MpiScratchOfEachGroupCounts) {
   EXPECT_NEAR(extra, 2 * double(1 << 20) + tp_scratch, 1.0);
 
   // pp 2: the first and the last stage all-reduce the tied embedding's gradient in a group
-  // of their own (256 x 256 f32: 2 pieces of 128 KiB), measured by compare_runtime.sh
+  // of their own (256 x 256 f32: 2 pieces of 128 KiB), measured by bench/plan-vs-runtime
   // (95.3 MB under mpi; 95.1 before this term).
   Job mpi_pp = test::runtime_tiny_job(2), local_pp = mpi_pp;
   mpi_pp.cluster.backend = "mpi";

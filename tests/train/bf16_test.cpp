@@ -119,9 +119,13 @@ TEST_P(Bf16Memory, PeakPerRankMatchesTheFormulaExactly) {
   const double psi = static_cast<double>(model::count_params(model::gpt_param_specs(c)));
   const double block_m = 3 * C * C + C * C + 2 * C * F;  // from the config, not the code
   const double psi_m = L * block_m + Vp * C;             // + wte, the tied LM head
-  const double P = static_cast<double>(r.padded_params), S = P / N, pad = P - psi;
-  const double gpool = 4.0 * static_cast<double>(r.gradient_pool_elems);
-  const double vpool = 4.0 * static_cast<double>(r.gathered_param_elems);
+  // Ψp and the unit pools from the config (docs/data_parallel.md), not from the trainer's
+  // own report of them (which is checked against them below).
+  const double P = static_cast<double>(test::padded_param_elems(c, N)), S = P / N, pad = P - psi;
+  const double pool_elems = static_cast<double>(test::zero_pool_elems(c, N));
+  const double gpool = stage >= 2 ? 4.0 * pool_elems : 0;
+  const double vpool = stage == 3 ? 4.0 * pool_elems : 0;
+  EXPECT_EQ(static_cast<double>(r.padded_params), P);
   const double bf16_slots = Vp * C + 2 * block_m;
   double expect = 0;
   switch (stage) {

@@ -184,7 +184,7 @@ void expect_f32_match(const TrainOptions& on_cpu, const TrainOptions& on_gpu) {
 
 // The same model, data and steps on the GPU and on the CPU: f32 everywhere, the GPU's GEMMs
 // in true f32 (no TF32), so the losses agree to summation order. The tolerances are not yet
-// measured on a GPU: they are 10x verify's f32 defaults for the loss and grad norm (2e-6 and
+// measured on a GPU: they are 10x verify's former f32 defaults for the loss and grad norm (2e-6 and
 // 1e-4, docs/verify.md, 10-20x the worst CPU layout) and verify's default for the weights
 // (1e-4), since cuBLASLt's GEMMs sum in another order than oneDNN's in every dot product.
 // Record the measured worst in docs/verify.md and tighten them.
@@ -251,7 +251,7 @@ TEST_F(CudaTrain, CheckpointResumeIsExact) {
 
 // Several rank threads on the one GPU (the local backend stages device buffers through the
 // host): the layouts still match the single rank on the same GPU, as CPU layouts match the
-// CPU's (docs/verify.md): loss within 25x verify's f32 default (2e-6), grad norm and final
+// CPU's (docs/verify.md): loss within 25x verify's former f32 loss default (2e-6), grad norm and final
 // weights (dp layouts, whose rank 0 holds them all) within verify's defaults (1e-4 each,
 // 10-20x the worst CPU layout over 20 steps; these runs are 6).
 TEST_F(CudaTrain, LayoutsOnOneGpuMatchTheSingleRank) {
