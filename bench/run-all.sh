@@ -49,5 +49,6 @@ own attention "$root/bench/attention" "$build"
 own cp "$root/bench/cp" "$build"
 own plan "$root/bench/plan" "$build"
 rec plan-vs-runtime -- "$root/bench/plan-vs-runtime" "$build"
+if [ "$(id -u)" = 0 ]; then own multihost "$root/bench/multihost" "$build"; fi  # netns: root
 run "$root/bench/collect"
 echo "results: $root/bench/results/; BENCH.md rebuilt" >&2

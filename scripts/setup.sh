@@ -10,6 +10,7 @@ packages=(
   libdnnl-dev            # oneDNN: GEMM (f32 and bf16) on the CPU
   ocl-icd-opencl-dev     # Debian's dnnl-config.cmake requires OpenCL (only Recommended)
   libopenmpi-dev openmpi-bin
+  iproute2               # ip and tc: the namespace hosts of scripts/hosts.sh (multihost tests)
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy   # PyTorch 1.13 (CPU): reference and benchmark peer

@@ -152,6 +152,7 @@ void run(const VerifyFlags& f) {
   }
   if (f.layout_seed >= 0) layout.seed = static_cast<uint64_t>(f.layout_seed);
   const train::VerifyReport r = train::run_verify(layout, oracle, tol);
+  if (!r.lead) return;  // under mpirun, rank 0 compares and reports
   // Human output goes to stderr when stdout carries the JSON.
   print_table(f.json ? stderr : stdout, layout, oracle, r);
   if (f.json) std::printf("%s\n", to_json(layout, r).dump(2).c_str());

@@ -168,7 +168,12 @@ Group& DeviceMesh::group(const std::vector<std::string>& dims) {
   auto& slot = groups_[key];
   if (!slot) {
     slot = world_.split(shape_.group_index(dims, rank()), shape_.group_rank(dims, rank()), name);
-    MT_ASSERT(slot && slot->world_ranks() == shape_.group_ranks(dims, rank()));
+    // Mesh ranks are ranks of `world_`, which may be the job's world reordered (host by
+    // host, comm/hosts.h): compare the job's ranks.
+    std::vector<int> expected;
+    for (int r : shape_.group_ranks(dims, rank()))
+      expected.push_back(world_.world_ranks()[static_cast<size_t>(r)]);
+    MT_ASSERT(slot && slot->world_ranks() == expected);
   }
   return *slot;
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "comm/job.h"
+#include "comm/mpi_job.h"
 #include "core/error.h"
 
 namespace mt::comm {
@@ -31,9 +32,6 @@ int mpi_env_world_rank() {
 
 namespace {
 
-constexpr int kTagRequest = 1;
-constexpr int kTagReply = 2;
-
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -48,109 +46,6 @@ int to_int(int64_t v, const char* what) {
     fail("{} of {} bytes is over MPI's 2 GiB count limit; split it into smaller calls", what, v);
   return static_cast<int>(v);
 }
-
-// --- the job: one rank per process; abort = MPI_Abort after the diagnosis.
-
-class MpiJob : public Job {
- public:
-  MpiJob(double timeout_s, int rank) : Job(timeout_s), rank_(rank) {
-    MPI_Comm_dup(MPI_COMM_WORLD, &svc_);
-    service_ = std::thread([this] { serve(); });
-  }
-  ~MpiJob() override {
-    stop_watchdog();
-    stop_ = true;
-    service_.join();
-    MPI_Comm_free(&svc_);
-  }
-  void abort(const std::string& reason) override {
-    std::fprintf(stderr, "%s\n", reason.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRunFailure));
-    std::_Exit(static_cast<int>(ExitCode::kRunFailure));
-  }
-  double watchdog_delay_s() const override { return 0.5 * std::min(rank_, 6); }
-  std::string diagnose(const RankContext& rank, const OpRecord& stuck) override {
-    // Ask every member of the group (or the peer) what it is doing; the others' service
-    // threads answer even while their main threads are blocked in MPI.
-    std::vector<int> members = group_members(stuck.group);
-    if (!is_collective(stuck.op))
-      members = {stuck.peer >= 0 && stuck.peer < static_cast<int>(members.size())
-                     ? members[static_cast<size_t>(stuck.peer)]
-                     : -1};
-    std::string req = fmt::format("{}\n{}\n{}", stuck.group, stuck.seq, static_cast<int>(stuck.op));
-    if (!is_collective(stuck.op)) req = fmt::format("\n0\n{}", static_cast<int>(stuck.op));
-    std::vector<MPI_Request> sends;
-    for (int r : members)
-      if (r >= 0 && r != rank_) {
-        sends.emplace_back();
-        MPI_Isend(req.data(), static_cast<int>(req.size()), MPI_CHAR, r, kTagRequest, svc_,
-                  &sends.back());
-      }
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    size_t want = sends.size();
-    while (replies_.size() < want && std::chrono::steady_clock::now() < deadline) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTagReply, svc_, &flag, &st);
-      if (!flag) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        continue;
-      }
-      int len = 0;
-      MPI_Get_count(&st, MPI_CHAR, &len);
-      std::string s(static_cast<size_t>(len), '\0');
-      MPI_Recv(s.data(), len, MPI_CHAR, st.MPI_SOURCE, kTagReply, svc_, MPI_STATUS_IGNORE);
-      replies_[st.MPI_SOURCE] = s;
-    }
-    return base_diagnosis(rank, stuck);
-  }
-
- protected:
-  std::string rank_activity(int world_rank, const std::string& group, int64_t seq, OpType op,
-                            bool* arrived, bool* differs) override {
-    if (world_rank == rank_)
-      return Job::rank_activity(world_rank, group, seq, op, arrived, differs);
-    *arrived = *differs = false;
-    auto it = replies_.find(world_rank);
-    if (it == replies_.end())
-      return "did not answer within 2 s (its process is dead or not calling MPI)";
-    *arrived = it->second[0] == '1';
-    *differs = it->second[1] == '1';
-    return it->second.substr(2);
-  }
-
- private:
-  void serve() {
-    while (!stop_) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTagRequest, svc_, &flag, &st);
-      if (!flag) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        continue;
-      }
-      int len = 0;
-      MPI_Get_count(&st, MPI_CHAR, &len);
-      std::string s(static_cast<size_t>(len), '\0');
-      MPI_Recv(s.data(), len, MPI_CHAR, st.MPI_SOURCE, kTagRequest, svc_, MPI_STATUS_IGNORE);
-      size_t a = s.find('\n'), b = s.find('\n', a + 1);
-      std::string group = s.substr(0, a);
-      int64_t seq = std::stoll(s.substr(a + 1, b - a - 1));
-      auto op = static_cast<OpType>(std::stoi(s.substr(b + 1)));
-      bool arrived = false, differs = false;
-      std::string act = Job::rank_activity(rank_, group, seq, op, &arrived, &differs);
-      std::string reply = std::string(arrived ? "1" : "0") + (differs ? "1" : "0") + act;
-      MPI_Send(reply.data(), static_cast<int>(reply.size()), MPI_CHAR, st.MPI_SOURCE, kTagReply,
-               svc_);
-    }
-  }
-  int rank_;
-  MPI_Comm svc_;
-  std::thread service_;
-  std::atomic<bool> stop_{false};
-  std::map<int, std::string> replies_;
-};
 
 // --- reduction in f32 in rank order: the same arithmetic as the local backend, so both
 // backends give bitwise the same results.
@@ -557,7 +452,7 @@ void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world
   try {
     std::optional<mem::ScopedTracker> scope;
     if (mem::Tracker* t = tracker_for_rank(opts, rank)) scope.emplace(*t);
-    auto job = std::make_unique<MpiJob>(opts.timeout_s, rank);
+    std::unique_ptr<Job> job = make_mpi_job(opts.timeout_s, rank);
     {
       auto ctx = std::make_shared<RankContext>(rank, size, opts.recorder_capacity, job.get());
       job->add_rank(ctx);

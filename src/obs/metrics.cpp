@@ -24,8 +24,11 @@ std::vector<std::string> rows_through(const std::string& path, int64_t step) {
   std::string line;
   while (std::getline(in, line)) {
     const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (row.is_object() && row.contains("step") && row["step"].is_number_integer() &&
-        row["step"].get<int64_t>() <= step)
+    // Step rows through `step`; event rows (no step: a supervisor's restart record,
+    // scripts/elastic-mpirun.sh) all stay.
+    if (row.is_object() && ((row.contains("step") && row["step"].is_number_integer() &&
+                             row["step"].get<int64_t>() <= step) ||
+                            (!row.contains("step") && row.contains("event"))))
       kept.push_back(line);
   }
   return kept;

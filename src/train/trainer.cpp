@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/hosts.h"
 #include "comm/launch.h"
 #include "comm/mesh.h"
 #include "comm/mpi.h"
@@ -536,10 +537,19 @@ nlohmann::json memory_by_rank(comm::Group* scalars, const mem::Tracker& tracker)
   return out;
 }
 
-void run_rank(Shared& sh, comm::Group& world) {
+void run_rank(Shared& sh, comm::Group& world_in) {
   const TrainOptions& o = sh.o;
   mem::Tracker tracker;
   mem::ScopedTracker track(tracker);
+  // Processes on several hosts (mpirun over a hostfile): the world ordered host by host, so
+  // that the mesh's fastest dimensions (tp first) fall inside a host (docs/multihost.md).
+  comm::HostMap hosts;  // by the job's world rank
+  std::unique_ptr<comm::Group> by_host;
+  if (world_in.backend_kind() == "mpi" && world_in.size() > 1) {
+    hosts = comm::exchange_host_names(world_in);
+    by_host = comm::order_by_host(world_in, hosts, "world");
+  }
+  comm::Group& world = by_host ? *by_host : world_in;
   // Before the first allocation: tensors go to the thread's device.
   if (o.device == "cuda")
     device::use_cuda(gpu_of_rank(world.rank()));
@@ -564,6 +574,21 @@ void run_rank(Shared& sh, comm::Group& world) {
   std::unique_ptr<comm::Group> scalars_group;
   if (world.size() > 1) scalars_group = world.split(0, world.rank(), "scalars");
   comm::Group* scalars = scalars_group.get();
+  // On several hosts: which dimensions' groups span hosts, on any rank (from the groups as
+  // made, so a placement that went wrong shows).
+  std::vector<std::pair<std::string, bool>> across;  // dims of size > 1, slowest first
+  std::string placement;
+  if (hosts.hosts() > 1 && scalars) {
+    std::vector<float> spans;
+    for (const std::string& dim : mesh.shape().order())
+      spans.push_back(comm::spans_hosts(mesh.group(dim), hosts) ? 1.0f : 0.0f);
+    scalars->all_reduce(comm::Buf(spans.data(), static_cast<int64_t>(spans.size())),
+                        comm::ReduceOp::kMax);
+    for (size_t i = 0; i < spans.size(); ++i)
+      if (mesh.shape().size(mesh.shape().order()[i]) > 1)
+        across.emplace_back(mesh.shape().order()[i], spans[i] > 0);
+    placement = comm::describe_placement(across, hosts);
+  }
   // The tied embedding / LM head: the first and the last stage of each (dp, tp) position.
   const bool tied_sync = o.model.tied && P > 1;
   std::unique_ptr<comm::Group> tied;
@@ -630,7 +655,7 @@ void run_rank(Shared& sh, comm::Group& world) {
           sh.schedule->lowering == parallel::pp::Lowering::kBatched ? ", batched exchanges" : "");
     progress.line(fmt::format(
         "meshtrain: model {} ({} layers, d_model {}, {} heads{}, vocab {} padded to {}), {:.2f}M "
-        "parameters; batch {} x seq {}; {}; mesh {}; {} microbatch(es) of {} per step and "
+        "parameters; batch {} x seq {}; {}; mesh {}{}; {} microbatch(es) of {} per step and "
         "replica; recompute {}; {}; data {} ({}; {} train sequences{})",
         o.model.name, o.model.n_layer, o.model.d_model, o.model.n_head,
         o.model.llama_family() || o.model.kv_heads() != o.model.n_head
@@ -641,7 +666,7 @@ void run_rank(Shared& sh, comm::Group& world) {
             : "",
         o.model.vocab, rep.gpt.config().padded_vocab(),
         model::count_params(model::gpt_param_specs(o.model)) / 1e6, B, T, layout, o.mesh_order,
-        n_micro, mb, o.recompute,
+        placement.empty() ? "" : " on " + placement, n_micro, mb, o.recompute,
         device::on_cuda() ? fmt::format("device {}", device::describe(mem::Device::kCuda,
                                                                       device::current_index()))
                           : fmt::format("{} thread(s) per rank", sh.threads),
@@ -951,6 +976,26 @@ void run_rank(Shared& sh, comm::Group& world) {
     if (!o.pipeline.trace.empty()) {
       write_pipeline_trace(world, p + P * d, trace, o.pipeline.trace);
       if (talk) progress.line(fmt::format("wrote the pipeline trace to {}", o.pipeline.trace));
+    }
+  }
+
+  // On several hosts: what the flight recorders counted on the groups that span hosts, by
+  // dimension, summed over the ranks (tp's is 0 where tp sits inside hosts).
+  if (hosts.hosts() > 1 && scalars) {
+    const std::vector<std::pair<std::string, comm::Group*>> dims = {
+        {"tp", &tp_group}, {"cp", &cpg}, {"pp", &ppg}, {"dp", &grads_group}};
+    std::vector<float> kib;
+    for (const auto& [dim, g] : dims)
+      kib.push_back(comm::spans_hosts(*g, hosts) ? static_cast<float>(bytes_of(*g)) / 1024.0f
+                                                 : 0.0f);
+    scalars->all_reduce(comm::Buf(kib.data(), static_cast<int64_t>(kib.size())));
+    if (talk) {
+      std::string line = "bytes received over groups that cross hosts (all ranks):";
+      for (size_t i = 0; i < dims.size(); ++i)
+        if (mesh.shape().size(dims[i].first) > 1)
+          line += fmt::format(" {} {}", dims[i].first,
+                              obs::human_bytes(static_cast<double>(kib[i]) * 1024.0));
+      progress.line(line);
     }
   }
 

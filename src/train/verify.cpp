@@ -36,23 +36,23 @@ struct TempDir {
   }
 };
 
-void refuse_mpi(const TrainOptions& o) {
-  if (o.backend == "mpi")
-    fail(
-        "--backend mpi: verify runs the layout and the oracle as threads of one process (drop "
-        "--backend or use --backend local)");
+// Under mpirun the layout runs as the job's processes (one rank each, possibly on several
+// hosts) and rank 0 alone then runs the oracle as one rank thread; outside mpirun both run as
+// threads of this process.
+int mpirun_world_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* s = std::getenv(var); s && std::atoi(s) > 1)
-      fail(
-          "verify was started under mpirun ({}={}): it runs the layout and the oracle as "
-          "threads of one process (run `meshtrain verify` without mpirun)",
-          var, s);
+    if (const char* s = std::getenv(var); s && std::atoi(s) > 1) {
+      for (const char* rv : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+        if (const char* r = std::getenv(rv)) return std::atoi(r);
+      return 0;
+    }
+  return -1;  // not under mpirun (or a job of one process)
 }
 
 // What verify needs of either run: one process, no output of its own, no peak measurement
 // (MFU is not compared).
-TrainOptions quiet_local(TrainOptions o) {
-  o.backend = "local";
+TrainOptions quiet_local(TrainOptions o, bool local = true) {
+  if (local) o.backend = "local";
   o.quiet = true;
   o.metrics.clear();
   o.profile = false;
@@ -199,8 +199,13 @@ bool export_initial_weights(const TrainOptions& o, const std::string& path) {
 
 VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& oracle_opts,
                         const VerifyTolerances& tol) {
-  refuse_mpi(layout_options);
-  const TrainOptions layout = quiet_local(layout_options);
+  const int mpi_rank = mpirun_world_rank();
+  if (mpi_rank < 0 && layout_options.backend == "mpi")
+    fail(
+        "--backend mpi: verify runs the layout and the oracle as threads of one process outside "
+        "mpirun (drop --backend, or start the layout under mpirun: `mpirun -np N meshtrain "
+        "verify ...`)");
+  const TrainOptions layout = quiet_local(layout_options, /*local=*/mpi_rank < 0);
   const TrainOptions oracle = quiet_local(oracle_opts);
 
   TempDir dir;
@@ -215,6 +220,10 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   TrainOptions layout_exporting = layout;
   if (layout_exports) layout_exporting.export_path = layout_path;
   const TrainResult b = run_training(layout_exporting);
+  if (mpi_rank > 0) {  // (rank 0 wrote the export, and compares)
+    report.lead = false;
+    return report;
+  }
   TrainOptions oracle_exporting = oracle;
   if (layout_exports) oracle_exporting.export_path = oracle_path;
   const TrainResult a = run_training(oracle_exporting);

@@ -66,6 +66,7 @@ struct VerifyReport {
   std::vector<StepComparison> steps;
   ParamComparison params;
   VerifyTolerances tol;
+  bool lead = true;  // false on mpirun's ranks other than 0: they ran the layout only
   double worst_loss_rel() const;
   double worst_grad_norm_rel() const;
   bool pass() const;
@@ -87,9 +88,10 @@ ParamComparison compare_params(const SafetensorsFile& oracle, const SafetensorsF
 bool export_initial_weights(const TrainOptions& o, const std::string& path);
 
 // Runs the layout, then the oracle (normally oracle_options(layout)), both on the local
-// backend, quiet, their weights exported to a temporary folder removed afterwards, and
-// compares them. Bad input throws (exit 2) before any work; a failed run throws as
-// run_training does.
+// backend (under mpirun: the layout as the job's processes, then the oracle on rank 0 alone;
+// the other ranks return a report with lead = false), quiet, their weights exported to a temporary
+// folder removed afterwards, and compares them. Bad input throws (exit 2) before any work; a failed
+// run throws as run_training does.
 VerifyReport run_verify(const TrainOptions& layout, const TrainOptions& oracle,
                         const VerifyTolerances& tol);
 
