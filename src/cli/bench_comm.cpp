@@ -119,7 +119,8 @@ class RawMpiOps : public Ops {
       MPI_Alltoall(in, e / n, MPI_FLOAT, out, e / n, MPI_FLOAT, MPI_COMM_WORLD);
     if (op == "all_to_all_v") {
       const AtoavCounts c = a_to_a_v_counts(rank_, n, e64);
-      std::vector<int> sc(size_t(n)), sd(size_t(n)), rc(size_t(n)), rd(size_t(n));
+      const auto un = static_cast<size_t>(n);
+      std::vector<int> sc(un), sd(un), rc(un), rd(un);
       int so = 0, ro = 0;
       for (size_t r = 0; r < size_t(n); ++r) {
         sc[r] = static_cast<int>(c.send[r]);

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/kernels.h"
+#include "plan/moe.h"
 
 namespace mt::plan {
 
@@ -57,7 +58,7 @@ Split split_of(const Job& j, const Layout& l) {
 // Parameters of pipeline chunk c (model order; before ZeRO), per TP rank.
 double chunk_params(const Job& j, const Layout& l, const Split& split, int c) {
   const ModelSpec& m = j.model;
-  double p = split.chunk[size_t(c)] * m.block_params_per_tp(l.tp);
+  double p = split.chunk[size_t(c)] * m.block_params_per_tp(l.tp, l.ep);
   if (c == 0) p += m.embedding_params_per_tp(l.tp);
   if (c == int(split.chunk.size()) - 1) {
     p += m.head_params_per_tp(l.tp);
@@ -77,7 +78,8 @@ double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
 
 // Activation bytes one layer keeps for backward for one microbatch (Korthikanti et al.
 // 2022, Table 2, generalised to GQA / SwiGLU; docs/planner.md).
-double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
+double layer_activation_bytes(const Job& job, const Layout& l, Recompute rc) {
+  const Job j = compute_view(job, l);  // a MoE MLP as the dense width a token passes through
   const ModelSpec& m = j.model;
   // With CP a rank holds s = seq / cp tokens whose queries attend over all S = seq keys.
   const double s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch), h = m.d_model,
@@ -150,6 +152,7 @@ struct PassCosts {
   double bwd_plain = 0;     // bwd without recomputation
   double tp_fwd = 0, tp_bwd = 0;
   double cp_fwd = 0, cp_bwd = 0;      // ring attention's exposed transfers
+  double ep_fwd = 0, ep_bwd = 0;      // MoE all-to-alls (plan/moe.h), not overlapped
   double head_fwd = 0, head_bwd = 0;  // last stage
   double embed_fwd = 0, embed_bwd = 0;
 };
@@ -158,7 +161,7 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
   const double t = l.tp, s = double(j.seq) / l.cp, b = double(l.microbatch), n = s * b, cp = l.cp;
   const double h = m.d_model, kv = m.kv_dim();
-  const LayerKernels k = layer_kernels(j, l, per_rank_share(j));
+  const LayerKernels k = layer_kernels(compute_view(j, l), l, per_rank_share(j));
   const double qkv = k.qkv, mlp_in = k.mlp_in, proj = k.proj, mlp_out = k.mlp_out;
   const double att_block = k.attention / cp;  // one CP key block's attention, forward
   const double wb = weight_bytes(j);
@@ -208,13 +211,17 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
     pc.cp_fwd = (cp - 1) * std::max(0.0, lat + kv_bytes / bw - att_block);
     pc.cp_bwd = (cp - 1) * std::max(0.0, lat + 2 * kv_bytes / bw - k.attention_bwd / cp);
   }
-  pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd;
-  double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd;
+  const EpCosts ep = ep_costs(j, l);
+  pc.ep_fwd = ep.fwd;
+  pc.ep_bwd = ep.bwd;
+  pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd;
+  double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd + pc.ep_bwd;
   pc.bwd_plain = bwd;
   if (l.recompute == Recompute::kFull) {
-    bwd += fwd_compute + pc.tp_fwd + pc.cp_fwd;
+    bwd += fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd;
     pc.tp_bwd += pc.tp_fwd;
     pc.cp_bwd += pc.cp_fwd;
+    pc.ep_bwd += pc.ep_fwd;
   } else if (l.recompute == Recompute::kSelective) {
     bwd += k.attention + k.softmax + pc.cp_fwd;  // the attention core again (the ring with CP)
     pc.cp_bwd += pc.cp_fwd;
@@ -277,6 +284,7 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::st
     return refuse("dp x tp x pp x cp is not the GPU count",
                   fmt::format("dp {} x tp {} x pp {} x cp {} = {} is not --gpus {}", l.dp, l.tp,
                               l.pp, l.cp, world, j.gpus));
+  if (auto ep = ep_invalid(j, l)) return refuse(ep->first.c_str(), ep->second);
   if (l.tp > j.cluster.gpus_per_node)
     return refuse("tp exceeds a node", fmt::format("tp {} exceeds the {} GPUs of a node", l.tp,
                                                    j.cluster.gpus_per_node));
@@ -484,7 +492,9 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
   std::vector<MemoryBytes> stages;
   for (int r = 0; r < l.pp; ++r) {
     const double psi_r = stage_params(j, l, split, r);
-    MemoryBytes mb = zero_model_states(psi_r, l.dp * l.cp, l.zero, j.dtype);
+    // Routed experts: sharded over ep, their states over expert-dp (plan/moe.h).
+    const double experts_r = split.rank[size_t(r)] * m.block_expert_params() / l.ep;
+    MemoryBytes mb = ep_model_states(psi_r, experts_r, l, j.dtype);
     // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
     if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
     // Each microbatch-chunk in flight as large as the rank's largest chunk.
@@ -525,14 +535,14 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
     // (Our runtime receives into its activation sets: the spare one, above.)
     if (l.pp > 1 && mixed(j) && !spare_set(j)) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
     if (mixed(j)) {
-      const double block = m.block_params_per_tp(l.tp);
+      const double block = m.block_params_per_tp(l.tp, l.ep);
       if (l.zero >= 2) comm += 2 * block * gradient_bytes(j);  // gradient pool
       if (l.zero >= 3) comm += 2 * block * wb;
     } else if (l.zero >= 2) {
       // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
       // gradients, the same again for ZeRO-3's gathered values.
       const double pool = 4 * (m.embedding_params_per_tp(l.tp) + m.head_params_per_tp(l.tp) +
-                               2 * m.block_params_per_tp(l.tp));
+                               2 * m.block_params_per_tp(l.tp, l.ep));
       comm += (l.zero >= 3 ? 2 : 1) * pool;
     }
     if (!mixed(j) && l.sp) {
@@ -554,7 +564,7 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
       };
       const double gb = gradient_bytes(j);
       const double unit = std::max({m.embedding_params_per_tp(l.tp), m.head_params_per_tp(l.tp),
-                                    m.block_params_per_tp(l.tp)}) *
+                                    m.block_params_per_tp(l.tp, l.ep)}) *
                           gb;
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
       // One backend, and one scratch, per group: the DP and TP groups' add up.
@@ -627,21 +637,28 @@ Prepared prepare(const Job& j, const Layout& l) {
   // The ranks that hold the same parameters: DP and CP (a CP rank's gradients cover its part
   // of the sequence), tp-strided: gpus_per_node / tp of them share a node.
   const int dpn = l.dp * l.cp;
-  const int per_node = std::max(1, c.gpus_per_node / l.tp);
-  const double grad_bytes = psi * gradient_bytes(j);
-  const double rs = hier_collective(j, grad_bytes, dpn, per_node, 1);  // gradients
-  const double ag = hier_collective(j, psi * wb, dpn, per_node, 1);    // parameters
-  if (l.zero <= 1) {
-    p.dp_comm = l.zero == 0 ? hier_collective(j, grad_bytes, dpn, per_node, 2) : rs + ag;
-  } else if (l.zero == 2) {
-    p.dp_comm = double(p.microbatches) * rs + ag;  // reduce-scatter every microbatch
-  } else {
-    p.z3_per_mb = 2 * ag + rs;
-    p.dp_comm = double(p.microbatches) * p.z3_per_mb;
-  }
+  // MoE with ep: the worst stage's routed experts (1/ep of them) reduce over expert-dp,
+  // dpn / ep ranks ep·cp·tp apart; the rest over dp × cp. One after the other.
+  const double psi_e = p.split.rank[size_t(worst)] * m.block_expert_params() / l.ep;
+  auto reduction = [&](double params, int n, int per_node) {
+    const double grad_bytes = params * gradient_bytes(j);
+    const double rs = hier_collective(j, grad_bytes, n, per_node, 1);  // gradients
+    const double ag = hier_collective(j, params * wb, n, per_node, 1);    // parameters
+    if (l.zero <= 1) {
+      p.dp_comm += l.zero == 0 ? hier_collective(j, grad_bytes, n, per_node, 2) : rs + ag;
+    } else if (l.zero == 2) {
+      p.dp_comm += double(p.microbatches) * rs + ag;  // reduce-scatter every microbatch
+    } else {
+      p.z3_per_mb += 2 * ag + rs;
+      p.dp_comm += double(p.microbatches) * (2 * ag + rs);
+    }
+  };
+  reduction(psi - psi_e, dpn, std::max(1, c.gpus_per_node / l.tp));
+  if (psi_e > 0) reduction(psi_e, dpn / l.ep, std::max(1, c.gpus_per_node / (l.tp * l.ep)));
   // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
   // parameter with fp32 master and moments; f32: 28).
-  const double opt_params = psi / (l.zero >= 1 ? dpn : 1);
+  const double opt_params =
+      l.zero >= 1 ? (psi - psi_e) / dpn + psi_e / std::max(1, dpn / l.ep) : psi;
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
   if (!l.grad_accum_fusion) {
@@ -779,6 +796,7 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   const double layers = double(p.microbatches) * p.split.rank[r];
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
+  e.ep_comm_s = layers * (p.pc.ep_fwd + p.pc.ep_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
   // The busiest rank's adds, as its forward_s and backward_s: its chunks' parameters, once
   // per backward.
@@ -905,6 +923,9 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
       std::vector<bool> sps = {false, true};
       if (pins.megatron_2021) sps = {false};
       if (pins.sp) sps = {*pins.sp};
+      std::vector<int> eps = ep_choices(j, dp, cp);
+      if (pins.ep) eps = {*pins.ep};
+      for (int ep : eps)
       for (int v : vs)
         for (int64_t mbs : mbss)
           for (int z : zeros)
@@ -915,6 +936,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                 l.tp = t;
                 l.pp = pp;
                 l.cp = cp;
+                l.ep = ep;
                 l.virtual_stages = v;
                 l.microbatch = mbs;
                 l.zero = z;
