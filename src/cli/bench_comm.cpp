@@ -34,8 +34,8 @@ struct BenchCommOptions {
   bool json = false;
   int64_t min_bytes = 4096;
   int64_t max_bytes = 64 << 20;
-  std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                                  "all_to_all_v", "send_recv"};
+  std::vector<std::string> ops = {"all_reduce", "all_gather",   "reduce_scatter",
+                                  "all_to_all", "all_to_all_v", "send_recv"};
 };
 
 // all_to_all_v's counts for rank `me` of n over a buffer of `elems`: to each peer d (send)
@@ -258,9 +258,8 @@ void register_bench_comm(CLI::App& bench) {
   cmd->add_option("--min-bytes", o->min_bytes, "smallest size (default 4 KiB)");
   cmd->add_option("--max-bytes", o->max_bytes, "largest size (default 64 MiB), x4 steps");
   cmd->add_option("--ops", o->ops, "ops to run")
-      ->check(
-          CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                         "all_to_all_v", "send_recv"}));
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                             "all_to_all_v", "send_recv"}));
   cmd->callback([o] { run_bench_comm(*o); });
 }
 

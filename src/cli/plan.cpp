@@ -284,8 +284,8 @@ plan::SearchPins PlanFlags::pins() const {
 }
 
 bool PlanFlags::pins_any() const {
-  return dp || tp || pp || cp || ep || zero || virtual_stages || microbatch || microbatches || schedule ||
-         recompute || pp_layers || sp || no_sp;
+  return dp || tp || pp || cp || ep || zero || virtual_stages || microbatch || microbatches ||
+         schedule || recompute || pp_layers || sp || no_sp;
 }
 
 nlohmann::json job_json(const plan::Job& j) {

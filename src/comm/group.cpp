@@ -422,8 +422,7 @@ std::vector<int64_t> Group::exchange_counts(const std::vector<int64_t>& send_cou
   std::vector<int32_t> mine(2 * static_cast<size_t>(size_)), theirs(mine.size());
   for (size_t r = 0; r < send_counts.size(); ++r) {
     if (send_counts[r] < 0)
-      fail("exchange_counts on {}: send count {} to rank {} is negative", name_, send_counts[r],
-           r);
+      fail("exchange_counts on {}: send count {} to rank {} is negative", name_, send_counts[r], r);
     const auto u = static_cast<uint64_t>(send_counts[r]);
     mine[2 * r] = static_cast<int32_t>(static_cast<uint32_t>(u));
     mine[2 * r + 1] = static_cast<int32_t>(static_cast<uint32_t>(u >> 32));
@@ -432,9 +431,9 @@ std::vector<int64_t> Group::exchange_counts(const std::vector<int64_t>& send_cou
   all_to_all(Buf(mine.data(), n, DType::kI32), Buf(theirs.data(), n, DType::kI32));
   std::vector<int64_t> recv(static_cast<size_t>(size_));
   for (size_t r = 0; r < recv.size(); ++r)
-    recv[r] = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(theirs[2 * r])) |
-                                   static_cast<uint64_t>(static_cast<uint32_t>(theirs[2 * r + 1]))
-                                       << 32);
+    recv[r] =
+        static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(theirs[2 * r])) |
+                             static_cast<uint64_t>(static_cast<uint32_t>(theirs[2 * r + 1])) << 32);
   return recv;
 }
 

@@ -111,11 +111,10 @@ double ModelSpec::matmul_params() const {
 }
 
 double ModelSpec::active_params() const {
-  const double inactive =
-      is_moe() ? double(moe_layers) * double(n_experts - top_k) *
-                     (mlp_mats() * double(d_model) * d_ff_expert +
-                      (bias ? double(d_ff_expert) + d_model : 0.0))
-               : 0.0;
+  const double inactive = is_moe() ? double(moe_layers) * double(n_experts - top_k) *
+                                         (mlp_mats() * double(d_model) * d_ff_expert +
+                                          (bias ? double(d_ff_expert) + d_model : 0.0))
+                                   : 0.0;
   return total_params() - inactive;
 }
 

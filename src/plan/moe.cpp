@@ -54,9 +54,9 @@ std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, cons
   if (l.ep < 1) return std::pair{"ep below 1", fmt::format("ep {} must be at least 1", l.ep)};
   if (l.ep == 1) return std::nullopt;
   if (!m.is_moe())
-    return std::pair{"ep on a dense model",
-                     fmt::format("ep {}: model {} has no experts to split (drop --ep)", l.ep,
-                                 m.name)};
+    return std::pair{
+        "ep on a dense model",
+        fmt::format("ep {}: model {} has no experts to split (drop --ep)", l.ep, m.name)};
   if ((int64_t(l.dp) * l.cp) % l.ep != 0)
     return std::pair{"ep does not divide dp x cp",
                      fmt::format("ep {} does not divide dp {} x cp {} (expert parallelism is "

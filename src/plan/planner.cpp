@@ -642,8 +642,8 @@ Prepared prepare(const Job& j, const Layout& l) {
   const double psi_e = p.split.rank[size_t(worst)] * m.block_expert_params() / l.ep;
   auto reduction = [&](double params, int n, int per_node) {
     const double grad_bytes = params * gradient_bytes(j);
-    const double rs = hier_collective(j, grad_bytes, n, per_node, 1);  // gradients
-    const double ag = hier_collective(j, params * wb, n, per_node, 1);    // parameters
+    const double rs = hier_collective(j, grad_bytes, n, per_node, 1);   // gradients
+    const double ag = hier_collective(j, params * wb, n, per_node, 1);  // parameters
     if (l.zero <= 1) {
       p.dp_comm += l.zero == 0 ? hier_collective(j, grad_bytes, n, per_node, 2) : rs + ag;
     } else if (l.zero == 2) {
@@ -926,74 +926,74 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
       std::vector<int> eps = ep_choices(j, dp, cp);
       if (pins.ep) eps = {*pins.ep};
       for (int ep : eps)
-      for (int v : vs)
-        for (int64_t mbs : mbss)
-          for (int z : zeros)
-            for (Recompute rc : rcs)
-              for (bool sp : sps) {
-                Layout l;
-                l.dp = dp;
-                l.tp = t;
-                l.pp = pp;
-                l.cp = cp;
-                l.ep = ep;
-                l.virtual_stages = v;
-                l.microbatch = mbs;
-                l.zero = z;
-                l.recompute = rc;
-                l.sp = sp;
-                set_software(l, pins.megatron_2021);
-                l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
-                l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
-                l.tp_comm_overlap = pins.tp_comm_overlap && sp;
-                l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
-                l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
-                l.pp_layers = pins.pp_layers;
-                l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
-                l = as_run(j, l);
-                ++res.considered;
-                std::string kind;
-                std::optional<std::string> why = invalid_reason(j, l, &kind);
-                // Valid, but a layout the search has already (ZeRO over one rank is stage 0)
-                // or one that Megatron-LM 2021 could not run (a pinned --virtual-stages).
-                if (!why && dp * cp == 1 && z > 0) {
-                  kind = "ZeRO over a single data-parallel rank (no ZeRO's layout again)";
-                  why = fmt::format("tp {} pp {} dp {} cp {} zero {}: nothing to shard over", t, pp,
-                                    dp, cp, z);
+        for (int v : vs)
+          for (int64_t mbs : mbss)
+            for (int z : zeros)
+              for (Recompute rc : rcs)
+                for (bool sp : sps) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = t;
+                  l.pp = pp;
+                  l.cp = cp;
+                  l.ep = ep;
+                  l.virtual_stages = v;
+                  l.microbatch = mbs;
+                  l.zero = z;
+                  l.recompute = rc;
+                  l.sp = sp;
+                  set_software(l, pins.megatron_2021);
+                  l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
+                  l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
+                  l.tp_comm_overlap = pins.tp_comm_overlap && sp;
+                  l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
+                  l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
+                  l.pp_layers = pins.pp_layers;
+                  l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
+                  l = as_run(j, l);
+                  ++res.considered;
+                  std::string kind;
+                  std::optional<std::string> why = invalid_reason(j, l, &kind);
+                  // Valid, but a layout the search has already (ZeRO over one rank is stage 0)
+                  // or one that Megatron-LM 2021 could not run (a pinned --virtual-stages).
+                  if (!why && dp * cp == 1 && z > 0) {
+                    kind = "ZeRO over a single data-parallel rank (no ZeRO's layout again)";
+                    why = fmt::format("tp {} pp {} dp {} cp {} zero {}: nothing to shard over", t,
+                                      pp, dp, cp, z);
+                  }
+                  if (!why && pins.megatron_2021 && v > 1 && pp <= 2) {
+                    kind = "Megatron-LM 2021 interleaves only with pp > 2";
+                    why = fmt::format("pp {} virtual stages {}", pp, v);
+                  }
+                  if (why) {
+                    note(kind.empty() ? *why : kind, *why);
+                    continue;
+                  }
+                  Cand c;
+                  c.l = l;
+                  const int64_t nmb = j.batch / (int64_t(dp) * mbs);
+                  auto key = std::make_tuple(l.schedule, pp, v, nmb);
+                  auto it = flights.find(key);
+                  if (it == flights.end())
+                    it = flights
+                             .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
+                                                         spare_set(j)))
+                             .first;
+                  c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
+                  if (c.mem.total() > hbm) {
+                    const double over = c.mem.total() - hbm;
+                    best_oom_over = std::min(best_oom_over, over);
+                    note("out of memory",
+                         fmt::format(
+                             "tp {} pp {} dp {} mb {} zero {} recompute {}{}: {:.1f} GB over", t,
+                             pp, dp, mbs, z, recompute_name(rc), sp ? " sp" : "", over / 1e9));
+                    continue;
+                  }
+                  ++res.fit;
+                  c.p = prepare(j, l);
+                  c.lb = lower_bound(j, c.p, l);
+                  cands.push_back(std::move(c));
                 }
-                if (!why && pins.megatron_2021 && v > 1 && pp <= 2) {
-                  kind = "Megatron-LM 2021 interleaves only with pp > 2";
-                  why = fmt::format("pp {} virtual stages {}", pp, v);
-                }
-                if (why) {
-                  note(kind.empty() ? *why : kind, *why);
-                  continue;
-                }
-                Cand c;
-                c.l = l;
-                const int64_t nmb = j.batch / (int64_t(dp) * mbs);
-                auto key = std::make_tuple(l.schedule, pp, v, nmb);
-                auto it = flights.find(key);
-                if (it == flights.end())
-                  it = flights
-                           .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
-                                                       spare_set(j)))
-                           .first;
-                c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
-                if (c.mem.total() > hbm) {
-                  const double over = c.mem.total() - hbm;
-                  best_oom_over = std::min(best_oom_over, over);
-                  note("out of memory",
-                       fmt::format("tp {} pp {} dp {} mb {} zero {} recompute {}{}: {:.1f} GB over",
-                                   t, pp, dp, mbs, z, recompute_name(rc), sp ? " sp" : "",
-                                   over / 1e9));
-                  continue;
-                }
-                ++res.fit;
-                c.p = prepare(j, l);
-                c.lb = lower_bound(j, c.p, l);
-                cands.push_back(std::move(c));
-              }
     }
   if (res.dropped.count("out of memory"))
     res.example["out of memory"] +=

@@ -38,7 +38,7 @@ TEST(PlanMoe, Qwen3ParametersMatchOnceItsHeadDimIsCounted) {
   EXPECT_NEAR(short_by, 0.453e9, 0.001e9);
   EXPECT_NEAR(m.total_params() + short_by, 30.5e9, 0.05e9);
   EXPECT_NEAR(m.active_params() + short_by, 3.3e9, 0.06e9);  // 3.35B: rounds to 3.3 or 3.4
-  EXPECT_LT(m.total_params(), 30.5e9 * 0.99);                 // the preset's own shortfall
+  EXPECT_LT(m.total_params(), 30.5e9 * 0.99);                // the preset's own shortfall
 }
 
 TEST(PlanMoe, DeepSeekV3ParametersWithMlaApproximated) {
@@ -51,8 +51,8 @@ TEST(PlanMoe, DeepSeekV3ParametersWithMlaApproximated) {
   // published figure seems to leave out.
   const ModelSpec m = model_preset("deepseek-v3");
   EXPECT_EQ(m.moe_layers, 58);
-  const double mla = 7168.0 * 1536 + 1536.0 * 128 * 192 + 7168.0 * 576 + 512.0 * 128 * 256 +
-                     128.0 * 128 * 7168;
+  const double mla =
+      7168.0 * 1536 + 1536.0 * 128 * 192 + 7168.0 * 576 + 512.0 * 128 * 256 + 128.0 * 128 * 7168;
   const double over = 61 * (attention(7168, 128, 128, 56) - mla);
   EXPECT_NEAR(over, 1.12e9, 0.01e9);
   EXPECT_NEAR(m.total_params() - over, 671e9, 1e9);
@@ -66,8 +66,8 @@ TEST(PlanMoe, FlopsCountRouterTopKExpertsAndSharedOnly) {
   const ModelSpec m = model_preset("deepseek-v3");
   const double C = 7168, L = 61, T = 4096;
   const double per_moe = C * 256 + 8 * 3 * C * 2048 + 3 * C * 2048;
-  const double P = L * attention(C, 128, 128, 56) + 3 * 3 * C * 18432 + 58 * per_moe +
-                   double(m.vocab) * C;
+  const double P =
+      L * attention(C, 128, 128, 56) + 3 * 3 * C * 18432 + 58 * per_moe + double(m.vocab) * C;
   EXPECT_NEAR(model_flops_per_token(m, 4096) / (6 * P + 12 * L * C * T), 1.0, 1e-12);
   // A dense model is unchanged: its active width is d_ff.
   const ModelSpec d = model_preset("llama3-8b");
