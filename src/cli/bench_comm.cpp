@@ -4,6 +4,10 @@
 // doc/PERFORMANCE.md): 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and
 // all_to_all, 1 for send/recv. Sizes are nccl-tests' S: the all_reduce buffer, all_gather's
 // output, reduce_scatter's input, all_to_all's buffer, the message of send/recv.
+// all_to_all_v (MoE dispatch) sends uneven pieces of that buffer: rank s gives rank d
+// the share ((s + d) mod n) / (n(n-1)/2), so every rank sends to and receives from its
+// peers a skewed spread that includes one zero (a_to_a_v_counts); raw-mpi runs the same
+// counts through MPI_Alltoallv.
 #include <fmt/format.h>
 #include <mpi.h>
 
@@ -30,9 +34,29 @@ struct BenchCommOptions {
   bool json = false;
   int64_t min_bytes = 4096;
   int64_t max_bytes = 64 << 20;
-  std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                                  "send_recv"};
+  std::vector<std::string> ops = {"all_reduce", "all_gather",   "reduce_scatter",
+                                  "all_to_all", "all_to_all_v", "send_recv"};
 };
+
+// all_to_all_v's counts for rank `me` of n over a buffer of `elems`: to each peer d (send)
+// and from each peer s (receive), elems·w/W with w = (me + peer) mod n, W = n(n-1)/2. The
+// weights of one rank sum to W both ways, so no rank sends or receives more than `elems`.
+struct AtoavCounts {
+  std::vector<int64_t> send, recv;
+  int64_t send_total = 0, recv_total = 0;
+};
+AtoavCounts a_to_a_v_counts(int me, int n, int64_t elems) {
+  AtoavCounts c;
+  const int64_t W = n == 1 ? 1 : int64_t(n) * (n - 1) / 2;
+  for (int p = 0; p < n; ++p) {
+    const int64_t w = n == 1 ? 1 : (me + p) % n;
+    c.send.push_back(elems * w / W);
+    c.recv.push_back(elems * w / W);
+    c.send_total += c.send.back();
+    c.recv_total += c.recv.back();
+  }
+  return c;
+}
 
 // What one rank does per op, whichever library carries it. Buffers are f32.
 class Ops {
@@ -56,6 +80,10 @@ class GroupOps : public Ops {
     if (op == "all_gather") g_.all_gather(comm::Buf(in, e / n), comm::Buf(out, e));
     if (op == "reduce_scatter") g_.reduce_scatter(comm::Buf(in, e), comm::Buf(out, e / n));
     if (op == "all_to_all") g_.all_to_all(comm::Buf(in, e), comm::Buf(out, e));
+    if (op == "all_to_all_v") {
+      const AtoavCounts c = a_to_a_v_counts(g_.rank(), n, e);
+      g_.all_to_all_v(comm::Buf(in, c.send_total), comm::Buf(out, c.recv_total), c.send, c.recv);
+    }
     if (op == "send_recv")
       g_.send_recv(comm::Buf(in, e), (g_.rank() + 1) % n, comm::Buf(out, e),
                    (g_.rank() + n - 1) % n);
@@ -89,6 +117,22 @@ class RawMpiOps : public Ops {
       MPI_Reduce_scatter_block(in, out, e / n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     if (op == "all_to_all")
       MPI_Alltoall(in, e / n, MPI_FLOAT, out, e / n, MPI_FLOAT, MPI_COMM_WORLD);
+    if (op == "all_to_all_v") {
+      const AtoavCounts c = a_to_a_v_counts(rank_, n, e64);
+      const auto un = static_cast<size_t>(n);
+      std::vector<int> sc(un), sd(un), rc(un), rd(un);
+      int so = 0, ro = 0;
+      for (size_t r = 0; r < size_t(n); ++r) {
+        sc[r] = static_cast<int>(c.send[r]);
+        rc[r] = static_cast<int>(c.recv[r]);
+        sd[r] = so;
+        rd[r] = ro;
+        so += sc[r];
+        ro += rc[r];
+      }
+      MPI_Alltoallv(in, sc.data(), sd.data(), MPI_FLOAT, out, rc.data(), rd.data(), MPI_FLOAT,
+                    MPI_COMM_WORLD);
+    }
     if (op == "send_recv")
       MPI_Sendrecv(in, e, MPI_FLOAT, (rank_ + 1) % n, 0, out, e, MPI_FLOAT, (rank_ + n - 1) % n, 0,
                    MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -214,8 +258,8 @@ void register_bench_comm(CLI::App& bench) {
   cmd->add_option("--min-bytes", o->min_bytes, "smallest size (default 4 KiB)");
   cmd->add_option("--max-bytes", o->max_bytes, "largest size (default 64 MiB), x4 steps");
   cmd->add_option("--ops", o->ops, "ops to run")
-      ->check(
-          CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}));
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                             "all_to_all_v", "send_recv"}));
   cmd->callback([o] { run_bench_comm(*o); });
 }
 

@@ -42,6 +42,12 @@ void PlanFlags::add_to(CLI::App& app) {
                  "how the cp ranks get the keys and values, as train runs it: ring (default; "
                  "overlapped with the attention), all-gather or a2a (Ulysses)")
       ->check(CLI::IsMember({"ring", "all-gather", "a2a"}));
+  app.add_option("--ep", ep,
+                 "expert-parallel ranks (MoE models; carved from dp x cp: experts split over ep, "
+                 "their gradients reduced over dp x cp / ep)");
+  app.add_option("--expert-load", expert_load,
+                 "MoE: the busiest expert's load over the mean (default 1, balanced); scales the "
+                 "experts' compute and all-to-all bytes under --ep");
   app.add_option("--zero", zero, "ZeRO stage 0..3");
   app.add_flag("--sp", sp, "sequence parallelism in the tp group");
   app.add_flag("--no-sp", no_sp, "no sequence parallelism (plan: pins it off)");
@@ -91,6 +97,10 @@ void PlanFlags::check(bool megatron_2021) const {
   at_least("--tp", tp, 1);
   at_least("--pp", pp, 1);
   at_least("--cp", cp, 1);
+  at_least("--ep", ep, 1);
+  if (expert_load < 1.0)
+    fail("--expert-load {} is below 1 (the busiest expert carries at least the mean load)",
+         expert_load);
   at_least("--virtual-stages", virtual_stages, 1);
   at_least("--microbatch", microbatch, 1);
   at_least("--microbatches", microbatches, 1);
@@ -246,12 +256,13 @@ plan::Job PlanFlags::job() const {
   if (j.batch < 1) fail("--batch {} must be at least 1", j.batch);
   j.dtype = dtype;
   j.our_runtime = meshtrain_runtime;
+  j.expert_load = expert_load;
   return j;
 }
 
 plan::SearchPins PlanFlags::pins() const {
   plan::SearchPins p;
-  p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.zero = zero;
+  p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.ep = ep, p.zero = zero;
   p.virtual_stages = virtual_stages;
   p.microbatch = microbatch;
   if (microbatches) {
@@ -278,8 +289,8 @@ plan::SearchPins PlanFlags::pins() const {
 }
 
 bool PlanFlags::pins_any() const {
-  return dp || tp || pp || cp || zero || virtual_stages || microbatch || microbatches || schedule ||
-         recompute || pp_layers || sp || no_sp;
+  return dp || tp || pp || cp || ep || zero || virtual_stages || microbatch || microbatches ||
+         schedule || recompute || pp_layers || sp || no_sp;
 }
 
 nlohmann::json job_json(const plan::Job& j) {
@@ -293,7 +304,11 @@ nlohmann::json job_json(const plan::Job& j) {
             {"d_ff", m.d_ff},
             {"vocab", m.vocab},
             {"seq", j.seq},
-            {"params", m.total_params()}}},
+            {"params", m.total_params()},
+            {"active_params", m.active_params()},
+            {"n_experts", m.n_experts},
+            {"top_k", m.top_k}}},
+          {"expert_load", j.expert_load},
           {"cluster", j.cluster.name},
           {"gpu", j.cluster.gpu.name},
           {"gpus", j.gpus},
@@ -316,6 +331,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"pp", l.pp},
           {"cp", l.cp},
           {"cp_comm", l.cp_comm},
+          {"ep", l.ep},
           {"virtual_stages", l.virtual_stages},
           {"pp_layers", plan::chunk_layers(j, l)},
           {"microbatch", l.microbatch},
@@ -359,6 +375,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"backward", e.backward_s},
             {"tp_comm", e.tp_comm_s},
             {"cp_comm", e.cp_comm_s},
+            {"ep_comm", e.ep_comm_s},
             {"pp_comm", e.pp_comm_s},
             {"dp_comm", e.dp_comm_s},
             {"dp_exposed", e.dp_exposed_s},
@@ -376,11 +393,11 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
                              : largest >= 1e6 ? std::pair{"MB", 1e6}
                                               : std::pair{"kB", 1e3};
   std::string out = fmt::format(
-      "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} {:>6} "
-      "{:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} ({} per GPU; total = params + "
-      "grads + optim + max(activ + comm, f32grad), f32grad: the optimizer step's fp32 "
+      "{:>3} {:>7} {:>3} {:>4} {:>3} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} "
+      "{:>6} {:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} ({} per GPU; total = "
+      "params + grads + optim + max(activ + comm, f32grad), f32grad: the optimizer step's fp32 "
       "gradients)\n",
-      "#", "dp", "tp", "pp", "cp", "v", "mb", "zero", "recompute", "sp", "step_s", "tokens/s",
+      "#", "dp", "tp", "pp", "cp", "ep", "v", "mb", "zero", "recompute", "sp", "step_s", "tokens/s",
       "TFLOPs", "MFU", "bubble", "sched", "params", "grads", "optim", "activ", "comm", "f32grad",
       "total", unit);
   int i = 0;
@@ -388,10 +405,10 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
     const auto& l = e.layout;
     const auto& m = e.memory;
     out += fmt::format(
-        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} {:>6.3g} "
-        "{:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>7.2f} "
-        "{:>6.2f}\n",
-        ++i, l.dp, l.tp, l.pp, l.cp, l.virtual_stages, l.microbatch, l.zero,
+        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} "
+        "{:>6.3g} {:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} "
+        "{:>7.2f} {:>6.2f}\n",
+        ++i, l.dp, l.tp, l.pp, l.cp, l.ep, l.virtual_stages, l.microbatch, l.zero,
         plan::recompute_name(l.recompute), l.sp ? "on" : "off", e.step_time_s, e.tokens_per_s,
         e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / scale,
         m.gradients / scale, m.optimizer / scale, m.activations / scale, m.communication / scale,
@@ -473,6 +490,7 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
   if (j.cluster.compute_units > 0 && l.cp == 1 && !l.fused_attention &&
       j.seq >= plan::kOurCpuFlashMinSeq)
     c["attention"] = "naive";
+  if (l.ep > 1) c["ep"] = l.ep;  // train's --ep (docs/planner.md, "Mixture of experts")
   c["zero"] = l.zero;
   c["recompute"] = plan::recompute_name(l.recompute);
   // The planned hardware: a GPU per rank (NCCL between them), or this host's CPU ranks.

@@ -18,7 +18,8 @@ struct PlanFlags {
   std::string cluster = "dgx-h100";
   std::optional<int64_t> gpus, batch;
   std::string dtype = "bf16";
-  std::optional<int> dp, tp, pp, cp, zero, virtual_stages;
+  std::optional<int> dp, tp, pp, cp, ep, zero, virtual_stages;
+  double expert_load = 1.0;  // MoE: the busiest expert's load over the mean
   std::optional<int64_t> microbatch, microbatches;
   std::optional<std::string> schedule, recompute;
   std::string cp_comm = "ring";          // how cp ranks exchange keys and values (train --cp-comm)

@@ -21,7 +21,7 @@ const std::vector<std::string> kConfigKeys = {
     "pp",         "microbatches", "schedule",  "virtual_stages", "pp_exchanges", "pp_layers",
     "attention",  "data_format",  "shuffle",      "cp",           "cp_comm",
     "skip_nonfinite", "moe_experts", "moe_top_k", "moe_every", "moe_ff", "moe_shared_ff",
-    "moe_router", "moe_capacity_factor", "moe_aux_loss", "moe_z_loss"};
+    "moe_router", "moe_capacity_factor", "moe_aux_loss", "moe_z_loss", "ep"};
 
 }  // namespace
 
@@ -222,6 +222,12 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "device", o.device, device);
     take_config(j, "attention", o.attention, attention);
     take_config(j, "comm_timeout", o.comm_timeout_s, comm_timeout);
+    // `plan --emit-config` writes the ep it planned; the trainer has no expert parallelism yet.
+    if (j.contains("ep") && config_value<int>(j, "ep") != 1)
+      fail(
+          "config key 'ep' is {}: the trainer runs the experts whole on every rank (no expert "
+          "parallelism yet; docs/moe.md): plan with --ep 1, or set ep to 1",
+          config_value<int>(j, "ep"));
     take_config(j, "moe_capacity_factor", o.moe.capacity_factor, moe_capacity_factor);
     take_config(j, "moe_aux_loss", o.moe.aux_loss, moe_aux_loss);
     take_config(j, "moe_z_loss", o.moe.z_loss, moe_z_loss);

@@ -414,6 +414,29 @@ void Group::all_to_all(Buf in, Buf out, const std::vector<int64_t>& send_counts,
   all_to_all_async(in, out, send_counts, recv_counts);
 }
 
+std::vector<int64_t> Group::exchange_counts(const std::vector<int64_t>& send_counts) {
+  if (static_cast<int>(send_counts.size()) != size_)
+    fail("exchange_counts on {}: {} send counts given for {} ranks", name_, send_counts.size(),
+         size_);
+  // Each count as two i32 halves (low, high): the transport moves bits, never converts.
+  std::vector<int32_t> mine(2 * static_cast<size_t>(size_)), theirs(mine.size());
+  for (size_t r = 0; r < send_counts.size(); ++r) {
+    if (send_counts[r] < 0)
+      fail("exchange_counts on {}: send count {} to rank {} is negative", name_, send_counts[r], r);
+    const auto u = static_cast<uint64_t>(send_counts[r]);
+    mine[2 * r] = static_cast<int32_t>(static_cast<uint32_t>(u));
+    mine[2 * r + 1] = static_cast<int32_t>(static_cast<uint32_t>(u >> 32));
+  }
+  const auto n = static_cast<int64_t>(mine.size());
+  all_to_all(Buf(mine.data(), n, DType::kI32), Buf(theirs.data(), n, DType::kI32));
+  std::vector<int64_t> recv(static_cast<size_t>(size_));
+  for (size_t r = 0; r < recv.size(); ++r)
+    recv[r] =
+        static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(theirs[2 * r])) |
+                             static_cast<uint64_t>(static_cast<uint32_t>(theirs[2 * r + 1])) << 32);
+  return recv;
+}
+
 void Group::barrier() {
   Flag mark(blocking_);
   barrier_async();

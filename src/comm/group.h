@@ -109,6 +109,30 @@ class Group {
   // elements from rank j land consecutively in `out`. Must match the peers' counts.
   void all_to_all(Buf in, Buf out, const std::vector<int64_t>& send_counts,
                   const std::vector<int64_t>& recv_counts);
+  // The all-to-all of Mixture-of-Experts dispatch and combine (GShard's, Megatron-Core's
+  // token dispatcher; MPI_Alltoallv): the uneven all_to_all above under the name MoE code
+  // looks for. Any count may be zero, a rank may send or receive nothing at all; recorded
+  // as all_to_all with its exact bytes. f32, bf16 or i32.
+  void all_to_all_v(Buf in, Buf out, const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& recv_counts) {
+    all_to_all(in, out, send_counts, recv_counts);
+  }
+  // The receive counts of all_to_all_v from everyone's send counts: an equal all_to_all of
+  // the counts (as i32 pairs, exact up to 2^63), itself recorded (8 bytes per peer).
+  std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send_counts);
+  // exchange_counts, then all_to_all_v into `out`, resized to the received total; returns
+  // the receive counts.
+  template <typename T>
+  std::vector<int64_t> all_to_all_v(const T* in, std::vector<T>& out,
+                                    const std::vector<int64_t>& send_counts) {
+    std::vector<int64_t> recv = exchange_counts(send_counts);
+    int64_t n_in = 0, n_out = 0;
+    for (int64_t c : send_counts) n_in += c;
+    for (int64_t c : recv) n_out += c;
+    out.resize(static_cast<size_t>(n_out));
+    all_to_all(Buf(const_cast<T*>(in), n_in), Buf(out.data(), n_out), send_counts, recv);
+    return recv;
+  }
   void barrier();
 
   // --- point to point (group ranks; tags match in order like MPI). send blocks until the

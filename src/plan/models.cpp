@@ -53,14 +53,39 @@ const std::vector<ModelSpec>& published() {
 
 }  // namespace
 
+double ModelSpec::moe_mlp_params() const {
+  const double C = d_model, E = double(n_experts), Fe = d_ff_expert, Fs = d_ff_shared;
+  double p = C * E + E * mlp_mats() * C * Fe + mlp_mats() * C * Fs;
+  if (bias) p += E * (Fe + C) + (Fs > 0 ? Fs + C : 0);
+  return p;
+}
+
+double ModelSpec::block_expert_params() const {
+  if (!is_moe()) return 0;
+  const double per = double(n_experts) * (mlp_mats() * double(d_model) * d_ff_expert +
+                                          (bias ? double(d_ff_expert) + d_model : 0.0));
+  return per * double(moe_layers) / double(n_layer);
+}
+
+double ModelSpec::active_ff(double expert_load) const {
+  if (!is_moe()) return double(d_ff);
+  // The router's C·E weights as MLP width: C·E = mats·C·w.
+  const double moe = expert_load * double(top_k) * d_ff_expert + double(d_ff_shared) +
+                     double(n_experts) / mlp_mats();
+  return (double(n_layer - moe_layers) * d_ff + double(moe_layers) * moe) / double(n_layer);
+}
+
 double ModelSpec::block_params() const {
   const double C = d_model, F = d_ff, kv = kv_dim();
-  double p = C * (C + 2 * kv) + C * C + (swiglu ? 3 : 2) * C * F;
+  double p = C * (C + 2 * kv) + C * C;
   if (bias)
-    p += (C + 2 * kv) + C + F + C + 4 * C;  // linear biases + 2 layer norms (w, b)
+    p += (C + 2 * kv) + C + 4 * C;  // attention biases + 2 layer norms (w, b)
   else
     p += 2 * C;  // 2 RMS norm weights
-  return p;
+  const double dense = mlp_mats() * C * F + (bias ? F + C : 0.0);
+  if (!is_moe()) return p + dense;
+  return p + (double(n_layer - moe_layers) * dense + double(moe_layers) * moe_mlp_params()) /
+                 double(n_layer);
 }
 
 double ModelSpec::block_replicated_params() const {
@@ -81,8 +106,16 @@ double ModelSpec::total_params() const {
 }
 
 double ModelSpec::matmul_params() const {
-  const double C = d_model, F = d_ff, kv = kv_dim();
-  return n_layer * (C * (C + 2 * kv) + C * C + (swiglu ? 3 : 2) * C * F) + double(vocab) * C;
+  const double C = d_model, kv = kv_dim();
+  return n_layer * (C * (C + 2 * kv) + C * C + mlp_mats() * C * active_ff()) + double(vocab) * C;
+}
+
+double ModelSpec::active_params() const {
+  const double inactive = is_moe() ? double(moe_layers) * double(n_experts - top_k) *
+                                         (mlp_mats() * double(d_model) * d_ff_expert +
+                                          (bias ? double(d_ff_expert) + d_model : 0.0))
+                                   : 0.0;
+  return total_params() - inactive;
 }
 
 ModelSpec from_gpt(const model::GptConfig& c) {
@@ -101,6 +134,13 @@ ModelSpec from_gpt(const model::GptConfig& c) {
   m.swiglu = c.mlp == model::MlpKind::kSwiGlu;
   m.learned_pos = c.positions == model::Positions::kLearned;
   m.dropout = !c.llama_family();  // the Llama recipes train without dropout
+  if (c.moe.enabled()) {
+    m.n_experts = c.moe.n_experts;
+    m.top_k = c.moe.top_k;
+    m.d_ff_expert = c.expert_ff();
+    m.d_ff_shared = c.moe.d_ff_shared;
+    m.moe_layers = c.n_moe_layers();
+  }
   return m;
 }
 

@@ -27,6 +27,23 @@ struct ModelSpec {
   bool dropout = true;
   bool learned_pos = true;  // position embedding table (GPT) vs rotary (Llama)
 
+  // Mixture of experts (model::MoeConfig; docs/planner.md "Mixture of experts"): moe_layers
+  // of the n_layer blocks have a router over n_experts routed experts of width d_ff_expert
+  // (top_k of them per token) and a shared expert of width d_ff_shared in place of the MLP;
+  // the others keep the dense MLP of d_ff. Per-block parameter counts below are averages
+  // over the blocks (exact for totals; a stage's dense and MoE blocks are not told apart).
+  int64_t n_experts = 0, top_k = 0, d_ff_expert = 0, d_ff_shared = 0, moe_layers = 0;
+  bool is_moe() const { return n_experts > 0 && moe_layers > 0; }
+  int64_t mlp_mats() const { return swiglu ? 3 : 2; }
+  // One MoE block's MLP part: router + routed experts + shared expert (biases if any).
+  double moe_mlp_params() const;
+  // The routed experts of a block, averaged over the blocks: what expert parallelism shards.
+  double block_expert_params() const;
+  // The MLP a token passes through, averaged over the blocks: dense d_ff, or router + top_k
+  // experts + shared; each expert's work scaled by `expert_load` (the busiest expert's
+  // load over the mean). As a dense MLP width: what the GEMM and activation models take.
+  double active_ff(double expert_load = 1.0) const;
+
   int64_t head_dim() const { return d_model / n_head; }
   int64_t kv_dim() const { return n_kv_head * head_dim(); }
   // Parameters of one block (matrices, biases, norms).
@@ -35,8 +52,11 @@ struct ModelSpec {
   // linears' output biases (Megatron-LM and our runtime alike).
   double block_replicated_params() const;
   // One TP rank's share of a block: the split matrices and biases / t, the rest whole.
-  double block_params_per_tp(int t) const {
-    return (block_params() - block_replicated_params()) / t + block_replicated_params();
+  // Routed experts run with tensor parallelism 1 (Megatron-Core's expert-tensor-parallel 1):
+  // every TP rank of an ep rank holds its n_experts / ep experts whole.
+  double block_params_per_tp(int t, int ep = 1) const {
+    return (block_params() - block_expert_params() - block_replicated_params()) / t +
+           block_replicated_params() + block_expert_params() / ep;
   }
   // One TP rank's embedding (token, + position) and head (final norm, + LM head when
   // untied): the vocabulary split (vocab-parallel), the position table and norm whole.
@@ -45,7 +65,11 @@ struct ModelSpec {
   double embedding_params() const { return embedding_params_per_tp(1); }
   double head_params() const { return head_params_per_tp(1); }
   double total_params() const;
-  // GEMM weights touched per token (blocks + LM head), the P_matmul of docs/flops.md.
+  // Parameters a token's forward touches (the embedding row, blocks with router + top_k
+  // experts + shared, the head): the "active" count MoE papers quote.
+  double active_params() const;
+  // GEMM weights touched per token (blocks + LM head), the P_matmul of docs/flops.md; for a
+  // MoE model the active ones (router + top_k experts + shared).
   double matmul_params() const;
 };
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/kernels.h"
+#include "plan/moe.h"
 
 namespace mt::plan {
 
@@ -57,7 +58,7 @@ Split split_of(const Job& j, const Layout& l) {
 // Parameters of pipeline chunk c (model order; before ZeRO), per TP rank.
 double chunk_params(const Job& j, const Layout& l, const Split& split, int c) {
   const ModelSpec& m = j.model;
-  double p = split.chunk[size_t(c)] * m.block_params_per_tp(l.tp);
+  double p = split.chunk[size_t(c)] * m.block_params_per_tp(l.tp, l.ep);
   if (c == 0) p += m.embedding_params_per_tp(l.tp);
   if (c == int(split.chunk.size()) - 1) {
     p += m.head_params_per_tp(l.tp);
@@ -101,7 +102,8 @@ double cp_workspace_bytes(const Job& j, const Layout& l) {
 
 // Activation bytes one layer keeps for backward for one microbatch (Korthikanti et al.
 // 2022, Table 2, generalised to GQA / SwiGLU; docs/planner.md).
-double layer_activation_bytes(const Job& j, const Layout& l, Recompute rc) {
+double layer_activation_bytes(const Job& job, const Layout& l, Recompute rc) {
+  const Job j = compute_view(job, l);  // a MoE MLP as the dense width a token passes through
   const ModelSpec& m = j.model;
   // With CP a rank holds s = seq / cp tokens whose queries attend over all S = seq keys.
   const double s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch), h = m.d_model,
@@ -175,6 +177,7 @@ struct PassCosts {
   double bwd_plain = 0;     // bwd without recomputation
   double tp_fwd = 0, tp_bwd = 0;
   double cp_fwd = 0, cp_bwd = 0;      // ring attention's exposed transfers
+  double ep_fwd = 0, ep_bwd = 0;      // MoE all-to-alls (plan/moe.h), not overlapped
   double head_fwd = 0, head_bwd = 0;  // last stage
   double embed_fwd = 0, embed_bwd = 0;
 };
@@ -183,7 +186,7 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
   const double t = l.tp, s = double(j.seq) / l.cp, b = double(l.microbatch), n = s * b, cp = l.cp;
   const double h = m.d_model, kv = m.kv_dim();
-  const LayerKernels k = layer_kernels(j, l, per_rank_share(j));
+  const LayerKernels k = layer_kernels(compute_view(j, l), l, per_rank_share(j));
   const double qkv = k.qkv, mlp_in = k.mlp_in, proj = k.proj, mlp_out = k.mlp_out;
   const double att_block = k.attention / cp;  // one CP key block's attention, forward
   const double wb = weight_bytes(j);
@@ -253,13 +256,17 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
       pc.cp_bwd = (cp - 1) * std::max(0.0, lat + 2 * kv_bytes / bw - k.attention_bwd / cp);
     }
   }
-  pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd;
-  double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd;
+  const EpCosts ep = ep_costs(j, l);
+  pc.ep_fwd = ep.fwd;
+  pc.ep_bwd = ep.bwd;
+  pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd;
+  double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd + pc.ep_bwd;
   pc.bwd_plain = bwd;
   if (l.recompute == Recompute::kFull) {
-    bwd += fwd_compute + pc.tp_fwd + pc.cp_fwd;
+    bwd += fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd;
     pc.tp_bwd += pc.tp_fwd;
     pc.cp_bwd += pc.cp_fwd;
+    pc.ep_bwd += pc.ep_fwd;
   } else if (l.recompute == Recompute::kSelective) {
     bwd += k.attention + k.softmax + pc.cp_fwd;  // the attention core again (the ring with CP)
     pc.cp_bwd += pc.cp_fwd;
@@ -322,6 +329,7 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::st
     return refuse("dp x tp x pp x cp is not the GPU count",
                   fmt::format("dp {} x tp {} x pp {} x cp {} = {} is not --gpus {}", l.dp, l.tp,
                               l.pp, l.cp, world, j.gpus));
+  if (auto ep = ep_invalid(j, l)) return refuse(ep->first.c_str(), ep->second);
   if (l.tp > j.cluster.gpus_per_node)
     return refuse("tp exceeds a node", fmt::format("tp {} exceeds the {} GPUs of a node", l.tp,
                                                    j.cluster.gpus_per_node));
@@ -547,7 +555,9 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
   std::vector<MemoryBytes> stages;
   for (int r = 0; r < l.pp; ++r) {
     const double psi_r = stage_params(j, l, split, r);
-    MemoryBytes mb = zero_model_states(psi_r, l.dp * l.cp, l.zero, j.dtype);
+    // Routed experts: sharded over ep, their states over expert-dp (plan/moe.h).
+    const double experts_r = split.rank[size_t(r)] * m.block_expert_params() / l.ep;
+    MemoryBytes mb = ep_model_states(psi_r, experts_r, l, j.dtype);
     // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
     if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
     // Each microbatch-chunk in flight as large as the rank's largest chunk.
@@ -591,14 +601,14 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
     // (Our runtime receives into its activation sets: the spare one, above.)
     if (l.pp > 1 && mixed(j) && !spare_set(j)) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
     if (mixed(j)) {
-      const double block = m.block_params_per_tp(l.tp);
+      const double block = m.block_params_per_tp(l.tp, l.ep);
       if (l.zero >= 2) comm += 2 * block * gradient_bytes(j);  // gradient pool
       if (l.zero >= 3) comm += 2 * block * wb;
     } else if (l.zero >= 2) {
       // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
       // gradients, the same again for ZeRO-3's gathered values.
       const double pool = 4 * (m.embedding_params_per_tp(l.tp) + m.head_params_per_tp(l.tp) +
-                               2 * m.block_params_per_tp(l.tp));
+                               2 * m.block_params_per_tp(l.tp, l.ep));
       comm += (l.zero >= 3 ? 2 : 1) * pool;
     }
     if (!mixed(j) && l.sp) {
@@ -620,7 +630,7 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
       };
       const double gb = gradient_bytes(j);
       const double unit = std::max({m.embedding_params_per_tp(l.tp), m.head_params_per_tp(l.tp),
-                                    m.block_params_per_tp(l.tp)}) *
+                                    m.block_params_per_tp(l.tp, l.ep)}) *
                           gb;
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
       // One backend, and one scratch, per group: the DP and TP groups' add up.
@@ -693,21 +703,28 @@ Prepared prepare(const Job& j, const Layout& l) {
   // The ranks that hold the same parameters: DP and CP (a CP rank's gradients cover its part
   // of the sequence), tp-strided: gpus_per_node / tp of them share a node.
   const int dpn = l.dp * l.cp;
-  const int per_node = std::max(1, c.gpus_per_node / l.tp);
-  const double grad_bytes = psi * gradient_bytes(j);
-  const double rs = hier_collective(j, grad_bytes, dpn, per_node, 1);  // gradients
-  const double ag = hier_collective(j, psi * wb, dpn, per_node, 1);    // parameters
-  if (l.zero <= 1) {
-    p.dp_comm = l.zero == 0 ? hier_collective(j, grad_bytes, dpn, per_node, 2) : rs + ag;
-  } else if (l.zero == 2) {
-    p.dp_comm = double(p.microbatches) * rs + ag;  // reduce-scatter every microbatch
-  } else {
-    p.z3_per_mb = 2 * ag + rs;
-    p.dp_comm = double(p.microbatches) * p.z3_per_mb;
-  }
+  // MoE with ep: the worst stage's routed experts (1/ep of them) reduce over expert-dp,
+  // dpn / ep ranks ep·cp·tp apart; the rest over dp × cp. One after the other.
+  const double psi_e = p.split.rank[size_t(worst)] * m.block_expert_params() / l.ep;
+  auto reduction = [&](double params, int n, int per_node) {
+    const double grad_bytes = params * gradient_bytes(j);
+    const double rs = hier_collective(j, grad_bytes, n, per_node, 1);   // gradients
+    const double ag = hier_collective(j, params * wb, n, per_node, 1);  // parameters
+    if (l.zero <= 1) {
+      p.dp_comm += l.zero == 0 ? hier_collective(j, grad_bytes, n, per_node, 2) : rs + ag;
+    } else if (l.zero == 2) {
+      p.dp_comm += double(p.microbatches) * rs + ag;  // reduce-scatter every microbatch
+    } else {
+      p.z3_per_mb += 2 * ag + rs;
+      p.dp_comm += double(p.microbatches) * (2 * ag + rs);
+    }
+  };
+  reduction(psi - psi_e, dpn, std::max(1, c.gpus_per_node / l.tp));
+  if (psi_e > 0) reduction(psi_e, dpn / l.ep, std::max(1, c.gpus_per_node / (l.tp * l.ep)));
   // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
   // parameter with fp32 master and moments; f32: 28).
-  const double opt_params = psi / (l.zero >= 1 ? dpn : 1);
+  const double opt_params =
+      l.zero >= 1 ? (psi - psi_e) / dpn + psi_e / std::max(1, dpn / l.ep) : psi;
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
   if (!l.grad_accum_fusion) {
@@ -845,6 +862,7 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   const double layers = double(p.microbatches) * p.split.rank[r];
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
+  e.ep_comm_s = layers * (p.pc.ep_fwd + p.pc.ep_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
   // The busiest rank's adds, as its forward_s and backward_s: its chunks' parameters, once
   // per backward.
@@ -971,74 +989,78 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
       std::vector<bool> sps = {false, true};
       if (pins.megatron_2021) sps = {false};
       if (pins.sp) sps = {*pins.sp};
-      for (int v : vs)
-        for (int64_t mbs : mbss)
-          for (int z : zeros)
-            for (Recompute rc : rcs)
-              for (bool sp : sps) {
-                Layout l;
-                l.dp = dp;
-                l.tp = t;
-                l.pp = pp;
-                l.cp = cp;
-                l.cp_comm = pins.cp_comm;
-                l.virtual_stages = v;
-                l.microbatch = mbs;
-                l.zero = z;
-                l.recompute = rc;
-                l.sp = sp;
-                set_software(l, pins.megatron_2021);
-                l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
-                l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
-                l.tp_comm_overlap = pins.tp_comm_overlap && sp;
-                l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
-                l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
-                l.pp_layers = pins.pp_layers;
-                l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
-                l = as_run(j, l);
-                ++res.considered;
-                std::string kind;
-                std::optional<std::string> why = invalid_reason(j, l, &kind);
-                // Valid, but a layout the search has already (ZeRO over one rank is stage 0)
-                // or one that Megatron-LM 2021 could not run (a pinned --virtual-stages).
-                if (!why && dp * cp == 1 && z > 0) {
-                  kind = "ZeRO over a single data-parallel rank (no ZeRO's layout again)";
-                  why = fmt::format("tp {} pp {} dp {} cp {} zero {}: nothing to shard over", t, pp,
-                                    dp, cp, z);
+      std::vector<int> eps = ep_choices(j, dp, cp);
+      if (pins.ep) eps = {*pins.ep};
+      for (int ep : eps)
+        for (int v : vs)
+          for (int64_t mbs : mbss)
+            for (int z : zeros)
+              for (Recompute rc : rcs)
+                for (bool sp : sps) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = t;
+                  l.pp = pp;
+                  l.cp = cp;
+                  l.ep = ep;
+                  l.cp_comm = pins.cp_comm;
+                  l.virtual_stages = v;
+                  l.microbatch = mbs;
+                  l.zero = z;
+                  l.recompute = rc;
+                  l.sp = sp;
+                  set_software(l, pins.megatron_2021);
+                  l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
+                  l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
+                  l.tp_comm_overlap = pins.tp_comm_overlap && sp;
+                  l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
+                  l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
+                  l.pp_layers = pins.pp_layers;
+                  l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
+                  l = as_run(j, l);
+                  ++res.considered;
+                  std::string kind;
+                  std::optional<std::string> why = invalid_reason(j, l, &kind);
+                  // Valid, but a layout the search has already (ZeRO over one rank is stage 0)
+                  // or one that Megatron-LM 2021 could not run (a pinned --virtual-stages).
+                  if (!why && dp * cp == 1 && z > 0) {
+                    kind = "ZeRO over a single data-parallel rank (no ZeRO's layout again)";
+                    why = fmt::format("tp {} pp {} dp {} cp {} zero {}: nothing to shard over", t,
+                                      pp, dp, cp, z);
+                  }
+                  if (!why && pins.megatron_2021 && v > 1 && pp <= 2) {
+                    kind = "Megatron-LM 2021 interleaves only with pp > 2";
+                    why = fmt::format("pp {} virtual stages {}", pp, v);
+                  }
+                  if (why) {
+                    note(kind.empty() ? *why : kind, *why);
+                    continue;
+                  }
+                  Cand c;
+                  c.l = l;
+                  const int64_t nmb = j.batch / (int64_t(dp) * mbs);
+                  auto key = std::make_tuple(l.schedule, pp, v, nmb);
+                  auto it = flights.find(key);
+                  if (it == flights.end())
+                    it = flights
+                             .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
+                                                         spare_set(j)))
+                             .first;
+                  c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
+                  if (c.mem.total() > hbm) {
+                    const double over = c.mem.total() - hbm;
+                    best_oom_over = std::min(best_oom_over, over);
+                    note("out of memory",
+                         fmt::format(
+                             "tp {} pp {} dp {} mb {} zero {} recompute {}{}: {:.1f} GB over", t,
+                             pp, dp, mbs, z, recompute_name(rc), sp ? " sp" : "", over / 1e9));
+                    continue;
+                  }
+                  ++res.fit;
+                  c.p = prepare(j, l);
+                  c.lb = lower_bound(j, c.p, l);
+                  cands.push_back(std::move(c));
                 }
-                if (!why && pins.megatron_2021 && v > 1 && pp <= 2) {
-                  kind = "Megatron-LM 2021 interleaves only with pp > 2";
-                  why = fmt::format("pp {} virtual stages {}", pp, v);
-                }
-                if (why) {
-                  note(kind.empty() ? *why : kind, *why);
-                  continue;
-                }
-                Cand c;
-                c.l = l;
-                const int64_t nmb = j.batch / (int64_t(dp) * mbs);
-                auto key = std::make_tuple(l.schedule, pp, v, nmb);
-                auto it = flights.find(key);
-                if (it == flights.end())
-                  it = flights
-                           .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
-                                                       spare_set(j)))
-                           .first;
-                c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
-                if (c.mem.total() > hbm) {
-                  const double over = c.mem.total() - hbm;
-                  best_oom_over = std::min(best_oom_over, over);
-                  note("out of memory",
-                       fmt::format("tp {} pp {} dp {} mb {} zero {} recompute {}{}: {:.1f} GB over",
-                                   t, pp, dp, mbs, z, recompute_name(rc), sp ? " sp" : "",
-                                   over / 1e9));
-                  continue;
-                }
-                ++res.fit;
-                c.p = prepare(j, l);
-                c.lb = lower_bound(j, c.p, l);
-                cands.push_back(std::move(c));
-              }
     }
   if (res.dropped.count("out of memory"))
     res.example["out of memory"] +=

@@ -24,6 +24,10 @@ struct Layout {
   // dK|dV reduce-scattered; not overlapped) or "a2a" (Ulysses: all-to-alls that turn the
   // sequence split into a head split; not overlapped).
   std::string cp_comm = "ring";
+  // Expert parallelism, carved from dp × cp (Megatron-Core's parallel folding; not a factor
+  // of the GPU count): a MoE block's routed experts are split over ep ranks, their gradients
+  // reduced over expert-dp = dp·cp / ep, the dense parameters' over dp × cp (plan/moe.h).
+  int ep = 1;
   int virtual_stages = 1;
   int64_t microbatch = 1;
   int zero = 0;
@@ -82,6 +86,9 @@ struct Job {
   // Run by `meshtrain train` (plan --emit-config) rather than Megatron-LM, whose executor
   // mixed precision models otherwise: see runs_our_runtime.
   bool our_runtime = false;
+  // MoE: the busiest expert's load over the mean (1: perfectly balanced). Scales the routed
+  // experts' compute and the all-to-all bytes of the busiest ep rank (plan/moe.h).
+  double expert_load = 1.0;
 };
 
 // Whose executor runs the job: ours for f32, on a shared host (this-host) and for an
@@ -136,6 +143,9 @@ struct Estimate {
   // after the flush (pipelines only; part of the step, not hidden).
   double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,
          dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0, grad_accum_s = 0, embedding_sync_s = 0;
+  // ep_comm_s: the busiest rank's MoE all-to-alls (dispatch + combine, forward and backward;
+  // not overlapped).
+  double ep_comm_s = 0;
   // One block's forward and backward (+ recomputation) for one microbatch, exposed TP and CP
   // communication included: what Korthikanti et al. 2022 Table 4 measures per layer.
   double layer_forward_s = 0, layer_backward_s = 0;
@@ -199,7 +209,7 @@ Estimate estimate(const Job& job, const Layout& l, bool keep_spans = false);
 MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& dtype);
 
 struct SearchPins {
-  std::optional<int> dp, tp, pp, cp, virtual_stages, zero;
+  std::optional<int> dp, tp, pp, cp, ep, virtual_stages, zero;
   std::optional<int64_t> microbatch;
   std::optional<Recompute> recompute;
   std::optional<bool> sp;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "all_to_all_v_checks.h"
 #include "collective_checks.h"
 #include "comm/launch.h"
 #include "comm/mesh.h"
@@ -34,6 +35,20 @@ TEST(Mpi, EveryCollectiveOnGroupsOfOneToEightRanks) {
       EXPECT_EQ(sub->size(), k);
       testing::check_all_collectives(*sub);
       testing::check_send_recv(*sub);
+    }
+  });
+}
+
+TEST(Mpi, AllToAllVWithZeroCountsAndSilentRanks) {
+  run_mpi([](Group& world) {
+    for (int k = 1; k <= world.size(); ++k) {
+      auto sub = world.split(world.rank() < k ? 0 : -1, world.rank(), fmt::format("a2av{}", k));
+      if (!sub) continue;
+      for (uint64_t seed = 1; seed <= 3; ++seed) {
+        testing::check_all_to_all_v(*sub, DType::kF32, seed);
+        testing::check_all_to_all_v(*sub, DType::kBF16, seed + 10);
+      }
+      testing::check_all_to_all_v_vector(*sub, 21);
     }
   });
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <thread>
 
+#include "all_to_all_v_checks.h"
 #include "collective_checks.h"
 #include "comm/launch.h"
 #include "comm/mesh.h"
@@ -29,7 +30,34 @@ TEST_P(LocalSizes, SendRecvBothDirectionsAtOnce) {
   run_local(GetParam(), [](Group& world) { testing::check_send_recv(world); });
 }
 
+TEST_P(LocalSizes, AllToAllVWithZeroCountsAndSilentRanks) {
+  run_local(GetParam(), [](Group& world) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      testing::check_all_to_all_v(world, DType::kF32, seed);
+      testing::check_all_to_all_v(world, DType::kBF16, seed + 10);
+    }
+    testing::check_all_to_all_v_vector(world, 21);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(GroupSizes, LocalSizes, ::testing::Range(1, 9));
+
+// Expert parallelism's dimension: an ep group of the mesh (pp, dp, ep, cp, tp) carries the
+// dispatch, and the recorder counts its bytes under the group's name "ep[i]".
+TEST(Local, AllToAllVOnTheEpDimensionIsCountedUnderEp) {
+  run_local(8, [](Group& world) {
+    MeshShape shape({{"dp", 2}, {"ep", 2}, {"tp", 2}}, world.size());
+    DeviceMesh mesh(world, shape);
+    Group& ep = mesh.group("ep");
+    EXPECT_EQ(ep.name(), shape.group_name({"ep"}, world.rank()));
+    EXPECT_EQ(ep.name().substr(0, 3), "ep[");
+    EXPECT_EQ(ep.size(), 2);
+    testing::check_all_to_all_v(ep, DType::kF32, 7);
+    // Nothing else moved on the ep group, and the dp and tp groups saw none of it.
+    EXPECT_EQ(world.recorder().bytes_of_group(mesh.group("dp").name()).sent_bytes, 0);
+    EXPECT_EQ(world.recorder().bytes_of_group(mesh.group("tp").name()).sent_bytes, 0);
+  });
+}
 
 TEST(Local, AsyncOpsCompleteInOrderAndMatchBlockingOnes) {
   run_local(4, [](Group& g) {

@@ -1,0 +1,52 @@
+// The planner's Mixture-of-Experts arithmetic (docs/planner.md, "Mixture of experts"):
+// expert parallelism folded into dp × cp, the all-to-all of dispatch and combine on the
+// fabric the ep group spans, the MLP as the GEMM and activation models see it, and the
+// model states of dense and expert parameters sharded over their own data-parallel groups.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plan/planner.h"
+
+namespace mt::plan {
+
+// The job as one layer's GEMM and activation models see it: a MoE model's MLP as a dense
+// one of the width a token passes through (ModelSpec::active_ff), the busiest expert's load
+// (Job::expert_load) applied when the experts are spread over ep > 1 ranks. A dense job is
+// returned as it is.
+Job compute_view(const Job& j, const Layout& l);
+
+// How many ranks of an ep group share a node: the group is ep ranks cp·tp apart (mesh
+// order pp, dp, ep, cp, tp).
+int ep_per_node(const Job& j, const Layout& l);
+
+// One all-to-all in which every rank of the ep group holds `bytes` and keeps 1/ep of them:
+// the in-node share over NVLink and the rest over the network at once (the slower sets the
+// time), plus one latency per peer.
+double ep_all_to_all_s(const Job& j, const Layout& l, double bytes);
+
+// Per layer and microbatch, averaged over the blocks (moe_layers of n_layer have them):
+// the dispatch and combine all-to-alls of the routed tokens (tokens · top_k · d_model,
+// split over tp as Megatron-Core's sequence-parallel MoE does), forward 2, backward 2.
+struct EpCosts {
+  double fwd = 0, bwd = 0;
+};
+EpCosts ep_costs(const Job& j, const Layout& l);
+
+// (kind, message) when the layout's ep cannot run: ep < 1, ep > 1 on a dense model, ep not
+// dividing dp × cp or the expert count.
+std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, const Layout& l);
+
+// Model states of `psi` parameters per rank, `expert_psi` of them routed experts: the dense
+// ones sharded by ZeRO over dp × cp, the experts over expert-dp = dp·cp / ep.
+MemoryBytes ep_model_states(double psi, double expert_psi, const Layout& l,
+                            const std::string& dtype);
+
+// The ep sizes the search tries for dp × cp ranks: 1 for a dense model, else every divisor
+// of dp·cp that divides the expert count.
+std::vector<int> ep_choices(const Job& j, int dp, int cp);
+
+}  // namespace mt::plan
