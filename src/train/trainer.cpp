@@ -588,10 +588,11 @@ void run_rank(Shared& sh, comm::Group& world) {
   const double flops_per_token = model::training_flops_per_token(o.model, T);
   const DType gemm_dtype = ro.bf16 ? DType::kBF16 : DType::kF32;
   // The peak of what this rank really has: its share of the cores (affinity masks of the
-  // host's ranks) or of its GPU (train/host_share.h). Collective.
+  // host's ranks) or of its GPU (train/host_share.h). Collective, on the scalars group:
+  // the model's groups count only the model's traffic.
   const RankPeak peak_of =
       o.peak_flops > 0 ? RankPeak{o.peak_flops, 0, device::on_cuda()}
-                       : rank_peak_flops(&world, gemm_dtype, sh.threads,
+                       : rank_peak_flops(scalars, gemm_dtype, sh.threads,
                                          device::on_cuda() ? gpu_of_rank(world.rank()) : -1);
   const double peak = peak_of.flops;
   const Splits& data = sh.data;
