@@ -168,6 +168,27 @@ bool read_at(int fd, void* data, int64_t bytes, int64_t offset) {
   return true;
 }
 
+// Reads exactly `bytes` at `offset` and returns their CRC32C in `crc`; false when the file
+// ends first. In 4 MiB chunks, each checksummed right after its read (still in the cache),
+// with the kernel asked to fetch the next 16 MiB meanwhile (POSIX_FADV_WILLNEED): the disk
+// keeps reading while the CPU checksums and copies, where reading a whole piece and then
+// checksumming it left the disk idle for the checksum (the 1-rank load was 68% of dd's rate).
+bool read_checked(int fd, void* data, int64_t bytes, int64_t offset, uint32_t& crc) {
+  constexpr int64_t kChunk = int64_t{4} << 20, kAhead = 4 * kChunk;
+  auto* p = static_cast<char*>(data);
+  const int64_t end = offset + bytes;
+  crc = 0;
+  for (int64_t at = offset; at < end; at += kChunk) {
+    const int64_t n = std::min(kChunk, end - at);
+    if (at + n < end)
+      ::posix_fadvise(fd, at + n, std::min(kAhead, end - (at + n)), POSIX_FADV_WILLNEED);
+    if (!read_at(fd, p, n, at)) return false;
+    crc = crc32c(p, static_cast<size_t>(n), crc);
+    p += n;
+  }
+  return true;
+}
+
 void fsync_path(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail_run("cannot open '{}' to fsync it: {}", path.string(), std::strerror(errno));
@@ -942,11 +963,11 @@ void load_targets(const Index& idx, const std::vector<Target>& targets) {
           if (staging.size() < static_cast<size_t>(pc.elems())) staging.resize(pc.elems());
           buf = staging.data();
         }
-        if (!read_at(fd, buf, bytes, pc.offset_bytes[k]))
+        uint32_t crc = 0;
+        if (!read_checked(fd, buf, bytes, pc.offset_bytes[k], crc))
           fail("checkpoint '{}': shard file '{}' is truncated: {} of '{}' needs bytes [{}, {})",
                idx.dir, path, kArrayNames[k], pc.tensor, pc.offset_bytes[k],
                pc.offset_bytes[k] + bytes);
-        const uint32_t crc = crc32c(buf, static_cast<size_t>(bytes));
         if (crc != pc.crc[k])
           fail(
               "checkpoint '{}': shard file '{}' is damaged: {} of '{}' (tp-local elements [{}, "

@@ -1,18 +1,59 @@
-// How much of this host's CPU one rank has: the ranks on a host share its cores, so with more
-// rank threads than cores (4 ranks of 1 thread on 2 cores) each rank computes on a fraction of
-// a core. MFU divides by the rank's share of the host's peak, not by a whole core per rank:
-// otherwise 4 ranks on 2 cores could never show more than 50%.
+// How much of this host's compute one rank has, for MFU's peak. The ranks on a host share its
+// cores: with more rank threads than cores (4 ranks of 1 thread on 2 cores) each rank computes
+// on a fraction of a core, and a rank that mpirun bound to one core of two has that core alone
+// (not half of it: dividing the core it sees by the ranks on the host showed MFU 159%). So each
+// rank's cores come from the affinity masks of all the ranks on its host: a core in k ranks'
+// masks counts 1/k for each. GPUs likewise: a device shared by k ranks counts 1/k for each.
 #pragma once
 
-#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace mt::comm {
+class Group;
+}
 
 namespace mt::train {
 
-// The fraction of `threads` cores' worth of compute a rank has when `ranks_on_host` ranks of
-// `threads` threads each share `cores` cores: 1 while they fit.
-inline double cpu_host_share(int cores, int ranks_on_host, int threads) {
-  const double wanted = double(std::max(1, ranks_on_host)) * std::max(1, threads);
-  return std::min(1.0, double(std::max(1, cores)) / wanted);
-}
+// One rank's view of where it computes: a host id, its GPU (-1: none) and its CPU affinity
+// mask (bit c of word c/64: CPU c may run its threads).
+struct RankPlace {
+  int64_t host = 0;
+  int64_t gpu = -1;
+  std::vector<uint64_t> cpus;
+};
+
+// The cores' worth rank `me` has: for each CPU in its mask, 1 / the number of ranks on its
+// host whose masks hold that CPU. 4 ranks on one 2-core mask: 0.5 each; 2 ranks bound to a
+// core each: 1 each.
+double cpu_cores_owned(const std::vector<RankPlace>& ranks, int me);
+
+// The fraction of its device rank `me` has: 1 / the ranks on its host using the same GPU.
+double gpu_share(const std::vector<RankPlace>& ranks, int me);
+
+// The CPU peak MFU divides by: the GEMM peak at the threads the rank can run at once
+// (`peak_threads`, its threads but no more than the CPUs in its mask) times `share`, the
+// fraction of those threads' cores it really has (1 when it owns that many cores).
+struct CpuPeakBasis {
+  int peak_threads = 1;
+  double share = 1;
+};
+CpuPeakBasis cpu_peak_basis(int threads, int cpus_in_mask, double cores_owned);
+
+// This rank's place: the host name's hash, `gpu`, and the calling thread's affinity mask.
+RankPlace my_place(int gpu);
+
+// The peak (FLOP/s) MFU divides by for this rank of `world` (collective: every rank calls
+// it once): on a GPU the device's peak over the ranks sharing it; on a CPU the GEMM peak at
+// the basis above. A peak not yet cached is measured by one rank of a host at a time, so
+// ranks that share cores do not measure each other's load.
+struct RankPeak {
+  double flops = 0;
+  double units = 0;  // the cores' worth (CPU) or the fraction of the device (GPU) it is of
+  bool gpu = false;
+};
+RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int gpu);
 
 }  // namespace mt::train

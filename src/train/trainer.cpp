@@ -460,8 +460,7 @@ struct Shared {
   const Splits& data;
   const HfWeights* init;  // --init-from, read once for every rank thread; null: none
   int threads;
-  double host_share;                       // of the CPU peak at `threads` threads (cpu_host_share)
-  const parallel::pp::Schedule* schedule;  // --pp > 1
+  const parallel::pp::Schedule* schedule;    // --pp > 1
   const parallel::pp::Partition* partition;  // --pp > 1
   std::mutex mu;
   TrainResult result;
@@ -631,10 +630,14 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
   const double flops_per_token = model::training_flops_per_token(o.model, T);
   const DType gemm_dtype = ro.bf16 ? DType::kBF16 : DType::kF32;
-  const double peak = o.peak_flops > 0 ? o.peak_flops
-                      : device::on_cuda()
-                          ? kernels::gpu_peak_flops(gemm_dtype)
-                          : kernels::peak_flops(gemm_dtype, sh.threads) * sh.host_share;
+  // The peak of what this rank really has: its share of the cores (affinity masks of the
+  // host's ranks) or of its GPU (train/host_share.h). Collective, on the scalars group:
+  // the model's groups count only the model's traffic.
+  const RankPeak peak_of =
+      o.peak_flops > 0 ? RankPeak{o.peak_flops, 0, device::on_cuda()}
+                       : rank_peak_flops(scalars, gemm_dtype, sh.threads,
+                                         device::on_cuda() ? gpu_of_rank(world.rank()) : -1);
+  const double peak = peak_of.flops;
   const Splits& data = sh.data;
 
   if (talk) {
@@ -859,7 +862,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
       row["moe_aux_loss"] = moe->aux_loss;
       row["moe_z_loss"] = moe->z_loss;
     }
-    if (step == start_step) row["run"] = run_header(o, sh.threads, world, rep.gpt.config());
+    if (step == start_step) {
+      row["run"] = run_header(o, sh.threads, world, rep.gpt.config());
+      // What MFU divides by (rank 0's): units 0 when --peak-gflops gave it.
+      row["run"]["mfu_peak"] = {{"flops", peak_of.flops},
+                                {peak_of.gpu ? "gpus" : "cores", peak_of.units}};
+    }
     // The last step: every rank's peak bytes by category (a collective: all ranks join).
     if (r.step == o.steps) row["memory_by_rank"] = memory_by_rank(scalars, tracker);
     if (nonfinite) row["skipped"] = true;  // (a NaN loss or norm is written as null)
@@ -1153,15 +1161,7 @@ TrainResult run_training(const TrainOptions& o) {
   TrainOptions run = o;
   for (int attempt = 0;; ++attempt) {
     const int threads = rank_threads(o, kind);
-    Shared sh{run,
-              data,
-              init.get(),
-              threads,
-              cpu_host_share(kernels::host_cores(), ranks_on_host(o, kind), threads),
-              sched.get(),
-              part.get(),
-              {},
-              {}};
+    Shared sh{run, data, init.get(), threads, sched.get(), part.get(), {}, {}};
     try {
       comm::launch(lo, [&](comm::Group& w) { run_rank(sh, w); });
     } catch (const Error& e) {

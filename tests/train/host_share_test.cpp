@@ -1,4 +1,5 @@
-// MFU's peak for one rank on a CPU host: its share of the cores the host's ranks share.
+// MFU's peak for one rank: the cores (or the device) it really has, from the affinity masks
+// of all the ranks on its host.
 #include "train/host_share.h"
 
 #include <gtest/gtest.h>
@@ -6,21 +7,62 @@
 namespace mt::train {
 namespace {
 
-TEST(HostShare, RanksThatFitHaveTheirWholeThreads) {
-  EXPECT_EQ(cpu_host_share(2, 1, 2), 1.0);  // one rank, both cores
-  EXPECT_EQ(cpu_host_share(2, 2, 1), 1.0);  // a core each
-  EXPECT_EQ(cpu_host_share(16, 4, 4), 1.0);
-  EXPECT_EQ(cpu_host_share(16, 2, 4), 1.0);  // fewer threads than cores: still the threads'
+RankPlace on(int64_t host, std::vector<int> cpus, int64_t gpu = -1) {
+  RankPlace p;
+  p.host = host;
+  p.gpu = gpu;
+  p.cpus.assign(16, 0);
+  for (int c : cpus) p.cpus[c / 64] |= uint64_t{1} << (c % 64);
+  return p;
 }
 
-// 4 ranks of 1 thread on 2 cores each compute on half a core: dividing by a whole core's
-// peak per rank capped the reported MFU at 50% (dp 2 x pp 2 on this host showed 38.9% for
-// a step the planner, at the host's peak, put at 85%).
+// mpirun -np 2 on 2 cores binds each rank to one: each has that core alone. Dividing the one
+// core it sees by the 2 ranks on the host made MFU 159%.
+TEST(HostShare, BoundRanksOwnTheirCores) {
+  const std::vector<RankPlace> r{on(7, {0}), on(7, {1})};
+  EXPECT_EQ(cpu_cores_owned(r, 0), 1.0);
+  EXPECT_EQ(cpu_cores_owned(r, 1), 1.0);
+  const CpuPeakBasis b = cpu_peak_basis(1, 1, 1.0);
+  EXPECT_EQ(b.peak_threads, 1);
+  EXPECT_EQ(b.share, 1.0);
+  // --threads 2 on a rank bound to one core: one core's peak, not a 2-thread one.
+  const CpuPeakBasis t2 = cpu_peak_basis(2, 1, 1.0);
+  EXPECT_EQ(t2.peak_threads, 1);
+  EXPECT_EQ(t2.share, 1.0);
+}
+
+// 4 ranks of 1 thread on 2 unbound cores compute on half a core each (dividing by a whole
+// core per rank capped the reported MFU at 50%).
 TEST(HostShare, OversubscribedRanksShareTheCores) {
-  EXPECT_EQ(cpu_host_share(2, 4, 1), 0.5);
-  EXPECT_EQ(cpu_host_share(2, 8, 1), 0.25);
-  EXPECT_EQ(cpu_host_share(2, 2, 2), 0.5);  // --threads 2 on 2 ranks of a 2-core host
-  EXPECT_EQ(cpu_host_share(0, 0, 0), 1.0);  // unknown counts read as 1
+  const std::vector<RankPlace> r(4, on(7, {0, 1}));
+  EXPECT_EQ(cpu_cores_owned(r, 2), 0.5);
+  const CpuPeakBasis b = cpu_peak_basis(1, 2, 0.5);
+  EXPECT_EQ(b.peak_threads, 1);
+  EXPECT_EQ(b.share, 0.5);
+  const CpuPeakBasis t2 = cpu_peak_basis(2, 2, 0.5);  // --threads 2: a quarter of 2 threads
+  EXPECT_EQ(t2.peak_threads, 2);
+  EXPECT_EQ(t2.share, 0.25);
+}
+
+TEST(HostShare, RanksThatFitHaveTheirWholeThreads) {
+  const std::vector<RankPlace> one{on(7, {0, 1})};
+  EXPECT_EQ(cpu_cores_owned(one, 0), 2.0);
+  EXPECT_EQ(cpu_peak_basis(2, 2, 2.0).share, 1.0);
+  // Fewer threads than cores: the threads' peak, whole.
+  EXPECT_EQ(cpu_peak_basis(4, 16, 8.0).peak_threads, 4);
+  EXPECT_EQ(cpu_peak_basis(4, 16, 8.0).share, 1.0);
+  EXPECT_EQ(cpu_peak_basis(1, 0, 0.0).share, 1.0);  // no mask read: as before
+}
+
+// Ranks of other hosts do not share this host's CPUs or GPUs, whatever their numbers.
+TEST(HostShare, OnlyTheSameHostShares) {
+  const std::vector<RankPlace> r{on(1, {0}, 0), on(2, {0}, 0), on(1, {0, 1}, 0), on(1, {1}, 1)};
+  EXPECT_EQ(cpu_cores_owned(r, 0), 0.5);        // cpu 0 with rank 2
+  EXPECT_EQ(cpu_cores_owned(r, 1), 1.0);        // alone on host 2
+  EXPECT_EQ(cpu_cores_owned(r, 2), 0.5 + 0.5);  // cpu 0 with rank 0, cpu 1 with rank 3
+  EXPECT_EQ(gpu_share(r, 0), 0.5);              // GPU 0 of host 1 with rank 2
+  EXPECT_EQ(gpu_share(r, 1), 1.0);
+  EXPECT_EQ(gpu_share(r, 3), 1.0);
 }
 
 }  // namespace
