@@ -157,14 +157,25 @@ T field(const json& j, const char* key, const std::string& path) {
 double llama_parameter_count(const model::GptConfig& c) {
   const double d = static_cast<double>(c.d_model), f = static_cast<double>(c.d_ff);
   const double kv = static_cast<double>(c.kv_heads()) * static_cast<double>(c.head_dim());
-  double block = 2 * d + d * (d + 2 * kv) + d * d + 3 * d * f;  // 2 norms, q|k|v, o, gate|up|down
-  if (c.bias) block += (d + 2 * kv) + d + 2 * f + d;
-  if (c.moe.enabled())  // every block counted as MoE: the bound is only an upper one
-    block += static_cast<double>(c.moe.n_experts) *
-                 (d + 3 * d * static_cast<double>(c.expert_ff())) +
-             3 * d * static_cast<double>(c.moe.d_ff_shared);
+  // Per block: 2 norms, q|k|v, o, then gate|up|down (dense) or the router, the experts'
+  // and the shared expert's (MoE).
+  // MoE blocks in closed form (a file may claim 2^31 layers): i + 1 a multiple of `every`
+  // in (first_dense, n_layer].
+  const double moe_blocks =
+      c.moe.enabled() ? static_cast<double>(c.n_layer / c.moe.every -
+                                            std::min(c.moe.first_dense, c.n_layer) / c.moe.every)
+                      : 0.0;
+  const double dense_blocks = static_cast<double>(c.n_layer) - moe_blocks;
+  double attention = 2 * d + d * (d + 2 * kv) + d * d;
+  if (c.bias) attention += (d + 2 * kv) + d;
+  const double mlp = 3 * d * f + (c.bias ? 2 * f + d : 0);
+  const double moe = static_cast<double>(c.moe.n_experts) *
+                         (d + 3 * d * static_cast<double>(c.expert_ff())) +
+                     3 * d * static_cast<double>(c.moe.d_ff_shared);
+  const double blocks = static_cast<double>(c.n_layer) * attention + dense_blocks * mlp +
+                        moe_blocks * moe;
   const double embedding = static_cast<double>(c.vocab) * d;
-  return embedding * (c.tied ? 1 : 2) + d + static_cast<double>(c.n_layer) * block;
+  return embedding * (c.tied ? 1 : 2) + d + blocks;
 }
 
 // A dimension of a config.json: at most 2^31 (what a product of two may reach fits int64).
@@ -475,9 +486,13 @@ model::GptConfig config_from_hf(const HfWeights& w, std::optional<int64_t> n_hea
       fail("config '{}' is not valid JSON: {}", w.config_path, e.what());
     }
     if (!j.is_object()) fail("config '{}' must hold a JSON object", w.config_path);
-    if (!j.contains("model_type") || !j.at("model_type").is_string() ||
-        j.at("model_type").get<std::string>() != "llama")
-      fail("config '{}': model_type must be \"llama\" for weights in Llama names", w.config_path);
+    const std::string type =
+        j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
+    if (type != "llama" && type != "mixtral")
+      fail("config '{}': model_type must be \"llama\" or \"mixtral\" for weights in Llama names",
+           w.config_path);
+    if (type == "mixtral" && !j.contains("num_local_experts"))
+      fail("config '{}': a mixtral config needs \"num_local_experts\"", w.config_path);
     model::GptConfig c = llama_config_from_json(j, w.config_path);
     if (n_head_hint && *n_head_hint != c.n_head)
       fail("--n-head {} disagrees with num_attention_heads {} in '{}'", *n_head_hint, c.n_head,
