@@ -61,9 +61,9 @@ GptConfig scaled(GptConfig c, double factor) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny",        "gpt2-124m",   "gpt2-350m", "gpt2-774m",  "gpt2-1.5b",    "llama-tiny",
-          "llama3.2-1b", "llama3.2-3b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mixtral-tiny", "mixtral-8x7b", "qwen3-30b-a3b",
-          "deepseek-v3"};
+  return {"tiny",          "gpt2-124m",    "gpt2-350m",    "gpt2-774m",     "gpt2-1.5b",
+          "llama-tiny",    "llama3.2-1b",  "llama3.2-3b",  "llama3-8b",     "llama3-70b",
+          "llama3.1-405b", "mixtral-tiny", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"};
 }
 
 GptConfig preset(const std::string& name) {
@@ -98,8 +98,8 @@ GptConfig preset(const std::string& name) {
   // head_dim is 128 (not d_model / n_head = 64) and it normalises q and k: the engine has
   // neither, so this preset is for the planner (attention FLOPs within a few percent).
   if (name == "qwen3-30b-a3b") {
-    GptConfig c = mixtral(llama("qwen3-30b-a3b", 48, 32, 4, 2048, 6144, 151936, 40960, false, 1e6),
-                          128, 8);
+    GptConfig c =
+        mixtral(llama("qwen3-30b-a3b", 48, 32, 4, 2048, 6144, 151936, 40960, false, 1e6), 128, 8);
     c.moe.d_ff_expert = 768;
     return c;
   }
@@ -107,8 +107,8 @@ GptConfig preset(const std::string& name) {
   // 2048 and one shared, top 8. Its attention is MLA, which the engine does not run; here it
   // is shaped as 128-head attention of the same width, for the planner's MoE arithmetic.
   if (name == "deepseek-v3") {
-    GptConfig c = mixtral(llama("deepseek-v3", 61, 128, 128, 7168, 18432, 129280, 4096, false, 1e4),
-                          256, 8);
+    GptConfig c =
+        mixtral(llama("deepseek-v3", 61, 128, 128, 7168, 18432, 129280, 4096, false, 1e4), 256, 8);
     c.moe.d_ff_expert = 2048;
     c.moe.d_ff_shared = 2048;
     c.moe.first_dense = 3;
@@ -213,8 +213,8 @@ void GptConfig::validate() const {
       fail("first_dense {}, d_ff_expert {} and d_ff_shared {} must not be negative",
            moe.first_dense, moe.d_ff_expert, moe.d_ff_shared);
     if (n_moe_layers() == 0)
-      fail("n_experts {} but no block is MoE (n_layer {}, every {}, first_dense {})",
-           moe.n_experts, n_layer, moe.every, moe.first_dense);
+      fail("n_experts {} but no block is MoE (n_layer {}, every {}, first_dense {})", moe.n_experts,
+           n_layer, moe.every, moe.first_dense);
   }
 }
 

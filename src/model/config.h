@@ -109,9 +109,9 @@ void check_tp(const GptConfig& c, int tp, bool sp);
 // lcm(128, tp): the vocabulary padding that splits evenly over tp ranks.
 int64_t tp_vocab_pad(int tp);
 
-const char* norm_name(NormKind n);          // "layernorm", "rmsnorm"
-const char* mlp_name(MlpKind m);            // "gelu", "swiglu"
-const char* positions_name(Positions p);    // "learned", "rope"
+const char* norm_name(NormKind n);             // "layernorm", "rmsnorm"
+const char* mlp_name(MlpKind m);               // "gelu", "swiglu"
+const char* positions_name(Positions p);       // "learned", "rope"
 const char* router_order_name(RouterOrder o);  // "softmax-topk", "topk-softmax"
 RouterOrder parse_router_order(const std::string& s);
 NormKind parse_norm(const std::string& s);  // refuses another name, naming the valid ones

@@ -529,13 +529,12 @@ double training_flops_per_token(const GptConfig& c, int64_t T) {
   // the router, its top-k experts and the shared expert (the active parameters).
   const double mlp_mats = c.mlp == MlpKind::kSwiGlu ? 3.0 : 2.0;
   const double Lm = static_cast<double>(c.n_moe_layers());
-  const double moe_mlp = static_cast<double>(c.moe.n_experts) * C +
-                         static_cast<double>(c.moe.top_k) * mlp_mats * C *
-                             static_cast<double>(c.expert_ff()) +
-                         mlp_mats * C * static_cast<double>(c.moe.d_ff_shared);
+  const double moe_mlp =
+      static_cast<double>(c.moe.n_experts) * C +
+      static_cast<double>(c.moe.top_k) * mlp_mats * C * static_cast<double>(c.expert_ff()) +
+      mlp_mats * C * static_cast<double>(c.moe.d_ff_shared);
   const double matmul_params = L * (double(c.qkv_dim()) * C + C * C) +
-                               (L - Lm) * (double(c.fc_dim()) * C + F * C) + Lm * moe_mlp +
-                               Vp * C;
+                               (L - Lm) * (double(c.fc_dim()) * C + F * C) + Lm * moe_mlp + Vp * C;
   // 2 FLOPs per multiply-add, x3 for forward + backward; attention scores and the
   // weighted sum (2 * 2 * T * C per token per layer forward) counted over the full T x T as
   // Megatron-LM and PaLM count them.

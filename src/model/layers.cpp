@@ -356,8 +356,7 @@ void Block::moe_forward_tp(BlockActivations& a, const float* in2, int64_t N,
   kernels::add(a.out.f32(), y + row0 * C, a.res2.f32(), Nl * C);
 }
 
-void Block::moe_backward(float* dres, BlockScratch& s, const BlockActivations& a,
-                         int64_t N) const {
+void Block::moe_backward(float* dres, BlockScratch& s, const BlockActivations& a, int64_t N) const {
   namespace tpo = parallel::tp;
   const int64_t C = ln_1.c, Nl = tp.local_rows(N), row0 = tp.first_row(N);
   const bool sp = tp.active() && tp.sp;
@@ -370,8 +369,7 @@ void Block::moe_backward(float* dres, BlockScratch& s, const BlockActivations& a
     in2 = s.part.f32();
   }
   moe.backward(s.dln.f32(), dy, in2, N, a.moe, s.moe, a.moe_loss_weight);
-  ln_2.backward(dres, s.dln.f32() + row0 * C, a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(),
-                Nl);
+  ln_2.backward(dres, s.dln.f32() + row0 * C, a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
 }
 
 void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
@@ -449,8 +447,8 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
     moe_backward(dres, s, a, N);
   } else {
     stash_output_grad(st.dmlp.f32());
-    gemm_backward(mlp_proj.mp, s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr,
-                  *mlp_proj.w, N, F, C);
+    gemm_backward(mlp_proj.mp, s.dgelu.f32(), nullptr, nullptr, st.dmlp.f32(), nullptr, *mlp_proj.w,
+                  N, F, C);
     activation_backward(st.dfch.f32(), s.dgelu.f32(), a);
     column_input_grad(c_fc, st.dfch.f32());
     ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);

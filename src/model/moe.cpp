@@ -223,8 +223,8 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
     const double w = loss_weight;
     route_backward(dlogits, dgate, r, options ? options->aux_loss * w : 0.0,
                    options ? options->z_loss * w : 0.0);
-    kernels::linear_backward(dx, router->grad.f32(), nullptr, dlogits, x, router->value.f32(), n,
-                             C, experts);
+    kernels::linear_backward(dx, router->grad.f32(), nullptr, dlogits, x, router->value.f32(), n, C,
+                             experts);
   }
   {
     profile::Scope p("moe.permute.bwd");  // the experts' input gradients back to their tokens
@@ -244,8 +244,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
     gemm_backward(mp, s.dshared_act.f32(), grad_of(shared_out), grad_of(shared_out_b), dy,
                   a.shared_act.f32(), mp ? nullptr : shared_out->value.f32(),
                   mp ? shared_out->value_bf16.bf16p() : nullptr, n, f_shared, C);
-    activation_backward(mlp, s.dshared_h.f32(), a.shared_h.f32(), s.dshared_act.f32(), n,
-                        f_shared);
+    activation_backward(mlp, s.dshared_h.f32(), a.shared_h.f32(), s.dshared_act.f32(), n, f_shared);
     gemm_backward(mp, s.y.f32(), grad_of(shared_in), grad_of(shared_in_b), s.dshared_h.f32(), x,
                   mp ? nullptr : shared_in->value.f32(),
                   mp ? shared_in->value_bf16.bf16p() : nullptr, n, C, FCs);
@@ -253,7 +252,8 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
   }
   if (stats) {
     for (int64_t e = 0; e < experts; ++e)
-      stats->routed[static_cast<size_t>(e)] += static_cast<double>(a.routed[static_cast<size_t>(e)]);
+      stats->routed[static_cast<size_t>(e)] +=
+          static_cast<double>(a.routed[static_cast<size_t>(e)]);
     stats->assignments += static_cast<double>(n * k);
     stats->dropped += static_cast<double>(n * k - a.kept);
     stats->aux += a.losses.aux;

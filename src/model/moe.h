@@ -46,12 +46,12 @@ struct MoeStats {
 // What an MoE layer keeps for backward (one microbatch of n tokens; rows of the expert
 // buffers: up to n·k, the kept assignments in expert order).
 struct MoeActivations {
-  Tensor probs, lse, gate;      // [n, E], [n], [n, k]
-  Tensor expert, slot, order;   // i32: [n, k], [n, k], [n·k]
-  Tensor h;                     // [n·k, FC] the experts' first projection (gate | up)
-  Tensor act;                   // [n·k, F] its activation
-  Tensor ys;                    // [n·k, C] the experts' outputs, before the gates
-  Tensor shared_h, shared_act;  // the shared expert's: [n, FCs], [n, Fs]
+  Tensor probs, lse, gate;              // [n, E], [n], [n, k]
+  Tensor expert, slot, order;           // i32: [n, k], [n, k], [n·k]
+  Tensor h;                             // [n·k, FC] the experts' first projection (gate | up)
+  Tensor act;                           // [n·k, F] its activation
+  Tensor ys;                            // [n·k, C] the experts' outputs, before the gates
+  Tensor shared_h, shared_act;          // the shared expert's: [n, FCs], [n, Fs]
   std::vector<int64_t> counts, routed;  // [E]
   int64_t kept = 0;
   BalanceLosses losses;
@@ -70,12 +70,12 @@ struct MoeScratch {
 };
 
 struct MoeLayer {
-  Param* router = nullptr;  // [E, C]
-  Param* w_in = nullptr;    // [E, FC, C]: each expert's c_fc (SwiGLU: gate | up)
-  Param* b_in = nullptr;    // [E, FC] or null
-  Param* w_out = nullptr;   // [E, C, F]: each expert's c_proj
-  Param* b_out = nullptr;   // [E, C] or null
-  Param* shared_in = nullptr;   // [FCs, C], null without a shared expert
+  Param* router = nullptr;     // [E, C]
+  Param* w_in = nullptr;       // [E, FC, C]: each expert's c_fc (SwiGLU: gate | up)
+  Param* b_in = nullptr;       // [E, FC] or null
+  Param* w_out = nullptr;      // [E, C, F]: each expert's c_proj
+  Param* b_out = nullptr;      // [E, C] or null
+  Param* shared_in = nullptr;  // [FCs, C], null without a shared expert
   Param* shared_in_b = nullptr;
   Param* shared_out = nullptr;  // [C, Fs]
   Param* shared_out_b = nullptr;

@@ -24,7 +24,8 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
     double sum = 0;
     for (int64_t i = 0; i < e; ++i) sum += std::exp(static_cast<double>(l[i] - mx));
     r.lse[t] = mx + static_cast<float>(std::log(sum));
-    for (int64_t i = 0; i < e; ++i) p[i] = static_cast<float>(std::exp(static_cast<double>(l[i] - mx)) / sum);
+    for (int64_t i = 0; i < e; ++i)
+      p[i] = static_cast<float>(std::exp(static_cast<double>(l[i] - mx)) / sum);
     // Top k by selection score (the probability, plus the balancing bias), best first; a tie
     // goes to the lower expert index. k passes over e experts: k and e are small.
     int32_t* sel = r.expert + t * k;
@@ -87,7 +88,9 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
   std::vector<int64_t> next(static_cast<size_t>(e) + 1, 0);
   for (int64_t a = 0; a < n * k; ++a)
     if (r.slot[a] >= 0) ++counts[static_cast<size_t>(r.expert[a])];
-  for (int64_t i = 0; i < e; ++i) next[static_cast<size_t>(i) + 1] = next[static_cast<size_t>(i)] + counts[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < e; ++i)
+    next[static_cast<size_t>(i) + 1] =
+        next[static_cast<size_t>(i)] + counts[static_cast<size_t>(i)];
   r.kept = next[static_cast<size_t>(e)];
   for (int64_t a = 0; a < n * k; ++a) {
     if (r.slot[a] < 0) continue;
@@ -104,7 +107,8 @@ BalanceLosses balance_losses(const Routing& r) {
   for (int64_t i = 0; i < e; ++i) {
     double P = 0;
     for (int64_t t = 0; t < n; ++t) P += r.probs[t * e + i];
-    const double f = static_cast<double>((*r.routed)[static_cast<size_t>(i)]) / static_cast<double>(n * k);
+    const double f =
+        static_cast<double>((*r.routed)[static_cast<size_t>(i)]) / static_cast<double>(n * k);
     b.aux += f * P / static_cast<double>(n);
   }
   b.aux *= static_cast<double>(e);

@@ -101,7 +101,7 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
     }
     add(h + "mlp.c_proj.weight", {d, f}, Init::kNormal, residual_std, TpSplit::kCols, l, true);
     if (c.bias) add(h + "mlp.c_proj.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
-    }
+  }
   add("transformer.ln_f.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, -1);
   if (norm_bias) add("transformer.ln_f.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, -1);
   if (!c.tied) {

@@ -72,7 +72,8 @@ std::vector<HfPart> hf_parts(const model::ParamSpec& s, const model::GptConfig& 
   if (rest == "moe.shared.c_fc.weight")
     return {{moe + "shared_expert.gate_proj.weight", 0, c.moe.d_ff_shared},
             {moe + "shared_expert.up_proj.weight", c.moe.d_ff_shared, c.moe.d_ff_shared}};
-  if (rest == "moe.shared.c_proj.weight") return {{moe + "shared_expert.down_proj.weight", 0, rows}};
+  if (rest == "moe.shared.c_proj.weight")
+    return {{moe + "shared_expert.down_proj.weight", 0, rows}};
   // With biases (config.json's attention_bias and mlp_bias, both from our one switch).
   if (rest == "attn.c_proj.bias") return {{h + "self_attn.o_proj.bias", 0, rows}};
   if (rest == "mlp.c_proj.bias") return {{h + "mlp.down_proj.bias", 0, rows}};
@@ -169,11 +170,11 @@ double llama_parameter_count(const model::GptConfig& c) {
   double attention = 2 * d + d * (d + 2 * kv) + d * d;
   if (c.bias) attention += (d + 2 * kv) + d;
   const double mlp = 3 * d * f + (c.bias ? 2 * f + d : 0);
-  const double moe = static_cast<double>(c.moe.n_experts) *
-                         (d + 3 * d * static_cast<double>(c.expert_ff())) +
-                     3 * d * static_cast<double>(c.moe.d_ff_shared);
-  const double blocks = static_cast<double>(c.n_layer) * attention + dense_blocks * mlp +
-                        moe_blocks * moe;
+  const double moe =
+      static_cast<double>(c.moe.n_experts) * (d + 3 * d * static_cast<double>(c.expert_ff())) +
+      3 * d * static_cast<double>(c.moe.d_ff_shared);
+  const double blocks =
+      static_cast<double>(c.n_layer) * attention + dense_blocks * mlp + moe_blocks * moe;
   const double embedding = static_cast<double>(c.vocab) * d;
   return embedding * (c.tied ? 1 : 2) + d + blocks;
 }
@@ -211,8 +212,10 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
     c.moe.top_k = field<int64_t>(j, "num_experts_per_tok", path);
     if (c.moe.n_experts < 1 || c.moe.n_experts > 65536 || c.moe.top_k < 1 ||
         c.moe.top_k > c.moe.n_experts)
-      fail("config '{}': num_local_experts {} must be in [1, 65536] and num_experts_per_tok {} "
-           "in [1, num_local_experts]", path, c.moe.n_experts, c.moe.top_k);
+      fail(
+          "config '{}': num_local_experts {} must be in [1, 65536] and num_experts_per_tok {} "
+          "in [1, num_local_experts]",
+          path, c.moe.n_experts, c.moe.top_k);
     if (j.contains("meshtrain_moe_every")) {
       c.moe.every = field<int64_t>(j, "meshtrain_moe_every", path);
       c.moe.first_dense = field<int64_t>(j, "meshtrain_moe_first_dense", path);
@@ -221,8 +224,8 @@ model::GptConfig llama_config_from_json(const json& j, const std::string& path) 
     }
     if (j.contains("meshtrain_shared_expert_intermediate_size"))
       c.moe.d_ff_shared = field<int64_t>(j, "meshtrain_shared_expert_intermediate_size", path);
-    for (const int64_t v : {c.moe.every, c.moe.first_dense + 1, c.d_ff, c.moe.d_ff_expert + 1,
-                            c.moe.d_ff_shared + 1})
+    for (const int64_t v :
+         {c.moe.every, c.moe.first_dense + 1, c.d_ff, c.moe.d_ff_expert + 1, c.moe.d_ff_shared + 1})
       if (v < 1 || v > kMaxDimension)
         fail("config '{}': an MoE field of {} is outside its range", path, v);
   }
@@ -486,8 +489,9 @@ model::GptConfig config_from_hf(const HfWeights& w, std::optional<int64_t> n_hea
       fail("config '{}' is not valid JSON: {}", w.config_path, e.what());
     }
     if (!j.is_object()) fail("config '{}' must hold a JSON object", w.config_path);
-    const std::string type =
-        j.contains("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>() : "";
+    const std::string type = j.contains("model_type") && j.at("model_type").is_string()
+                                 ? j.at("model_type").get<std::string>()
+                                 : "";
     if (type != "llama" && type != "mixtral")
       fail("config '{}': model_type must be \"llama\" or \"mixtral\" for weights in Llama names",
            w.config_path);

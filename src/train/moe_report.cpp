@@ -55,8 +55,8 @@ MoeReport summarise_moe(const std::vector<float>& summed, const model::GptConfig
       sq += static_cast<double>(v[e]) * v[e];
     }
     const double mean = sum / static_cast<double>(E);
-    L.cv = mean > 0 ? std::sqrt(std::max(0.0, sq / static_cast<double>(E) - mean * mean)) / mean
-                    : 0;
+    L.cv =
+        mean > 0 ? std::sqrt(std::max(0.0, sq / static_cast<double>(E) - mean * mean)) / mean : 0;
     L.dropped = v[E] > 0 ? v[E + 1] / v[E] : 0;
     const double mbs = v[E + 4];
     L.aux = mbs > 0 ? v[E + 2] / mbs : 0;
@@ -82,8 +82,11 @@ nlohmann::json moe_json(const MoeReport& r) {
                       {"dropped", L.dropped},
                       {"aux", L.aux},
                       {"z", L.z}});
-  return {{"aux_loss", r.aux_loss}, {"z_loss", r.z_loss}, {"worst_cv", r.worst_cv},
-          {"dropped", r.dropped},   {"layers", layers}};
+  return {{"aux_loss", r.aux_loss},
+          {"z_loss", r.z_loss},
+          {"worst_cv", r.worst_cv},
+          {"dropped", r.dropped},
+          {"layers", layers}};
 }
 
 std::string moe_progress(const MoeReport& r) {

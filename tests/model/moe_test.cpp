@@ -39,8 +39,8 @@ struct RoutingBuffers {
 
 TEST(MoeRouting, TopKGatesAndTheExpertSortedOrder) {
   // 3 tokens, 4 experts, top 2.
-  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.0f,   // -> 1, 2
-                                     0.5f, 0.1f, 0.2f, 0.9f,   // -> 3, 0
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f,  0.0f,   // -> 1, 2
+                                     0.5f, 0.1f, 0.2f,  0.9f,   // -> 3, 0
                                      2.0f, 2.0f, -1.0f, 1.0f};  // tie -> 0 (lower index), 1
   RoutingBuffers b(3, 4, 2);
   route(b.r, logits.data(), {});

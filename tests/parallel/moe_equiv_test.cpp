@@ -80,7 +80,8 @@ void check(const test::Layout3d& l, const Precision& p, const Moe& m = {}) {
   const Oracle& ref = oracle(p, m);
   TrainOptions o = moe_options(l, p, m);
   o.export_path =
-      (test::dir3d() / ("moe_" + std::string(p.dtype) + "_c" + std::to_string(m.capacity) + "_" + test::name_of(l) + ".safetensors"))
+      (test::dir3d() / ("moe_" + std::string(p.dtype) + "_c" + std::to_string(m.capacity) + "_" +
+                        test::name_of(l) + ".safetensors"))
           .string();
   const TrainResult r = run_training(o);
   ASSERT_EQ(r.steps.size(), ref.result.steps.size());
@@ -105,8 +106,8 @@ void check(const test::Layout3d& l, const Precision& p, const Moe& m = {}) {
   std::printf(
       "moe %s c%.2g %s: max |loss diff| %.2e, grad norm rel %.2e, max |weight diff| %.2e (%s), "
       "update diff / update %.2e (%s)\n",
-      p.dtype, m.capacity, test::name_of(l).c_str(), worst, worst_norm, pd, where.c_str(), u.update_rel,
-      u.update_name.c_str());
+      p.dtype, m.capacity, test::name_of(l).c_str(), worst, worst_norm, pd, where.c_str(),
+      u.update_rel, u.update_name.c_str());
 }
 
 using L = test::Layout3d;
@@ -115,7 +116,8 @@ TEST_P(MoeEquiv, F32MatchesTheSingleRank) { check(GetParam(), kF32); }
 INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquiv,
                          ::testing::Values(L{1, 2, 1, 0, "1f1b", 1, true},  // tp 2 + sp, GQA
                                            L{1, 1, 2, 0, "interleaved", 2}, L{1, 1, 2, 0, "zb1"},
-                                           L{2, 1, 1, 3}, L{2, 2, 2, 1}, L{1, 4, 1, 0}, L{2, 1, 1, 1}),
+                                           L{2, 1, 1, 3}, L{2, 2, 2, 1}, L{1, 4, 1, 0},
+                                           L{2, 1, 1, 1}),
                          [](const auto& info) { return test::name_of(info.param); });
 
 // Capacity 1.0 drops tokens; which tokens is decided by comparing router probabilities
@@ -125,9 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquiv,
 // a drop decision flipped. The pipelines, whose stages compute the same sums as the single
 // rank, match it.
 class MoeEquivCapacity : public ::testing::TestWithParam<L> {};
-TEST_P(MoeEquivCapacity, F32WithCapacityOneMatchesTheSingleRank) {
-  check(GetParam(), kF32, {1.0});
-}
+TEST_P(MoeEquivCapacity, F32WithCapacityOneMatchesTheSingleRank) { check(GetParam(), kF32, {1.0}); }
 INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivCapacity,
                          ::testing::Values(L{1, 1, 2, 0, "interleaved", 2}, L{1, 1, 2, 0, "zb1"}),
                          [](const auto& info) { return test::name_of(info.param); });
