@@ -33,6 +33,10 @@ Decoder::Decoder(const Gpt& gpt, int64_t max_len) : gpt_(gpt), max_len_(max_len)
   act_ = buffer({c.d_ff});
   logits_ = buffer({c.padded_vocab()});
   scores_ = buffer({c.n_head * max_len});
+  if (c.moe.enabled()) {
+    moe_ = MoeLayer::make_activations(c, 1);
+    moe_scratch_ = MoeLayer::make_scratch(c, 1);
+  }
   for (int l = 0; l < gpt.num_blocks(); ++l) {
     k_cache_.push_back(buffer({max_len, kv}));
     v_cache_.push_back(buffer({max_len, kv}));
@@ -71,6 +75,11 @@ const float* Decoder::step(int32_t token) {
     b.attn_proj.forward(branch, atty_.f32(), 1);
     kernels::accumulate(x, branch, C);
     b.ln_2.forward(ln, &mean, &rstd, x, 1);
+    if (b.is_moe) {  // the token's top-k experts (no capacity: one token never overflows)
+      b.moe.forward(moe_, branch, ln, 1, moe_scratch_);
+      kernels::accumulate(x, branch, C);
+      continue;
+    }
     b.c_fc.forward(fch_.f32(), ln, 1);
     if (b.mlp == MlpKind::kSwiGlu)
       kernels::swiglu_forward(act_.f32(), fch_.f32(), 1, c.d_ff);

@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "model/gpt.h"
+#include "model/moe.h"
 
 namespace mt::model {
 
@@ -30,6 +31,9 @@ class Decoder {
   int64_t max_len_ = 0, pos_ = 0;
   // One position's buffers, and per block the cache: [max_len, kv_heads·hd] keys and values.
   Tensor x_, ln_, qkv_, atty_, branch_, fch_, act_, logits_, scores_;
+  // MoE blocks: one token's routing and expert buffers (model/moe.h).
+  MoeActivations moe_;
+  MoeScratch moe_scratch_;
   std::vector<Tensor> k_cache_, v_cache_;
 };
 

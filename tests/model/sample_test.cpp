@@ -93,7 +93,7 @@ TEST_P(Sample, KvCacheEqualsTheWholePrefixEveryToken) {
   EXPECT_LT(worst, 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Sample, ::testing::Values("tiny", "llama-tiny"));
+INSTANTIATE_TEST_SUITE_P(Models, Sample, ::testing::Values("tiny", "llama-tiny", "mixtral-tiny"));
 
 TEST(SampleToken, TopKAndTemperature) {
   std::vector<float> logits(256);
