@@ -244,15 +244,31 @@ json config_json(const model::GptConfig& c) {
         {"low_freq_factor", c.rope_scaling.low_freq_factor},
         {"high_freq_factor", c.rope_scaling.high_freq_factor},
         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  if (c.moe.enabled())  // the mixture of experts (absent: a dense model)
+    j["moe"] = {{"n_experts", c.moe.n_experts},
+                {"top_k", c.moe.top_k},
+                {"every", c.moe.every},
+                {"first_dense", c.moe.first_dense},
+                {"d_ff_expert", c.moe.d_ff_expert},
+                {"d_ff_shared", c.moe.d_ff_shared},
+                {"order", model::router_order_name(c.moe.order)}};
   return j;
 }
 
 std::string config_text(const model::GptConfig& c) {
   return fmt::format(
-      "n_layer {} n_head {} n_kv_head {} d_model {} d_ff {} vocab {} seq_len {} bias {} tied {} "
-      "{} {} {}",
-      c.n_layer, c.n_head, c.kv_heads(), c.d_model, c.d_ff, c.vocab, c.seq_len, c.bias, c.tied,
-      model::norm_name(c.norm), model::mlp_name(c.mlp), model::positions_name(c.positions));
+             "n_layer {} n_head {} n_kv_head {} d_model {} d_ff {} vocab {} seq_len {} bias {} "
+             "tied {} "
+             "{} {} {}",
+             c.n_layer, c.n_head, c.kv_heads(), c.d_model, c.d_ff, c.vocab, c.seq_len, c.bias,
+             c.tied, model::norm_name(c.norm), model::mlp_name(c.mlp),
+             model::positions_name(c.positions)) +
+         (c.moe.enabled() ? fmt::format(" moe {} experts top {} every {} first_dense {} ff {} "
+                                        "shared {} {}",
+                                        c.moe.n_experts, c.moe.top_k, c.moe.every,
+                                        c.moe.first_dense, c.moe.d_ff_expert, c.moe.d_ff_shared,
+                                        model::router_order_name(c.moe.order))
+                          : std::string());
 }
 
 bool same_model(const model::GptConfig& a, const model::GptConfig& b) { return a.same_model(b); }
@@ -632,6 +648,17 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
       idx.config.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
       idx.config.rope_scaling.original_max_position =
           r.at("original_max_position_embeddings").get<int64_t>();
+    }
+    if (c.contains("moe")) {
+      const json& m = c.at("moe");
+      model::MoeConfig& moe = idx.config.moe;
+      moe.n_experts = integer(m.at("n_experts"), "config.moe.n_experts", 1, kMax);
+      moe.top_k = integer(m.at("top_k"), "config.moe.top_k", 1, kMax);
+      moe.every = integer(m.at("every"), "config.moe.every", 1, kMax);
+      moe.first_dense = integer(m.at("first_dense"), "config.moe.first_dense", 0, kMax);
+      moe.d_ff_expert = integer(m.at("d_ff_expert"), "config.moe.d_ff_expert", 0, kMax);
+      moe.d_ff_shared = integer(m.at("d_ff_shared"), "config.moe.d_ff_shared", 0, kMax);
+      moe.order = model::parse_router_order(m.at("order").get<std::string>());
     }
     const json& l = j.at("layout");
     idx.dp = static_cast<int>(integer(l.at("dp"), "layout.dp", 1, kMaxInt));
