@@ -16,25 +16,16 @@
 #include <string>
 
 #include "core/error.h"
+#include "equiv_check.h"
 #include "parallel3d_test_util.h"
 #include "train/verify.h"
 
 namespace mt::train {
 namespace {
 
-struct Precision {
-  const char* dtype;
-  int64_t steps;
-  double loss_tol, norm_rel_tol, param_tol;
-  // Each tensor's ||W_layout - W_oracle|| / ||W_oracle - W_init|| (a tensor never updated
-  // scores 1); bf16: bf16_equiv_test's bound, which replaces the absolute one there (an
-  // absolute bound above Adam's sign-flip steps passes a layout that never updates).
-  double update_tol;
-};
-// f32: parallel3d_equiv_test's (20 steps x lr 1e-3 moves a weight by up to 2e-2, so 5e-5
-// absolute also catches a missing update); bf16: bf16_equiv_test's (10 steps).
-constexpr Precision kF32{"f32", 20, 5e-5, 1e-4, 5e-5, 0.1};
-constexpr Precision kBf16{"bf16", 10, 5e-4, 1e-3, INFINITY, 0.1};
+using test::kBf16;
+using test::kF32;
+using test::Precision;
 
 struct Moe {
   double capacity = 0;  // 0: dropless
@@ -57,58 +48,9 @@ TrainOptions moe_options(const test::Layout3d& l, const Precision& p, const Moe&
   return o;
 }
 
-struct Oracle {
-  TrainResult result;
-  std::string weights, init;
-};
-
-const Oracle& oracle(const Precision& p, const Moe& m) {
-  static std::map<std::string, Oracle> cache;
-  const std::string key = std::string(p.dtype) + "_c" + std::to_string(m.capacity);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  TrainOptions opts = moe_options({}, p, m);
-  Oracle r;
-  r.weights = (test::dir3d() / ("moe_oracle_" + key + ".safetensors")).string();
-  opts.export_path = r.weights;
-  r.result = run_training(opts);
-  r.init = (test::dir3d() / ("moe_init_" + key + ".safetensors")).string();
-  EXPECT_TRUE(export_initial_weights(opts, r.init));
-  return cache.emplace(key, std::move(r)).first->second;
-}
-
 void check(const test::Layout3d& l, const Precision& p, const Moe& m = {}) {
-  const Oracle& ref = oracle(p, m);
-  TrainOptions o = moe_options(l, p, m);
-  o.export_path =
-      (test::dir3d() / ("moe_" + std::string(p.dtype) + "_c" + std::to_string(m.capacity) + "_" +
-                        test::name_of(l) + ".safetensors"))
-          .string();
-  const TrainResult r = run_training(o);
-  ASSERT_EQ(r.steps.size(), ref.result.steps.size());
-  double worst = 0, worst_norm = 0;
-  for (size_t i = 0; i < r.steps.size(); ++i) {
-    const StepRecord &a = r.steps[i], &b = ref.result.steps[i];
-    EXPECT_NEAR(a.loss, b.loss, p.loss_tol) << "step " << i + 1;
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, p.norm_rel_tol * b.grad_norm) << "step " << i + 1;
-    worst = std::max(worst, std::abs(static_cast<double>(a.loss) - b.loss));
-    worst_norm = std::max(worst_norm, std::abs(a.grad_norm - b.grad_norm) / b.grad_norm);
-  }
-  EXPECT_EQ(r.allocations_after_first_step, 0) << "the steady-state step allocates nothing";
-  ASSERT_FALSE(r.val_losses.empty());
-  EXPECT_NEAR(r.val_losses.back().second, ref.result.val_losses.back().second, p.loss_tol);
-  std::string where;
-  const double pd = test::max_weight_diff(o.export_path, ref.weights, &where);
-  EXPECT_LT(pd, p.param_tol) << "in " << where;
-  const SafetensorsFile init = read_safetensors(ref.init);
-  const ParamComparison u =
-      compare_params(read_safetensors(ref.weights), read_safetensors(o.export_path), &init);
-  EXPECT_LE(u.update_rel, p.update_tol) << u.update_name;
-  std::printf(
-      "moe %s c%.2g %s: max |loss diff| %.2e, grad norm rel %.2e, max |weight diff| %.2e (%s), "
-      "update diff / update %.2e (%s)\n",
-      p.dtype, m.capacity, test::name_of(l).c_str(), worst, worst_norm, pd, where.c_str(),
-      u.update_rel, u.update_name.c_str());
+  test::check_equiv(std::string("moe_") + p.dtype + "_c" + std::to_string(m.capacity), l, p,
+                    [&](const test::Layout3d& x) { return moe_options(x, p, m); });
 }
 
 using L = test::Layout3d;
