@@ -114,6 +114,7 @@ nlohmann::json to_json(const train::TrainOptions& layout, const train::VerifyRep
           {"dp", layout.dp},
           {"tp", layout.tp},
           {"cp", layout.cp},
+          {"ep", layout.ep},
           {"pp", layout.pipeline.pp},
           {"zero", layout.zero},
           {"sp", layout.sp},

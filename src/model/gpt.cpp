@@ -37,9 +37,10 @@ std::vector<ParamSpec> rank_specs(const GptConfig& c, const parallel::tp::TpCont
   }
   if (ep.size > 1) {
     if (!c.moe.enabled())
-      fail("--ep {}: model {} has no experts to split (expert parallelism needs an MoE model, "
-           "e.g. --model mixtral-tiny, or --moe-experts N)",
-           ep.size, c.name);
+      fail(
+          "--ep {}: model {} has no experts to split (expert parallelism needs an MoE model, "
+          "e.g. --model mixtral-tiny, or --moe-experts N)",
+          ep.size, c.name);
     specs = ep_shard_specs(std::move(specs), ep.rank, ep.size);
   }
   return specs;

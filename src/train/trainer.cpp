@@ -336,9 +336,8 @@ comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
       continue;
     }
     if (name != "pp" && name != "dp" && name != "ep" && name != "cp" && name != "tp")
-      fail(
-          "--mesh-order '{}': '{}' is not pp, dp, ep, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
-          o.mesh_order, name);
+      fail("--mesh-order '{}': '{}' is not pp, dp, ep, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
+           o.mesh_order, name);
     order.push_back(name);
     name.clear();
   }
@@ -350,12 +349,9 @@ comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
   if (!names.count("cp")) order.insert(std::find(order.begin(), order.end(), "tp"), "cp");
   if (!names.count("ep")) order.insert(std::find(order.begin(), order.end(), "dp") + 1, "ep");
   // ep is carved from dp: the mesh's dp is what is left of it (the experts' data parallelism).
-  return comm::MeshShape({{"pp", o.pipeline.pp},
-                          {"dp", o.dp / o.ep},
-                          {"ep", o.ep},
-                          {"cp", o.cp},
-                          {"tp", o.tp}},
-                         world, order);
+  return comm::MeshShape(
+      {{"pp", o.pipeline.pp}, {"dp", o.dp / o.ep}, {"ep", o.ep}, {"cp", o.cp}, {"tp", o.tp}}, world,
+      order);
 }
 
 // Mean loss over the first `batches` global batches of the held-out split; each rank
@@ -439,7 +435,8 @@ std::unique_ptr<model::Gpt> gather_ep_shards(const model::Gpt& gpt, comm::Group&
                                              const model::GptConfig& config, uint64_t seed) {
   std::unique_ptr<model::Gpt> whole;
   if (ep.rank() == 0)
-    whole = std::make_unique<model::Gpt>(config, seed, model::StoreOptions{}, gpt.tp(), gpt.parts());
+    whole =
+        std::make_unique<model::Gpt>(config, seed, model::StoreOptions{}, gpt.tp(), gpt.parts());
   const auto& mine = gpt.params().params();
   std::vector<float> gathered;
   for (size_t i = 0; i < mine.size(); ++i) {
@@ -452,7 +449,8 @@ std::unique_ptr<model::Gpt> gather_ep_shards(const model::Gpt& gpt, comm::Group&
     gathered.resize(static_cast<size_t>(n * ep.size()));
     ep.all_gather(comm::Buf(const_cast<float*>(prm.value.f32()), n),
                   comm::Buf(gathered.data(), n * ep.size()));
-    if (whole) std::copy_n(gathered.begin(), n * ep.size(), whole->params().params()[i].value.f32());
+    if (whole)
+      std::copy_n(gathered.begin(), n * ep.size(), whole->params().params()[i].value.f32());
   }
   return whole;
 }
@@ -801,11 +799,13 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   };
   auto bytes_now = [&] {
     const bool e = o.ep > 1 && ep_grads;
-    return Bytes{
-        bytes_of(grads_group) + (e ? bytes_of(*ep_grads) : 0),
-        grads_group.recorder().bytes_of_group(grads_group.name()).sent_bytes +
-            (e ? ep_grads->recorder().bytes_of_group(ep_grads->name()).sent_bytes : 0),
-        bytes_of(tp_group), bytes_of(ppg), bytes_of(cpg), bytes_of(epg)};
+    return Bytes{bytes_of(grads_group) + (e ? bytes_of(*ep_grads) : 0),
+                 grads_group.recorder().bytes_of_group(grads_group.name()).sent_bytes +
+                     (e ? ep_grads->recorder().bytes_of_group(ep_grads->name()).sent_bytes : 0),
+                 bytes_of(tp_group),
+                 bytes_of(ppg),
+                 bytes_of(cpg),
+                 bytes_of(epg)};
   };
   Bytes before = bytes_now();
   NonFiniteGuard guard(o.skip_nonfinite, start_in_row);
@@ -888,10 +888,10 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     rec.step_ep_recv_bytes.push_back(now.ep - before.ep);
     // One gather per step: each rank's peak bytes, bytes per dimension and compute time
     // (ns): the worst peak and the job's sums, exact.
-    const std::vector<int64_t> ranks = gather_int64(
-        scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp, now.tp - before.tp,
-                  now.pp - before.pp, now.cp - before.cp, now.ep - before.ep,
-                  static_cast<int64_t>(compute * 1e9)});
+    const std::vector<int64_t> ranks =
+        gather_int64(scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp,
+                               now.tp - before.tp, now.pp - before.pp, now.cp - before.cp,
+                               now.ep - before.ep, static_cast<int64_t>(compute * 1e9)});
     before = now;
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
@@ -973,9 +973,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     if (metrics) metrics->write(row);
     if (tensorboard) {
       for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes", "cp_bytes",
-                              "ep_bytes", "bubble",
-                              "moe_aux_loss", "moe_z_loss"})
+                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes",
+                              "cp_bytes", "ep_bytes", "bubble", "moe_aux_loss", "moe_z_loss"})
         if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
       tensorboard->flush();
     }
