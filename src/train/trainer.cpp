@@ -180,11 +180,6 @@ void check_expert_parallel(const TrainOptions& o) {
         "--ep {} must divide --dp {}: the expert-parallel ranks are carved from the data-"
         "parallel ones (use --dp {}, or an --ep that divides {})",
         o.ep, o.dp, (o.dp / o.ep + 1) * o.ep, o.dp);
-  if (!o.checkpoint_dir.empty() || !o.resume.empty())
-    fail(
-        "--ep {} with checkpoints: an expert-parallel run does not write or read checkpoints "
-        "yet (drop --checkpoint-dir / --resume, or train with --ep 1)",
-        o.ep);
   if (o.model.moe.n_experts % o.ep != 0)
     fail("--ep {}: the {} experts do not split over {} ranks (use an --ep that divides {})", o.ep,
          o.model.moe.n_experts, o.ep, o.model.moe.n_experts);

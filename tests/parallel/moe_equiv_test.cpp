@@ -132,5 +132,35 @@ TEST(MoeCheckpoint, ResumesBitwiseAndInAnotherLayout) {
   }
 }
 
+// Expert parallelism's checkpoints: each ep rank saves its own experts (pieces with their ep
+// slice), the dense tensors once. Resumed in the saving layout it continues bitwise; resharded
+// to no ep (dp 2) and to ep 4 (dp 4) within the layout tolerance of the loss.
+TEST(MoeCheckpoint, ExpertParallelResumesBitwiseAndResharded) {
+  namespace fs = std::filesystem;
+  const fs::path dir = test::dir3d() / "moe_ep_ckpt";
+  fs::remove_all(dir);
+  TrainOptions a = moe_options(with_ep(L{2, 1, 1, 1}, 2), kF32, {});
+  a.steps = 8;
+  a.checkpoint_dir = dir.string();
+  a.checkpoint_every = 4;
+  const TrainResult full = run_training(a);
+  ASSERT_EQ(full.steps.size(), 8u);
+  const std::string step4 = (dir / "step-00000004").string();
+  for (const L& l : {with_ep(L{2, 1, 1, 1}, 2), L{2, 1, 1, 0}, with_ep(L{4, 1, 1, 3}, 4)}) {
+    TrainOptions b = moe_options(l, kF32, {});
+    b.steps = 8;
+    b.resume = step4;
+    const TrainResult r = run_training(b);
+    ASSERT_EQ(r.steps.size(), 4u) << test::name_of(l);
+    for (size_t i = 0; i < 4; ++i) {
+      if (l.ep == 2 && l.dp == 2)
+        EXPECT_EQ(r.steps[i].loss, full.steps[4 + i].loss) << "step " << 5 + i;
+      else
+        EXPECT_NEAR(r.steps[i].loss, full.steps[4 + i].loss, kF32.loss_tol)
+            << test::name_of(l) << " step " << 5 + i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mt::train
