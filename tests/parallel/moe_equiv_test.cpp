@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "equiv_check.h"
+#include "moe_test_util.h"
 #include "parallel3d_test_util.h"
 #include "train/verify.h"
 
@@ -25,27 +26,11 @@ namespace {
 
 using test::kBf16;
 using test::kF32;
+using test::Moe;
 using test::Precision;
 
-struct Moe {
-  double capacity = 0;  // 0: dropless
-};
-
 TrainOptions moe_options(const test::Layout3d& l, const Precision& p, const Moe& m) {
-  TrainOptions o = test::options3d(l, p.steps);
-  test::make_llama3d(o.model);
-  o.model.name = "mixtral-3d";
-  o.model.d_ff = 88;
-  o.model.moe.n_experts = 4;
-  o.model.moe.top_k = 2;
-  o.moe.aux_loss = 0.01;
-  o.moe.capacity_factor = m.capacity;
-  o.dtype = p.dtype;
-  // The balancing loss and the capacity are per microbatch (as in Megatron-LM): every
-  // layout and the oracle run microbatches of the same 2 sequences.
-  o.microbatch = 2;
-  if (l.pp > 1) o.pipeline.microbatches = static_cast<int>(o.batch / l.dp / o.microbatch);
-  return o;
+  return test::moe_options(l, p.steps, p.dtype, m);
 }
 
 void check(const test::Layout3d& l, const Precision& p, const Moe& m = {}) {
