@@ -166,7 +166,15 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
   {
     profile::Scope p("moe.router");
     kernels::linear_forward(s.logits.f32(), x, router->value.f32(), nullptr, n, C, experts);
-    route(r, s.logits.f32(), {order, options ? options->capacity_factor : 0.0, selection_bias});
+    RouteOptions ro{order, options ? options->capacity_factor : 0.0, selection_bias};
+    const RoutingReplay& rp = a.replay;
+    if (rp.active() && !rp.record) {  // the recorded choices, this layer's own gates
+      const RoutingTape::Entry& e = rp.tape->find(rp.sample, rp.layer, n * k);
+      ro.forced_expert = e.expert.data();
+      ro.forced_dropped = e.dropped.data();
+    }
+    route(r, s.logits.f32(), ro);
+    if (rp.active() && rp.record) rp.tape->record(rp.sample, rp.layer, r.expert, r.slot, n * k);
     a.kept = r.kept;
     a.losses = balance_losses(r);
   }

@@ -363,6 +363,7 @@ float evaluate(Replica& r, int d, int D, model::Activations* acts, PipelineStage
           stage->forward_only(ppg, val, first_sample(k, B, d, D, 0, mb), static_cast<int>(n_micro));
       continue;
     }
+    acts->routing_sample = -1;  // validation routes on its own (no tape)
     for (int64_t m = 0; m < n_micro; ++m) {
       val.fill(first_sample(k, B, d, D, m, mb), mb, in.data(), tgt.data(), r.gpt.local_positions());
       sum += r.gpt.forward(*acts, in.data(), tgt.data());
@@ -680,6 +681,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
               ep_grads.get());
   rep.gpt.set_recompute(model::parse_recompute(o.recompute));
   rep.gpt.set_moe_options(o.moe);
+  if (o.routing_tape) rep.gpt.set_routing_tape(o.routing_tape.get(), o.record_routing);
   if (CP > 1)
     rep.gpt.set_context_parallel(
         parallel::cp::CpContext::of(cpg, parallel::cp::parse_cp_comm(o.cp_comm)));
@@ -825,7 +827,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     } else {
       for (int64_t m = 0; m < n_micro; ++m) {
         rep.begin_microbatch(m == n_micro - 1);
-        data.train->fill(first_sample(step, B, d, D, m, mb), mb, inputs.data(), targets.data(),
+        acts.routing_sample = first_sample(step, B, d, D, m, mb);
+        data.train->fill(acts.routing_sample, mb, inputs.data(), targets.data(),
                          rep.gpt.local_positions());
         loss_sum += rep.gpt.forward(acts, inputs.data(), targets.data());
         rep.gpt.backward(acts, 1.0f / static_cast<float>(B * T));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,10 @@ struct TrainOptions {
   std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
   // Mixture of experts: capacity and balancing losses (model/moe.h; docs/moe.md).
   model::MoeOptions moe;
+  // Routing replay (model/routing_tape.h; verify sets it, no flag): every MoE layer records
+  // its routing decisions into the tape (record_routing) or replays them from it.
+  std::shared_ptr<model::RoutingTape> routing_tape;
+  bool record_routing = false;
   // Checkpoints (train/checkpoint.h, docs/checkpoints.md).
   std::string checkpoint_dir;    // "": none
   int64_t checkpoint_every = 0;  // save every N steps (and after the last); 0: after the last

@@ -147,5 +147,22 @@ TEST(MoeCheckpoint, ExpertParallelResumesBitwiseAndResharded) {
   }
 }
 
+// Routing replay: with a capacity of 1.0, dp 2, tp 2 (+ sp) and ep 2 part from the oracle
+// within 20 steps when a drop decision flips on rounding (MoeEquivCapacity's comment). verify
+// lets the oracle replay the layout's routing (model/routing_tape.h): the same model, PASS
+// at verify's tolerances.
+TEST(MoeRoutingReplay, CapacityLayoutsPassVerifyOnTheLayoutsRouting) {
+  for (const L& l : {L{2, 1, 1, 1}, L{1, 2, 1, 0, "1f1b", 1, true}, with_ep(L{2, 1, 1, 0}, 2)}) {
+    TrainOptions o = moe_options(l, kF32, {1.0});
+    const VerifyReport r = run_verify(o, oracle_options(o), VerifyTolerances{});
+    EXPECT_GT(r.routing_records, 0u) << test::name_of(l);
+    EXPECT_TRUE(r.pass()) << test::name_of(l) << ": loss " << r.worst_loss_rel() << ", norm "
+                          << r.worst_grad_norm_rel() << ", params " << r.params.abs_diff;
+    std::printf("replayed %s: loss %.2e, norm %.2e, params %.2e (%zu records)\n",
+                test::name_of(l).c_str(), r.worst_loss_rel(), r.worst_grad_norm_rel(),
+                r.params.abs_diff, r.routing_records);
+  }
+}
+
 }  // namespace
 }  // namespace mt::train
