@@ -20,7 +20,8 @@ struct TrainFlags {
   std::optional<std::string> data, val_data, data_format;
   bool shuffle = false, no_shuffle = false;  // --shuffle / --no-shuffle (default: the config's)
   std::optional<double> bucket_mb, comm_timeout;
-  std::optional<double> moe_capacity_factor, moe_aux_loss, moe_z_loss;
+  std::optional<double> moe_capacity_factor, moe_aux_loss, moe_z_loss, moe_bias_rate;
+  std::optional<std::string> moe_balance;  // none, bias
   std::optional<int> dp, zero, tp, cp, ep, skip_nonfinite;
   std::optional<std::string> cp_comm;  // --cp-comm all-gather
   std::optional<std::string> backend, mesh_order, recompute;

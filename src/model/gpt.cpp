@@ -101,7 +101,9 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
       tp_(tp),
       ep_(ep),
       moe_options_(std::make_unique<MoeOptions>()),
-      moe_stats_(std::make_unique<std::vector<MoeStats>>()) {
+      moe_stats_(std::make_unique<std::vector<MoeStats>>()),
+      moe_bias_(std::make_unique<std::vector<float>>(
+          static_cast<size_t>(config.n_moe_layers() * config.moe.n_experts), 0.f)) {
   config_.validate();
   if (config_.moe.enabled() && device::on_cuda())
     fail("model {} has {} experts: MoE layers run on the CPU only so far (drop --device cuda)",
@@ -377,6 +379,21 @@ void Gpt::embed_forward(Activations& a) {
                                C);
   else if (wpe_)
     kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
+}
+
+void Gpt::set_moe_options(const MoeOptions& o) {
+  *moe_options_ = o;
+  int slot = 0;  // the global MoE layer index of each of the model's MoE layers
+  std::vector<int> slot_of(static_cast<size_t>(config_.n_layer), -1);
+  for (int l = 0; l < config_.n_layer; ++l)
+    if (config_.moe.is_moe_layer(l)) slot_of[static_cast<size_t>(l)] = slot++;
+  for (Block& b : blocks_)
+    if (b.is_moe)
+      b.moe.selection_bias =
+          o.balance_bias
+              ? moe_bias_->data() + static_cast<size_t>(slot_of[static_cast<size_t>(b.layer)] *
+                                                        config_.moe.n_experts)
+              : nullptr;
 }
 
 void Gpt::set_replay(BlockActivations& b, const Activations& a, int k) const {

@@ -139,7 +139,11 @@ class Gpt {
   // Mixture of experts (model/moe.h): the training options of every MoE layer, and each MoE
   // layer this rank holds with its counters (global block indices ascending; the counters
   // add up the microbatches' backward since the last reset_moe_stats).
-  void set_moe_options(const MoeOptions& o) { *moe_options_ = o; }
+  // With o.balance_bias the layers choose their experts with moe_bias() added.
+  void set_moe_options(const MoeOptions& o);
+  // --moe-balance bias: every MoE layer's selection bias, [global MoE layer][E] (all the
+  // model's MoE layers, also those of other pipeline stages: every rank updates all alike).
+  std::vector<float>& moe_bias() { return *moe_bias_; }
   const MoeOptions& moe_options() const { return *moe_options_; }
   const std::vector<int>& moe_layers() const { return moe_layers_; }
   const std::vector<MoeStats>& moe_stats() const { return *moe_stats_; }
@@ -230,6 +234,7 @@ class Gpt {
   // On the heap: the MoE layers point at them.
   std::unique_ptr<MoeOptions> moe_options_;
   std::unique_ptr<std::vector<MoeStats>> moe_stats_;
+  std::unique_ptr<std::vector<float>> moe_bias_;  // on the heap: the layers point into it
   std::vector<int> moe_layers_;
   RoutingTape* tape_ = nullptr;
   bool tape_record_ = false;

@@ -28,6 +28,11 @@ struct MoeOptions {
   double capacity_factor = 0;  // 0: dropless
   double aux_loss = 0;         // α of Switch's α·E·Σ fᵢ·Pᵢ
   double z_loss = 0;           // β of ST-MoE's β·mean(lse²)
+  // DeepSeek-V3's auxiliary-loss-free balancing (--moe-balance bias): a per-expert bias
+  // added to the router probabilities for choosing the experts only, moved after every step
+  // by bias_rate towards balance (+rate for an expert below the mean load, -rate above).
+  bool balance_bias = false;
+  double bias_rate = 1e-3;  // γ (DeepSeek-V3: 0.001)
 };
 
 // One MoE layer's counters, summed over the microbatches whose backward ran since the last

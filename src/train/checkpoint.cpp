@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -1173,8 +1174,10 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
           {"nonfinite_in_row", nonfinite_in_row},
           {"rng",
            "none at run time: initialisation is Philox4x32-10 keyed by the seed, no dropout"}};
-      const json index =
-          make_index(step, trainer, o.model, layout_json(o), o.tp, files, all_pieces);
+      json state = trainer;
+      // --moe-balance bias: the selection biases are training state (identical on every rank).
+      if (o.moe.balance_bias) state["moe_bias"] = rep.gpt.moe_bias();
+      const json index = make_index(step, state, o.model, layout_json(o), o.tp, files, all_pieces);
       write_small_atomic(tmp / "index.json", index.dump(1));
       publish(dir, tmp, name, o.keep_checkpoints, step, rank);
     }
@@ -1191,6 +1194,26 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
 }
 
 namespace {
+// --moe-balance bias: the biases a checkpoint saved (none when it was saved without: they
+// start at 0, and resume_changes says so).
+void restore_moe_bias(const json& trainer, std::vector<float>& bias, const std::string& dir) {
+  if (!trainer.contains("moe_bias")) {
+    std::fill(bias.begin(), bias.end(), 0.f);
+    return;
+  }
+  const json& b = trainer.at("moe_bias");
+  if (!b.is_array() || b.size() != bias.size())
+    fail(
+        "checkpoint '{}': trainer.moe_bias holds {} values, the model's MoE layers {} (saved "
+        "from another model?)",
+        dir, b.is_array() ? b.size() : 0, bias.size());
+  for (size_t i = 0; i < bias.size(); ++i) {
+    if (!b[i].is_number() || !std::isfinite(b[i].get<double>()))
+      fail("checkpoint '{}': trainer.moe_bias[{}] is not a finite number", dir, i);
+    bias[i] = b[i].get<float>();
+  }
+}
+
 // After every rank wrote its optimizer range (and pushed it to its GPU): the other ZeRO-1/2
 // ranks' values (a collective of the dp group), the bf16 copy.
 void gather_loaded_values(Replica& rep) {
@@ -1261,7 +1284,9 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
       step = idx.step;
       adam_steps = idx.adam_steps;
       if (nonfinite_in_row) *nonfinite_in_row = idx.nonfinite_in_row;
-      if (talk) changes = resume_changes(parse_json(idx.json_text).at("trainer"), step, o);
+      const json saved = parse_json(idx.json_text).at("trainer");
+      if (talk) changes = resume_changes(saved, step, o);
+      if (o.moe.balance_bias) restore_moe_bias(saved, rep.gpt.moe_bias(), idx.dir);
     } catch (const Error& e) {
       err = e.what();
       code = e.code();

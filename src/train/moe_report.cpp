@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
+
 namespace mt::train {
 
 namespace {
@@ -33,6 +35,23 @@ std::vector<float> moe_counters(const model::Gpt& gpt, bool counted) {
     out[E + 4] = static_cast<float>(s.microbatches);
   }
   return v;
+}
+
+void update_moe_bias(std::vector<float>& bias, const std::vector<float>& summed,
+                     const model::GptConfig& c, double rate) {
+  const int64_t E = c.moe.n_experts, per = E + kFields, L = c.n_moe_layers();
+  MT_ASSERT(static_cast<int64_t>(summed.size()) == L * per &&
+            static_cast<int64_t>(bias.size()) == L * E);
+  for (int64_t l = 0; l < L; ++l) {
+    const float* load = summed.data() + l * per;
+    double mean = 0;
+    for (int64_t e = 0; e < E; ++e) mean += load[e];
+    mean /= static_cast<double>(E);
+    for (int64_t e = 0; e < E; ++e) {
+      const double d = mean - load[e];  // counts are whole numbers: exact in f32 (< 2^24)
+      bias[static_cast<size_t>(l * E + e)] += static_cast<float>(d > 0 ? rate : d < 0 ? -rate : 0);
+    }
+  }
 }
 
 MoeReport summarise_moe(const std::vector<float>& summed, const model::GptConfig& c,

@@ -32,6 +32,12 @@ struct MoeReport {
 MoeReport summarise_moe(const std::vector<float>& summed, const model::GptConfig& c,
                         const model::MoeOptions& o);
 nlohmann::json moe_json(const MoeReport& r);
+// --moe-balance bias (DeepSeek-V3, "auxiliary-loss-free load balancing"): from the job's
+// counters of a step (moe_counters summed over ranks), every expert's selection bias moves
+// by `rate` towards balance: +rate when its load is below the layer's mean, -rate above,
+// unchanged at the mean. Every rank does it on the same sums: the biases stay identical.
+void update_moe_bias(std::vector<float>& bias, const std::vector<float>& summed,
+                     const model::GptConfig& c, double rate);
 std::string moe_progress(const MoeReport& r);  // " | moe cv 0.21 drop 0.0% aux 1.013"
 
 }  // namespace mt::train

@@ -194,6 +194,10 @@ void TrainOptions::validate() const {
         "--moe-capacity-factor {}, --moe-aux-loss {} and --moe-z-loss {} must be 0 or more "
         "(capacity 0: dropless; typical: 1.25, 0.01, 0.001)",
         moe.capacity_factor, moe.aux_loss, moe.z_loss);
+  if (!(moe.bias_rate > 0) || !std::isfinite(moe.bias_rate))
+    fail("--moe-bias-rate {} must be a positive number (DeepSeek-V3: 0.001)", moe.bias_rate);
+  if (!model.moe.enabled() && moe.balance_bias)
+    fail("--moe-balance bias needs an MoE model (--model mixtral-tiny, or --moe-experts N)");
   if (!model.moe.enabled() && (moe.capacity_factor > 0 || moe.aux_loss > 0 || moe.z_loss > 0))
     fail(
         "--moe-capacity-factor, --moe-aux-loss and --moe-z-loss need an MoE model (--model "
@@ -864,6 +868,10 @@ void run_rank(Shared& sh, comm::Group& world_in) {
         scalars->all_reduce(comm::Buf(counters.data(), static_cast<int64_t>(counters.size())));
       moe = summarise_moe(counters, o.model, o.moe);
       rep.gpt.reset_moe_stats();
+      // --moe-balance bias: the selection biases follow the step's load (not after a step
+      // that changes nothing).
+      if (o.moe.balance_bias && !nonfinite)
+        update_moe_bias(rep.gpt.moe_bias(), counters, o.model, o.moe.bias_rate);
     }
     const bool give_up = guard.record(nonfinite);
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);

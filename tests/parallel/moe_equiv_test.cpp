@@ -34,8 +34,9 @@ TrainOptions moe_options(const test::Layout3d& l, const Precision& p, const Moe&
 }
 
 void check(const test::Layout3d& l, const Precision& p, const Moe& m = {}) {
-  test::check_equiv(std::string("moe_") + p.dtype + "_c" + std::to_string(m.capacity), l, p,
-                    [&](const test::Layout3d& x) { return moe_options(x, p, m); });
+  test::check_equiv(
+      std::string("moe_") + p.dtype + "_c" + std::to_string(m.capacity) + (m.bias ? "_bias" : ""),
+      l, p, [&](const test::Layout3d& x) { return moe_options(x, p, m); });
 }
 
 using L = test::Layout3d;
@@ -80,6 +81,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivEp,
                                            with_ep(L{4, 1, 1, 1}, 2), with_ep(L{4, 1, 1, 3}, 2),
                                            with_ep(L{2, 2, 2, 1, "1f1b", 1, true}, 2),
                                            with_ep(L{2, 1, 2, 0, "zb1"}, 2)),
+                         [](const auto& info) { return test::name_of(info.param); });
+
+// --moe-balance bias: every rank moves the biases alike from the job's counts, so the layouts
+// still train the single rank's model (the pipeline's stages hold other layers' biases).
+class MoeEquivBias : public ::testing::TestWithParam<L> {};
+TEST_P(MoeEquivBias, F32MatchesTheSingleRank) { check(GetParam(), kF32, {0, true}); }
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivBias,
+                         ::testing::Values(with_ep(L{2, 1, 1, 1}, 2), L{1, 1, 2, 0, "1f1b"}),
                          [](const auto& info) { return test::name_of(info.param); });
 
 class MoeEquivEpBf16 : public ::testing::TestWithParam<L> {};
@@ -145,6 +154,25 @@ TEST(MoeCheckpoint, ExpertParallelResumesBitwiseAndResharded) {
             << test::name_of(l) << " step " << 5 + i;
     }
   }
+}
+
+// --moe-balance bias: the biases are training state, saved in the index; resumed, the run
+// continues bitwise (biases left at 0 would route other experts from the first step on).
+TEST(MoeCheckpoint, BalanceBiasResumesBitwise) {
+  namespace fs = std::filesystem;
+  const fs::path dir = test::dir3d() / "moe_bias_ckpt";
+  fs::remove_all(dir);
+  TrainOptions a = moe_options(with_ep(L{2, 1, 1, 1}, 2), kF32, {0, true});
+  a.steps = 8;
+  a.checkpoint_dir = dir.string();
+  a.checkpoint_every = 4;
+  const TrainResult full = run_training(a);
+  TrainOptions b = moe_options(with_ep(L{2, 1, 1, 1}, 2), kF32, {0, true});
+  b.steps = 8;
+  b.resume = (dir / "step-00000004").string();
+  const TrainResult r = run_training(b);
+  ASSERT_EQ(r.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r.steps[i].loss, full.steps[4 + i].loss) << i + 5;
 }
 
 // Routing replay: with a capacity of 1.0, dp 2, tp 2 (+ sp) and ep 2 part from the oracle

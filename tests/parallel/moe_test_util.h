@@ -8,6 +8,7 @@ namespace mt::test {
 
 struct Moe {
   double capacity = 0;  // 0: dropless
+  bool bias = false;    // --moe-balance bias (rate 0.01: visible within the tests' steps)
 };
 
 inline train::TrainOptions moe_options(const Layout3d& l, int64_t steps, const char* dtype,
@@ -20,6 +21,8 @@ inline train::TrainOptions moe_options(const Layout3d& l, int64_t steps, const c
   o.model.moe.top_k = 2;
   o.moe.aux_loss = 0.01;
   o.moe.capacity_factor = m.capacity;
+  o.moe.balance_bias = m.bias;
+  o.moe.bias_rate = 0.01;
   o.dtype = dtype;
   // The balancing loss and the capacity are per microbatch (as in Megatron-LM): every
   // layout and the oracle run microbatches of the same 2 sequences.
