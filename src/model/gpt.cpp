@@ -166,6 +166,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
       m.mp = mp_.get();
       m.options = moe_options_.get();
       m.ep = ep_;
+      m.cp = cp_.get();
       moe_stats_->push_back({});
       moe_stats_->back().reset(m.experts);
       m.stats = &moe_stats_->back();
@@ -507,7 +508,8 @@ void Gpt::blocks_backward(Activations& a, int k0, int n, float* dres, BackwardPa
     }
     hooks().before_backward(block_unit(k));
     // The balancing losses are means over the microbatch's tokens, weighed like its loss.
-    a.blocks[si].moe_loss_weight = a.dloss * static_cast<float>(a.B * a.T);
+    // With cp the losses are the whole microbatch's: its B·T tokens over all cp pieces.
+    a.blocks[si].moe_loss_weight = a.dloss * static_cast<float>(a.B * a.T * cp_->size);
     if (recompute_ == Recompute::kFull) {  // the block's forward again, into the shared set
       profile::Scope p("recompute.fwd");
       set_replay(a.blocks[si], a, k);

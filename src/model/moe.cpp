@@ -176,7 +176,27 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
     route(r, s.logits.f32(), ro);
     if (rp.active() && rp.record) rp.tape->record(rp.sample, rp.layer, r.expert, r.slot, n * k);
     a.kept = r.kept;
-    a.losses = balance_losses(r);
+    if (cp && cp->active()) {  // the whole microbatch's loads: sums over the cp pieces
+      a.whole = balance_sums(r);
+      const size_t E = static_cast<size_t>(experts);
+      std::vector<float> v(2 * E + 2);
+      for (size_t i = 0; i < E; ++i) {
+        v[i] = static_cast<float>(a.whole.routed[i]);  // whole numbers: exact
+        v[E + i] = static_cast<float>(a.whole.psum[i]);
+      }
+      v[2 * E] = static_cast<float>(a.whole.zsum);
+      v[2 * E + 1] = static_cast<float>(a.whole.n);
+      cp->group->all_reduce(comm::Buf(v.data(), static_cast<int64_t>(v.size())));
+      for (size_t i = 0; i < E; ++i) {
+        a.whole.routed[i] = v[i];
+        a.whole.psum[i] = v[E + i];
+      }
+      a.whole.zsum = v[2 * E];
+      a.whole.n = static_cast<int64_t>(v[2 * E + 1]);
+      a.losses = balance_losses(a.whole, k);
+    } else {
+      a.losses = balance_losses(r);
+    }
   }
   float* xs = s.xs.f32();
   {
@@ -288,7 +308,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
     float* dlogits = s.logits.f32();
     const double w = loss_weight;
     route_backward(dlogits, dgate, r, options ? options->aux_loss * w : 0.0,
-                   options ? options->z_loss * w : 0.0);
+                   options ? options->z_loss * w : 0.0, cp && cp->active() ? &a.whole : nullptr);
     kernels::linear_backward(dx, router->grad.f32(), nullptr, dlogits, x, router->value.f32(), n, C,
                              experts);
   }

@@ -15,6 +15,7 @@
 #include "model/moe_routing.h"
 #include "model/params.h"
 #include "model/routing_tape.h"
+#include "parallel/context.h"
 #include "parallel/expert.h"
 
 namespace mt::model {
@@ -69,6 +70,7 @@ struct MoeActivations {
   parallel::ep::Exchange exchange;  // ep: who sent how many rows to which local expert
   BalanceLosses losses;
   RoutingReplay replay;  // set by the model before each forward (verify's routing replay)
+  BalanceSums whole;     // cp: the balancing sums of the whole microbatch (all cp pieces)
 };
 
 // Scratch shared by the MoE layers of a rank.
@@ -108,6 +110,9 @@ struct MoeLayer {
   int64_t fc_shared() const { return mlp == MlpKind::kSwiGlu ? 2 * f_shared : f_shared; }
 
   parallel::ep::EpContext ep;  // --ep: this rank holds experts [ep.rank·E/ep, +E/ep)
+  // --cp: the model's context parallelism (null or size 1: none). A cp rank routes its piece
+  // of every sequence; the balancing losses are the whole microbatch's (sums over cp).
+  const parallel::cp::CpContext* cp = nullptr;
 
   int64_t local_experts() const { return experts / ep.size; }
   // ep: the number of ranks the experts are split over (1: all here).

@@ -110,33 +110,52 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
   }
 }
 
-BalanceLosses balance_losses(const Routing& r) {
-  const int64_t n = r.n, e = r.e, k = r.k;
-  BalanceLosses b;
-  if (n == 0) return b;
+BalanceSums balance_sums(const Routing& r) {
+  const int64_t n = r.n, e = r.e;
+  BalanceSums s;
+  s.n = n;
+  s.routed.assign(static_cast<size_t>(e), 0.0);
+  s.psum.assign(static_cast<size_t>(e), 0.0);
   for (int64_t i = 0; i < e; ++i) {
+    s.routed[static_cast<size_t>(i)] = static_cast<double>((*r.routed)[static_cast<size_t>(i)]);
     double P = 0;
     for (int64_t t = 0; t < n; ++t) P += r.probs[t * e + i];
-    const double f =
-        static_cast<double>((*r.routed)[static_cast<size_t>(i)]) / static_cast<double>(n * k);
-    b.aux += f * P / static_cast<double>(n);
+    s.psum[static_cast<size_t>(i)] = P;
+  }
+  for (int64_t t = 0; t < n; ++t) s.zsum += static_cast<double>(r.lse[t]) * r.lse[t];
+  return s;
+}
+
+BalanceLosses balance_losses(const BalanceSums& s, int64_t k) {
+  BalanceLosses b;
+  const int64_t n = s.n, e = static_cast<int64_t>(s.routed.size());
+  if (n == 0) return b;
+  for (int64_t i = 0; i < e; ++i) {
+    const double f = s.routed[static_cast<size_t>(i)] / static_cast<double>(n * k);
+    b.aux += f * s.psum[static_cast<size_t>(i)] / static_cast<double>(n);
   }
   b.aux *= static_cast<double>(e);
-  for (int64_t t = 0; t < n; ++t) b.z += static_cast<double>(r.lse[t]) * r.lse[t];
-  b.z /= static_cast<double>(n);
+  b.z = s.zsum / static_cast<double>(n);
   return b;
 }
 
+BalanceLosses balance_losses(const Routing& r) { return balance_losses(balance_sums(r), r.k); }
+
 void route_backward(float* dlogits, const float* dgate, const Routing& r, double aux_coef,
-                    double z_coef) {
+                    double z_coef, const BalanceSums* whole) {
   const int64_t n = r.n, e = r.e, k = r.k;
-  // d(aux)/d(p_ti) = E · f_i / n: the same for every token.
+  // The losses' token count and loads: the whole microbatch's (cp), or this routing's.
+  const int64_t N = whole ? whole->n : n;
+  auto routed = [&](int64_t i) {
+    return whole ? whole->routed[static_cast<size_t>(i)]
+                 : static_cast<double>((*r.routed)[static_cast<size_t>(i)]);
+  };
+  // d(aux)/d(p_ti) = E · f_i / N: the same for every token.
   std::vector<double> daux(static_cast<size_t>(e), 0.0);
-  if (aux_coef != 0 && n > 0)
+  if (aux_coef != 0 && N > 0)
     for (int64_t i = 0; i < e; ++i)
-      daux[static_cast<size_t>(i)] = aux_coef * static_cast<double>(e) *
-                                     static_cast<double>((*r.routed)[static_cast<size_t>(i)]) /
-                                     static_cast<double>(n * k) / static_cast<double>(n);
+      daux[static_cast<size_t>(i)] = aux_coef * static_cast<double>(e) * routed(i) /
+                                     static_cast<double>(N * k) / static_cast<double>(N);
   std::vector<double> dp(static_cast<size_t>(e)), dsel(static_cast<size_t>(k));
   for (int64_t t = 0; t < n; ++t) {
     const float* p = r.probs + t * e;
@@ -155,8 +174,8 @@ void route_backward(float* dlogits, const float* dgate, const Routing& r, double
       dp[static_cast<size_t>(i)] = daux[static_cast<size_t>(i)];
       pdp += p[i] * dp[static_cast<size_t>(i)];
     }
-    // z-loss: d(z_coef · lse² / n)/d l_i = 2 z_coef lse p_i / n.
-    const double zt = n > 0 ? 2.0 * z_coef * r.lse[t] / static_cast<double>(n) : 0.0;
+    // z-loss: d(z_coef · lse² / N)/d l_i = 2 z_coef lse p_i / N.
+    const double zt = N > 0 ? 2.0 * z_coef * r.lse[t] / static_cast<double>(N) : 0.0;
     for (int64_t i = 0; i < e; ++i)
       dl[i] = static_cast<float>(p[i] * (dp[static_cast<size_t>(i)] - pdp) + zt * p[i]);
     for (int64_t j = 0; j < k; ++j) dl[sel[j]] += static_cast<float>(dsel[static_cast<size_t>(j)]);

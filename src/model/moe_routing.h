@@ -55,9 +55,22 @@ struct BalanceLosses {
 };
 BalanceLosses balance_losses(const Routing& r);
 
+// What the balancing losses are made of, summable over ranks that hold parts of one
+// microbatch (context parallelism: each cp rank routes its piece of every sequence): the
+// assignments routed to each expert, each expert's summed probability, Σ lse², tokens.
+struct BalanceSums {
+  std::vector<double> routed, psum;  // [e]
+  double zsum = 0;
+  int64_t n = 0;
+};
+BalanceSums balance_sums(const Routing& r);
+BalanceLosses balance_losses(const BalanceSums& s, int64_t k);
+
 // d(logits) [n, e] (overwritten) from d(gates) [n, k], plus aux_coef · d(aux)/d(logits) and
 // z_coef · d(z)/d(logits) (the coefficients already multiplied by the loss's weight).
+// `whole` (cp): the microbatch's sums over all its pieces, which the losses were computed
+// from (null: this routing's own).
 void route_backward(float* dlogits, const float* dgate, const Routing& r, double aux_coef,
-                    double z_coef);
+                    double z_coef, const BalanceSums* whole = nullptr);
 
 }  // namespace mt::model

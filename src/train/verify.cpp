@@ -228,14 +228,15 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   // routing choice flips on the last bit of a router probability; model/routing_tape.h).
   // Under mpirun the layout's decisions stay in its processes: no replay.
   auto tape = std::make_shared<model::RoutingTape>();
-  const bool replay = layout.model.moe.enabled() && mpi_rank < 0;
+  const bool replay = layout.model.moe.enabled() && mpi_rank < 0 && layout.cp == 1;
   if (replay) {
     layout_exporting.routing_tape = tape;
     layout_exporting.record_routing = true;
   } else if (layout.model.moe.enabled()) {
-    report.routing_note =
-        "no routing replay under mpirun: a routing choice that flips on rounding makes the "
-        "layout another model from that step on";
+    report.routing_note = fmt::format(
+        "no routing replay {}: a routing choice that flips on rounding makes the layout another "
+        "model from that step on",
+        mpi_rank >= 0 ? "under mpirun" : "with cp (a cp rank routes a piece of each sequence)");
   }
   const TrainResult b = run_training(layout_exporting);
   if (mpi_rank > 0) {  // (rank 0 wrote the export, and compares)

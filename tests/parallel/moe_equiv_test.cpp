@@ -91,6 +91,20 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivBias,
                          ::testing::Values(with_ep(L{2, 1, 1, 1}, 2), L{1, 1, 2, 0, "1f1b"}),
                          [](const auto& info) { return test::name_of(info.param); });
 
+// Context parallelism: each cp rank routes its two chunks of every sequence; the balancing
+// loss is the whole microbatch's (loads and probabilities summed over cp), so the layouts
+// train the single rank's model (dropless: the capacity is refused with cp).
+L with_cp(L l, int cp) {
+  l.cp = cp;
+  return l;
+}
+class MoeEquivCp : public ::testing::TestWithParam<L> {};
+TEST_P(MoeEquivCp, F32MatchesTheSingleRank) { check(GetParam(), kF32); }
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivCp,
+                         ::testing::Values(with_cp(L{}, 2), with_cp(with_ep(L{2, 1, 1, 1}, 2), 2),
+                                           with_cp(L{1, 2, 1, 0, "1f1b", 1, true}, 2)),
+                         [](const auto& info) { return test::name_of(info.param); });
+
 class MoeEquivEpBf16 : public ::testing::TestWithParam<L> {};
 TEST_P(MoeEquivEpBf16, MatchesTheBf16SingleRank) { check(GetParam(), kBf16); }
 INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivEpBf16,

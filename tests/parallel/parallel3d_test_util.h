@@ -22,6 +22,7 @@ struct Layout3d {
   bool sp = false;
   int microbatches = 0;  // per replica; 0: 4 with pp > 1
   int ep = 1;            // expert-parallel ranks, carved from dp (MoE models)
+  int cp = 1;            // context-parallel ranks (world = pp x dp x cp x tp)
 };
 
 inline std::string name_of(const Layout3d& l) {
@@ -31,6 +32,7 @@ inline std::string name_of(const Layout3d& l) {
     n += "_" + l.schedule + (l.virtual_stages > 1 ? "_v" + std::to_string(l.virtual_stages) : "");
   if (l.sp) n += "_sp";
   if (l.ep > 1) n += "_ep" + std::to_string(l.ep);
+  if (l.cp > 1) n += "_cp" + std::to_string(l.cp);
   return n;
 }
 
@@ -55,6 +57,7 @@ inline train::TrainOptions options3d(const Layout3d& l, int64_t steps) {
   o.bucket_mb = 0.25;
   o.dp = l.dp;
   o.ep = l.ep;
+  o.cp = l.cp;
   o.tp = l.tp;
   o.sp = l.sp;
   o.zero = l.zero;
