@@ -66,6 +66,7 @@ MoeReport summarise_moe(const std::vector<float>& summed, const model::GptConfig
     MoeLayerReport L;
     L.layer = static_cast<int>(l);
     double sum = 0, sq = 0;
+    L.tokens.assign(v, v + E);
     L.tokens_min = v[0];
     for (int64_t e = 0; e < E; ++e) {
       L.tokens_min = std::min<double>(L.tokens_min, v[e]);
@@ -97,6 +98,7 @@ nlohmann::json moe_json(const MoeReport& r) {
     layers.push_back({{"layer", L.layer},
                       {"tokens_min", L.tokens_min},
                       {"tokens_max", L.tokens_max},
+                      {"tokens", L.tokens},
                       {"cv", L.cv},
                       {"dropped", L.dropped},
                       {"aux", L.aux},

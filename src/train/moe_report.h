@@ -23,6 +23,7 @@ struct MoeLayerReport {
   double tokens_min = 0, tokens_max = 0, cv = 0;  // over experts
   double dropped = 0;                             // share of the assignments
   double aux = 0, z = 0;                          // balancing losses, means over microbatches
+  std::vector<double> tokens;                     // routed to each expert (the job's sum)
 };
 struct MoeReport {
   std::vector<MoeLayerReport> layers;
