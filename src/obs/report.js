@@ -58,8 +58,10 @@
     const model = h.model ? `${m.name}: ${m.n_layer} layers, d_model ${m.d_model}, ${m.n_head} heads` +
       (m.n_kv_head && m.n_kv_head != m.n_head ? ` (${m.n_kv_head} kv)` : "") +
       `, vocab ${m.vocab}, seq ${m.seq}, ${si(m.params, "")} params` : "(not recorded)";
+    // cp: the header's, or what the world holds beyond dp × tp × pp (world = pp dp cp tp).
+    const cp = l.cp || (l.world && l.dp * l.tp * l.pp ? Math.round(l.world / (l.dp * l.tp * l.pp)) : 1);
     const layout = h.layout ? `dp ${l.dp} × tp ${l.tp}${l.sp ? " (sp)" : ""} × pp ${l.pp}` +
-      (l.pp > 1 ? ` (${l.schedule}, ${l.microbatches} microbatches)` : "") +
+      (cp > 1 ? ` × cp ${cp}` : "") + (l.pp > 1 ? ` (${l.schedule}, ${l.microbatches} microbatches)` : "") +
       `, ZeRO-${l.zero}, ${l.dtype}, recompute ${l.recompute}; batch ${h.batch} × ${m.seq}` : "(not recorded)";
     const machine = h.machine ? `${mc.host}: ${mc.cpu}, ${mc.cores} cores, ${mc.threads_per_rank} thread(s)/rank, ` +
       `${mc.device}, ${mc.backend} backend` : "(not recorded)";

@@ -323,6 +323,9 @@ TEST_F(Report, RendersEachKindInChromium) {
     }
     if (k.name == "cp") {  // bytes by mesh dimension: dp and cp (no tp, no pp)
       EXPECT_EQ(check["charts"]["bytes-0"]["series"], 2);
+      // The header's layout names cp (the run header has world 4 = dp 2 x cp 2).
+      EXPECT_NE(dom.output.find("dp 2 \u00d7 tp 1 \u00d7 pp 1 \u00d7 cp 2"), std::string::npos)
+          << dom.output.substr(0, 4000);
     }
     if (k.name == "moe") {  // the heat map: 4 layers x 10 steps of CV
       expect_cells_are_the_metrics(check["charts"]["moe-imbalance-0"]["cells"],
