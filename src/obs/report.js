@@ -362,8 +362,8 @@
     return plot;
   }
   D.runs.forEach((r, i) => {
-    const rows = r.moe;
-    if (!rows || !rows.some((m) => m)) return;
+    const rows = (r.moe || []).map((m) => (m && Array.isArray(m.layers) ? m : null));
+    if (!rows.some((m) => m)) return;
     const steps = r.columns.step, at = rows.map((m, k) => (m ? k : -1)).filter((k) => k >= 0);
     const layers = rows[at[at.length - 1]].layers.map((L) => L.layer);
     const sec = section(`Mixture of experts: ${r.label} (${layers.length} MoE layers)`);
@@ -474,7 +474,8 @@
 
   // ---- the check a test reads: points per chart, painted pixels in each plot area, errors
   function check() {
-    const out = {errors, charts: {}, height: document.documentElement.scrollHeight};
+    // The content's height (not the window's, which a short page leaves blank below it).
+    const out = {errors, charts: {}, height: Math.ceil(document.body.getBoundingClientRect().bottom)};
     for (const [id, c] of Object.entries(charts)) {
       const u = c.plot, b = u.bbox;
       let painted = 0;
