@@ -302,10 +302,12 @@
   const viridis = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89",
                    "#35b779", "#6ece58", "#b5de2b", "#fde725"];
   const colorOf = (t) => viridis[Math.max(0, Math.min(viridis.length - 1, Math.floor(t * viridis.length)))];
-  // h: {xs, xLabel, xName(x), rows: [{name, values}] (top to bottom), what, fmt, note}
+  // h: {xs, xLabel, xName(x), rows: [{name, values}] (top to bottom), what, fmt, from0, note}
   function heatmap(parent, id, title, h) {
     const all = h.rows.flatMap((r) => r.values).filter((v) => v != null);
-    const lo = Math.min(0, ...all), hi = Math.max(...all, lo + 1e-12);
+    // The colours run from 0 (h.from0: where 0 means something, e.g. an even load) or from
+    // the lowest value, to the highest; the colour bar names both ends.
+    const lo = h.from0 ? Math.min(0, ...all) : Math.min(...all), hi = Math.max(...all, lo + 1e-12);
     const t = (v) => (v - lo) / (hi - lo);
     const n = h.rows.length, rowY = (k) => n - 1 - k;  // the first row on top
     const series = [{}], data = [h.xs];
@@ -381,7 +383,7 @@
         fmt: (v) => (v == null ? "" : si(v, ""))});
     } else {
       heatmap(sec, "moe-imbalance-" + i, "Load imbalance: CV of tokens per expert, per layer and step", {
-        xs: at.map((k) => steps[k]), xLabel: "step", what: "CV (std / mean of tokens per expert; 0 = even)",
+        xs: at.map((k) => steps[k]), xLabel: "step", what: "CV (std / mean of tokens per expert; 0 = even)", from0: true,
         rows: layers.map((l) => ({name: `layer ${l}`, values: at.map((k) => (layerOf(rows[k], l) || {}).cv)})),
         fmt: (v) => (v == null ? "" : v.toFixed(2)),
         note: "The metrics hold each layer's CV, fewest and most tokens per expert, not every expert's count."});
