@@ -12,6 +12,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   iproute2               # ip and tc: the namespace hosts of scripts/hosts.sh (multihost tests)
   nlohmann-json3-dev libcli11-dev libfmt-dev
+  protobuf-compiler libprotobuf-dev   # protoc + libprotobuf-lite: TensorBoard event records
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy   # PyTorch 1.13 (CPU): reference and benchmark peer
   libopenblas0-pthread   # PyTorch's f32 GEMM; without it Debian's reference BLAS runs at a

@@ -17,10 +17,10 @@ extern const std::string_view uplot_js, uplot_css, report_js, report_css;
 namespace {
 
 // The metrics keys the page plots, in the order of its columns ("step" first).
-const char* const kColumns[] = {"step",     "tokens",     "loss",         "val_loss",
-                                "lr",       "grad_norm",  "tokens_per_s", "mfu",
-                                "time_s",   "peak_bytes", "dp_bytes",     "tp_bytes",
-                                "pp_bytes", "cp_bytes",   "ep_bytes",     "bubble"};
+const char* const kColumns[] = {"step",      "tokens",       "loss",      "val_loss", "lr",
+                                "grad_norm", "tokens_per_s", "mfu",       "time_s",   "peak_bytes",
+                                "dp_bytes",  "tp_bytes",     "pp_bytes",  "cp_bytes", "ep_bytes",
+                                "bubble",    "moe_aux_loss", "moe_z_loss"};
 
 std::string read_text(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
@@ -41,6 +41,9 @@ nlohmann::json read_run(const std::string& path, const std::string& label) {
   nlohmann::json cols = nlohmann::json::object();
   for (const char* c : kColumns) cols[c] = nlohmann::json::array();
   nlohmann::json run = nullptr, memory = nullptr;
+  // Mixture of experts: each row's "moe" object as it is (null where a row has none).
+  nlohmann::json moe = nlohmann::json::array();
+  bool any_moe = false;
   std::string line;
   int64_t n = 0, line_no = 0;
   while (std::getline(lines, line)) {
@@ -61,6 +64,9 @@ nlohmann::json read_run(const std::string& path, const std::string& label) {
     }
     if (row.contains("run") && run.is_null()) run = row["run"];
     if (row.contains("memory_by_rank")) memory = row["memory_by_rank"];
+    const auto m = row.find("moe");
+    any_moe = any_moe || (m != row.end() && m->is_object());
+    moe.push_back(m != row.end() && m->is_object() ? *m : nlohmann::json(nullptr));
     ++n;
   }
   if (n == 0) fail("metrics file '{}' has no rows (did the run write any step?)", path);
@@ -69,7 +75,8 @@ nlohmann::json read_run(const std::string& path, const std::string& label) {
   for (auto& [key, values] : cols.items())
     if (std::any_of(values.begin(), values.end(), [](const auto& v) { return !v.is_null(); }))
       kept[key] = values;
-  return {{"label", label}, {"file", path}, {"run", run}, {"memory", memory}, {"columns", kept}};
+  return {{"label", label},   {"file", path},    {"run", run},
+          {"memory", memory}, {"columns", kept}, {"moe", any_moe ? moe : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json read_trace(const std::string& path) {

@@ -2,7 +2,8 @@
 // metrics files (JSON lines, train --metrics), a Chrome trace (train/simulate --trace) and
 // a plan or simulate --json: loss against steps and tokens, throughput and MFU, learning
 // rate and gradient norm, peak memory per rank by category, bytes per step by mesh
-// dimension, the pipeline timeline, and predicted against measured (docs/report.md).
+// dimension, the pipeline timeline, predicted against measured, and a mixture of experts'
+// routing (docs/report.md).
 // The page embeds the data as JSON (`<script id="mt-data">`), uPlot and its own script.
 #pragma once
 
@@ -22,8 +23,9 @@ struct ReportInput {
 };
 
 // The data the page embeds: each run's columns (arrays aligned with "step", null where a
-// row lacks the key), its "run" header and last "memory_by_rank"; the trace's events; the
-// plan's prediction. Refuses unreadable or malformed files (mt::Error, naming file and line).
+// row lacks the key), its "run" header and last "memory_by_rank", its rows' "moe" objects
+// (aligned with "step"; null for a run without experts); the trace's events; the plan's
+// prediction. Refuses unreadable or malformed files (mt::Error, naming file and line).
 nlohmann::json report_data(const ReportInput& in);
 // The page for that data.
 std::string report_html(const nlohmann::json& data);

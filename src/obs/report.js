@@ -58,8 +58,10 @@
     const model = h.model ? `${m.name}: ${m.n_layer} layers, d_model ${m.d_model}, ${m.n_head} heads` +
       (m.n_kv_head && m.n_kv_head != m.n_head ? ` (${m.n_kv_head} kv)` : "") +
       `, vocab ${m.vocab}, seq ${m.seq}, ${si(m.params, "")} params` : "(not recorded)";
+    // cp: the header's, or what the world holds beyond dp × tp × pp (world = pp dp cp tp).
+    const cp = l.cp || (l.world && l.dp * l.tp * l.pp ? Math.round(l.world / (l.dp * l.tp * l.pp)) : 1);
     const layout = h.layout ? `dp ${l.dp} × tp ${l.tp}${l.sp ? " (sp)" : ""} × pp ${l.pp}` +
-      (l.pp > 1 ? ` (${l.schedule}, ${l.microbatches} microbatches)` : "") +
+      (cp > 1 ? ` × cp ${cp}` : "") + (l.pp > 1 ? ` (${l.schedule}, ${l.microbatches} microbatches)` : "") +
       `, ZeRO-${l.zero}, ${l.dtype}, recompute ${l.recompute}; batch ${h.batch} × ${m.seq}` : "(not recorded)";
     const machine = h.machine ? `${mc.host}: ${mc.cpu}, ${mc.cores} cores, ${mc.threads_per_rank} thread(s)/rank, ` +
       `${mc.device}, ${mc.backend} backend` : "(not recorded)";
@@ -202,7 +204,7 @@
 
   // ---- the pipeline timeline: one lane per rank, a box per F/B/W, sends and receives as
   // thin bars; idle time is left blank, so the gaps are the bubbles. It opens on the last
-  // step (from the last F0.0 of rank 0: microbatch 0 of chunk 0 starts each step).
+  // step (microbatch 0 of chunk 0, F0.0, starts each step).
   if (D.trace) {
     const t = D.trace, lanes = t.lanes;
     const drawn = (kind) => kind !== "idle";
@@ -210,10 +212,16 @@
     const order = ["forward", "backward", "weight", "send", "recv"];
     kinds.sort((a, b) => (order.indexOf(a) + 99) % 99 - (order.indexOf(b) + 99) % 99);
     const t0 = Math.min(...t.start_ms), t1 = Math.max(...t.start_ms.map((s, k) => s + t.dur_ms[k]));
-    let stepStart = t0, steps = 0;
+    // The last step begins at the earliest of the first stage's ranks' last F0.0: ranks of
+    // different replicas need not start it together (on a shared host they take turns).
+    const lastF0 = new Map();
+    let steps = 0;
     t.name.forEach((n, k) => {
-      if (t.rank[k] === 0 && n === "F0.0") { ++steps; stepStart = Math.max(stepStart, t.start_ms[k]); }
+      if (n !== "F0.0") return;
+      if (t.rank[k] === 0) ++steps;
+      lastF0.set(t.rank[k], Math.max(lastF0.get(t.rank[k]) ?? -Infinity, t.start_ms[k]));
     });
+    const stepStart = lastF0.size ? Math.min(...lastF0.values()) : t0;
     const laneOf = (rank) => lanes - 1 - rank;  // rank 0 on top
     const boxes = (kind) => (u) => {
       const p = new Path2D(), h = kind === "send" || kind === "recv" ? 0.1 : 0.38;
@@ -286,6 +294,139 @@
     }
   }
 
+  // ---- mixture of experts: per run, the routing of every MoE layer (the rows' "moe")
+  // A heat map drawn by uPlot's own bars: one series per row of cells, each cell a bar from
+  // y0 to y1 (disp.y0 / disp.y1) in a colour of its own (disp.fill: a colour per value);
+  // the values are written in the cells when they fit, and the cell under the pointer is
+  // named below the chart.
+  const viridis = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89",
+                   "#35b779", "#6ece58", "#b5de2b", "#fde725"];
+  const colorOf = (t) => viridis[Math.max(0, Math.min(viridis.length - 1, Math.floor(t * viridis.length)))];
+  // h: {xs, xLabel, xName(x), rows: [{name, values}] (top to bottom), what, fmt, from0, note}
+  function heatmap(parent, id, title, h) {
+    const all = h.rows.flatMap((r) => r.values).filter((v) => v != null);
+    // The colours run from 0 (h.from0: where 0 means something, e.g. an even load) or from
+    // the lowest value, to the highest; the colour bar names both ends.
+    const lo = h.from0 ? Math.min(0, ...all) : Math.min(...all), hi = Math.max(...all, lo + 1e-12);
+    const t = (v) => (v - lo) / (hi - lo);
+    const n = h.rows.length, rowY = (k) => n - 1 - k;  // the first row on top
+    const series = [{}], data = [h.xs];
+    h.rows.forEach((r, k) => {
+      data.push(r.values.map((v) => (v == null ? null : rowY(k) + 0.45)));
+      series.push({label: r.name, width: 0, points: {show: false}, paths: uPlot.paths.bars({
+        size: [h.xs.length > 30 ? 1 : 0.94, Infinity], disp: {
+          y0: {unit: 1, values: () => r.values.map(() => rowY(k) - 0.45)},
+          y1: {unit: 1, values: () => r.values.map(() => rowY(k) + 0.45)},
+          fill: {unit: 3, values: () => r.values.map((v) => (v == null ? null : colorOf(t(v))))}}})});
+    });
+    const rowsY = [...Array(n).keys()];
+    const readout = el("p", {class: "note"}, "\u00a0");
+    const xr = [Math.min(...h.xs) - 0.5, Math.max(...h.xs) + 0.5];
+    const plot = chart(parent, id, title, {
+      height: Math.max(160, 70 + 44 * n), legend: {show: false}, cursor: {drag: {x: false}},
+      scales: {x: {time: false, range: xr}, y: {range: [-0.5, n - 0.5]}},
+      axes: [Object.assign(xaxis(h.xLabel, null), h.xs.length <= 16 ? {splits: () => h.xs} : {}),
+             Object.assign(yaxis("", null), {splits: () => rowsY, values: (u, vs) => vs.map((v) => h.rows[n - 1 - v].name)})],
+      series,
+      hooks: {
+        draw: [(u) => {  // the values in their cells, where a cell is wide enough
+          const w = u.valToPos(1, "x", true) - u.valToPos(0, "x", true);
+          if (w < 34 * devicePixelRatio) return;
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.font = `${Math.round(11 * devicePixelRatio)}px "DejaVu Sans", sans-serif`;
+          ctx.textAlign = "center";
+          ctx.textBaseline = "middle";
+          h.rows.forEach((r, k) => r.values.forEach((v, i) => {
+            if (v == null) return;
+            ctx.fillStyle = t(v) > 0.6 ? "#000" : "#fff";
+            ctx.fillText(h.fmt(v), u.valToPos(h.xs[i], "x", true), u.valToPos(rowY(k), "y", true));
+          }));
+          ctx.restore();
+        }],
+        setCursor: [(u) => {
+          const {left, top} = u.cursor;
+          if (left == null || left < 0) { readout.textContent = "\u00a0"; return; }
+          const x = Math.round(u.posToVal(left, "x")), k = n - 1 - Math.round(u.posToVal(top, "y"));
+          const i = h.xs.indexOf(x);
+          if (i < 0 || k < 0 || k >= n) return;
+          readout.textContent = `${h.rows[k].name}, ${h.xName ? h.xName(x) : x}: ${h.fmt(h.rows[k].values[i])} ${h.what}`;
+        }],
+      }}, data);
+    // The colour scale: the map's colours from its lowest to its highest value.
+    const box = document.getElementById("chart-" + id);
+    box.append(el("div", {class: "colorbar"}, el("span", {}, h.fmt(lo)),
+                  el("span", {class: "ramp", style: `background:linear-gradient(to right,${viridis.join(",")})`}),
+                  el("span", {}, `${h.fmt(hi)} ${h.what}`)), readout);
+    if (h.note) box.append(el("p", {class: "note"}, h.note));
+    charts[id].points = all.length;
+    charts[id].cells = h.rows.map((r) => r.values);  // for the test: the numbers drawn
+    return plot;
+  }
+  D.runs.forEach((r, i) => {
+    const rows = (r.moe || []).map((m) => (m && Array.isArray(m.layers) ? m : null));
+    if (!rows.some((m) => m)) return;
+    const steps = r.columns.step, at = rows.map((m, k) => (m ? k : -1)).filter((k) => k >= 0);
+    const layers = rows[at[at.length - 1]].layers.map((L) => L.layer);
+    const sec = section(`Mixture of experts: ${r.label} (${layers.length} MoE layers)`);
+    const layerOf = (m, l) => (m ? m.layers.find((L) => L.layer === l) : null);
+    // Tokens per expert (a "tokens" list per layer, when the rows carry one): the mean over
+    // the steps that have it. Without it, the imbalance that every row carries: the CV of the
+    // tokens per expert, per layer and step.
+    const withTokens = at.filter((k) => rows[k].layers.every((L) => Array.isArray(L.tokens)));
+    if (withTokens.length) {
+      const E = rows[withTokens[0]].layers[0].tokens.length;
+      const mean = (l, e) => withTokens.reduce((s, k) => s + layerOf(rows[k], l).tokens[e], 0) / withTokens.length;
+      heatmap(sec, "moe-experts-" + i, `Tokens routed to each expert (mean per step over ${withTokens.length} steps)`, {
+        xs: [...Array(E).keys()], xLabel: "expert", xName: (e) => `expert ${e}`, what: "tokens",
+        rows: layers.map((l) => ({name: `layer ${l}`, values: [...Array(E).keys()].map((e) => mean(l, e))})),
+        fmt: (v) => (v == null ? "" : si(v, ""))});
+    } else {
+      heatmap(sec, "moe-imbalance-" + i, "Load imbalance: CV of tokens per expert, per layer and step", {
+        xs: at.map((k) => steps[k]), xLabel: "step", what: "CV (std / mean of tokens per expert; 0 = even)", from0: true,
+        rows: layers.map((l) => ({name: `layer ${l}`, values: at.map((k) => (layerOf(rows[k], l) || {}).cv)})),
+        fmt: (v) => (v == null ? "" : v.toFixed(2)),
+        note: "The metrics hold each layer's CV, fewest and most tokens per expert, not every expert's count."});
+    }
+    // The curves: one line per layer against step.
+    function perLayer(id, title, key, yLabel, fmt, scale, total) {
+      const data = [steps], series = [{}];
+      layers.forEach((l, k) => {
+        data.push(rows.map((m) => { const L = layerOf(m, l); return L && L[key] != null ? L[key] * scale : null; }));
+        series.push({label: `layer ${l}`, stroke: palette[k % palette.length], width: 1.5, spanGaps: true,
+                     value: (u, v) => (v == null ? "" : fmt(v))});
+      });
+      if (total) {
+        data.push(rows.map((m) => (m && m[total] != null ? m[total] * scale : null)));
+        series.push({label: "all layers", stroke: "#222", width: 2, dash: [6, 4], spanGaps: true,
+                     value: (u, v) => (v == null ? "" : fmt(v))});
+      }
+      chart(sec, `${id}-${i}`, title, {scales: {x: {time: false}, y: {range: (u, mn, mx) => [0, Math.max(mx, 1e-9) * 1.1]}},
+                                        axes: [xaxis("step", null), yaxis(yLabel, fmt)], series}, data);
+    }
+    // The CV's curves where the heat map is the experts' (else the map is the CV's), and the
+    // fewest and most tokens an expert of each layer got.
+    if (withTokens.length)
+      perLayer("moe-cv", "Load imbalance per layer (CV of tokens per expert)", "cv", "CV (0 = even)", (v) => v.toFixed(2), 1);
+    {
+      const data = [steps], series = [{}];
+      layers.forEach((l, k) => [["tokens_max", "most", null], ["tokens_min", "fewest", [4, 3]]].forEach(([key, name, dash]) => {
+        data.push(rows.map((m) => { const L = layerOf(m, l); return L ? L[key] : null; }));
+        series.push({label: `layer ${l} ${name}`, stroke: palette[k % palette.length], width: 1.5, dash, spanGaps: true,
+                     value: (u, v) => (v == null ? "" : si(v, ""))});
+      }));
+      chart(sec, `moe-tokens-${i}`, "Tokens per expert: the most (solid) and fewest (dashed) an expert got", {
+        scales: {x: {time: false}, y: {range: (u, mn, mx) => [0, Math.max(mx, 1) * 1.1]}},
+        axes: [xaxis("step", null), yaxis("tokens per step", (v) => si(v, ""))], series}, data);
+    }
+    perLayer("moe-dropped", "Assignments dropped by the expert capacity", "dropped", "dropped (% of assignments)",
+             (v) => +v.toPrecision(3) + "%", 100, "dropped");
+    perLayer("moe-aux", "Load-balancing loss E·Σ f·P per layer (1 = even, E = one expert)", "aux", "aux loss (unweighted)",
+             (v) => v.toFixed(3), 1);
+    perLayer("moe-z", "Router z-loss per layer (mean logsumexp² of the logits)", "z", "z loss (unweighted)",
+             (v) => +v.toPrecision(3), 1);
+  });
+
   // ---- plan --html: the ranked layouts, a table and their memory and time as stacked bars
   if (D.ranked) {
     const P = D.ranked, L = P.layouts || [];
@@ -335,7 +476,8 @@
 
   // ---- the check a test reads: points per chart, painted pixels in each plot area, errors
   function check() {
-    const out = {errors, charts: {}, height: document.documentElement.scrollHeight};
+    // The content's height (not the window's, which a short page leaves blank below it).
+    const out = {errors, charts: {}, height: Math.ceil(document.body.getBoundingClientRect().bottom)};
     for (const [id, c] of Object.entries(charts)) {
       const u = c.plot, b = u.bbox;
       let painted = 0;
@@ -347,7 +489,7 @@
             ++painted;
       } catch (e) { errors.push("getImageData: " + e); }
       out.charts[id] = {points: c.points, painted, width: u.width, height: u.height,
-                        series: u.series.length - 1};
+                        series: u.series.length - 1, cells: c.cells};
     }
     document.body.dataset.mtCheck = JSON.stringify(out);
   }

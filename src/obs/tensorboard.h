@@ -4,8 +4,8 @@
 //   uint64 length | uint32 masked_crc32c(length bytes) | data | uint32 masked_crc32c(data)
 // (little-endian), each `data` one serialized tensorflow.Event protobuf: the first
 // {wall_time, file_version "brain.Event:2"}, then one per scalar {wall_time, step,
-// summary {value {tag, simple_value}}}. The few protobuf fields are written here by hand
-// (varints, fixed64 / fixed32, length-delimited), so no protobuf library is needed.
+// summary {value {tag, simple_value}}}, serialised by libprotobuf-lite from the messages of
+// tensorboard_event.proto (TensorFlow's field numbers; protoc runs at build time).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // `meshtrain report`: the page's embedded data is the metrics file's numbers, read back from
 // the HTML; bad input is refused; and each kind of page (one run, two runs overlaid, a
-// pipeline run with its trace, plan against measured, and plan --html) renders in headless
+// pipeline run with its trace, plan against measured, a mixture of experts, context
+// parallelism's bytes, and plan --html) renders in headless
 // Chromium with no script error and every chart present with data points and painted pixels,
 // a screenshot saved (into $MT_REPORT_SCREENSHOTS when set: docs/report/ keeps them). Without
 // Chromium the browser test is skipped with a message (scripts/setup.sh installs Debian's).
@@ -43,11 +44,21 @@ class Report : public ::testing::Test {
              {"a", "--n-layer 2 --batch 4 --steps 12 --eval-every 4 --lr 1e-3"},
              {"b", "--n-layer 2 --batch 4 --steps 12 --eval-every 4 --lr 3e-3"},
              {"pp", "--n-layer 4 --batch 8 --steps 4 --pp 2 --dp 2 --microbatches 4 --trace " +
-                        path("pp.trace.json")}}) {
+                        path("pp.trace.json")},
+             {"cp", "--n-layer 2 --batch 4 --steps 3 --dp 2 --cp 2"}}) {
       const test::RunResult r = test::run_meshtrain("train" + common + " " + extra + " --metrics " +
                                                     path(name + ".jsonl"));
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
+    // A mixture of experts (mixtral-tiny: 4 MoE layers of 8 experts, top 2) whose capacity
+    // drops assignments, with both balancing losses.
+    const test::RunResult moe = test::run_meshtrain(
+        "train --model mixtral-tiny --seq 32 --batch 8 --steps 10 --eval-every 5 --threads 1 "
+        "--peak-gflops 250 --moe-capacity-factor 1.25 --moe-aux-loss 0.02 --moe-z-loss 0.001 "
+        "--data " +
+        data + " --metrics " + path("moe.jsonl"));
+    ASSERT_EQ(moe.exit_code, 0) << moe.output;
+    write_moe_with_tokens();
     // The prediction of the pp run's layout (stdout alone: run_command adds 2>&1 outside).
     std::string sim = "(";
     sim += MT_BINARY;
@@ -60,12 +71,29 @@ class Report : public ::testing::Test {
     ASSERT_EQ(s.exit_code, 0) << s.output;
   }
   static std::string path(const std::string& name) { return (*dir_ / name).string(); }
+  // The metrics hold each MoE layer's fewest and most tokens per expert, not every expert's
+  // count. A fixture for the page's heat map of tokens per expert (drawn when the layers
+  // carry a "tokens" list, a field proposed in docs/report.md): the MoE run's rows, each
+  // layer given 8 counts that run from its tokens_min to its tokens_max. The numbers are made
+  // here; only the page's handling of them is under test.
+  static void write_moe_with_tokens() {
+    std::ofstream out(path("moe-tokens.jsonl"));
+    for (json row : rows_of(path("moe.jsonl"))) {
+      for (json& l : row["moe"]["layers"]) {
+        const double lo = l["tokens_min"], hi = l["tokens_max"];
+        json tokens = json::array();
+        for (int e = 0; e < 8; ++e) tokens.push_back(lo + (hi - lo) * ((e * 3) % 8) / 7);
+        l["tokens"] = tokens;
+      }
+      out << row.dump() << "\n";
+    }
+  }
   static std::filesystem::path* dir_;
 };
 std::filesystem::path* Report::dir_ = nullptr;
 
 TEST_F(Report, EmbeddedDataIsTheMetricsFilesNumbers) {
-  for (const std::string run : {"a", "pp"}) {
+  for (const std::string run : {"a", "pp", "cp", "moe"}) {
     const std::string page = path(run + ".html");
     const test::RunResult r = test::run_meshtrain("report " + path(run + ".jsonl") + " -o " + page);
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -90,7 +118,22 @@ TEST_F(Report, EmbeddedDataIsTheMetricsFilesNumbers) {
     // The header is the first row's "run", the memory the last row's "memory_by_rank".
     EXPECT_EQ(d["runs"][0]["run"], rows.front()["run"]);
     EXPECT_EQ(d["runs"][0]["memory"], rows.back()["memory_by_rank"]);
-    EXPECT_EQ(d["runs"][0]["memory"]["peak_bytes"].size(), run == "pp" ? 4u : 1u);
+    EXPECT_EQ(d["runs"][0]["memory"]["peak_bytes"].size(), run == "pp" || run == "cp" ? 4u : 1u);
+    // Bytes by mesh dimension: cp's where the run has context parallelism.
+    EXPECT_EQ(cols.contains("cp_bytes"), run == "cp") << run;
+    // Mixture of experts: every row's "moe" object, every number equal; null without one.
+    const json& moe = d["runs"][0]["moe"];
+    if (run != "moe") {
+      EXPECT_TRUE(moe.is_null()) << run;
+      continue;
+    }
+    ASSERT_EQ(moe.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(moe[i], rows[i]["moe"]) << "row " << i;
+      EXPECT_EQ(moe[i]["layers"].size(), 4u) << "row " << i;
+    }
+    EXPECT_GT(rows.back()["moe"]["dropped"].get<double>(), 0);  // the capacity dropped some
+    for (const char* key : {"moe_aux_loss", "moe_z_loss"}) EXPECT_TRUE(cols.contains(key)) << key;
   }
 }
 
@@ -158,6 +201,33 @@ struct Kind {
   bool plan_html = false;
 };
 
+// A heat map's cells as the page drew them (its check's "cells": rows top to bottom) against
+// the metrics file: each MoE layer's CV per step, or (with "tokens") its tokens per expert,
+// the mean over the steps. The page computes the means in doubles like this does, in the
+// same order: equal to 1e-12 relative (the sum of 10 counts of a few hundred each is exact;
+// the division rounds once).
+void expect_cells_are_the_metrics(const json& cells, const std::vector<json>& rows, bool tokens) {
+  const size_t layers = rows.front()["moe"]["layers"].size();
+  ASSERT_EQ(cells.size(), layers);
+  for (size_t l = 0; l < layers; ++l) {
+    if (!tokens) {
+      ASSERT_EQ(cells[l].size(), rows.size());
+      for (size_t i = 0; i < rows.size(); ++i)
+        EXPECT_EQ(cells[l][i].get<double>(), rows[i]["moe"]["layers"][l]["cv"].get<double>())
+            << "layer " << l << " row " << i;
+      continue;
+    }
+    const size_t experts = rows.front()["moe"]["layers"][l]["tokens"].size();
+    ASSERT_EQ(cells[l].size(), experts);
+    for (size_t e = 0; e < experts; ++e) {
+      double sum = 0;
+      for (const json& row : rows) sum += row["moe"]["layers"][l]["tokens"][e].get<double>();
+      const double mean = sum / static_cast<double>(rows.size());
+      EXPECT_NEAR(cells[l][e].get<double>(), mean, 1e-12 * mean) << "layer " << l << " e " << e;
+    }
+  }
+}
+
 // plan --html of a Llama 3 8B search: the ranked layouts.
 const std::string kPlanArgs =
     "--model llama3-8b --cluster dgx-h100 --gpus 64 --batch 256 --seq 4096 --top 8";
@@ -197,6 +267,13 @@ TEST_F(Report, RendersEachKindInChromium) {
        with({"memory-0", "bytes-0", "timeline"})},
       {"plan", path("pp.jsonl") + " --label 'pp 2 x dp 2' --plan " + path("sim.json"),
        with({"memory-0", "bytes-0", "plan-step-time", "plan-bubble", "plan-memory"})},
+      {"moe", path("moe.jsonl") + " --label mixtral-tiny",
+       with({"memory-0", "moe-imbalance-0", "moe-tokens-0", "moe-dropped-0", "moe-aux-0",
+             "moe-z-0"})},
+      {"moe-tokens", path("moe-tokens.jsonl") + " --label 'mixtral-tiny (tokens: a fixture)'",
+       with({"memory-0", "moe-experts-0", "moe-cv-0", "moe-tokens-0", "moe-dropped-0", "moe-aux-0",
+             "moe-z-0"})},
+      {"cp", path("cp.jsonl") + " --label 'dp 2 x cp 2'", with({"memory-0", "bytes-0"})},
       {"plan-html", kPlanArgs, {"ranked-memory", "ranked-time"}, true}};
   const char* shots_env = std::getenv("MT_REPORT_SCREENSHOTS");
   const std::filesystem::path shots = shots_env ? shots_env : *dir_;
@@ -243,6 +320,20 @@ TEST_F(Report, RendersEachKindInChromium) {
     EXPECT_EQ(check["charts"].size(), k.charts.size()) << k.name << ": " << check["charts"].dump();
     if (k.name == "two-runs") {  // overlaid: each run's loss and validation loss
       EXPECT_EQ(check["charts"]["loss-step"]["series"], 4);
+    }
+    if (k.name == "cp") {  // bytes by mesh dimension: dp and cp (no tp, no pp)
+      EXPECT_EQ(check["charts"]["bytes-0"]["series"], 2);
+      // The header's layout names cp (the run header has world 4 = dp 2 x cp 2).
+      EXPECT_NE(dom.output.find("dp 2 \u00d7 tp 1 \u00d7 pp 1 \u00d7 cp 2"), std::string::npos)
+          << dom.output.substr(0, 4000);
+    }
+    if (k.name == "moe") {  // the heat map: 4 layers x 10 steps of CV
+      expect_cells_are_the_metrics(check["charts"]["moe-imbalance-0"]["cells"],
+                                   rows_of(path("moe.jsonl")), false);
+    }
+    if (k.name == "moe-tokens") {  // the heat map: 4 layers x 8 experts of mean tokens
+      expect_cells_are_the_metrics(check["charts"]["moe-experts-0"]["cells"],
+                                   rows_of(path("moe-tokens.jsonl")), true);
     }
     const int height = check["height"].get<int>() + 16;
     const std::string png = (shots / ("report-" + k.name + ".png")).string();

@@ -90,10 +90,18 @@ Event parse_event(const std::string& data) {
         if (value.number == 1 && value.wire == 2) {
           std::string tag;
           float simple = 0;
+          bool has_simple = false;
           for (const Field& g : fields(value.bytes)) {
             if (g.number == 1 && g.wire == 2) tag = g.bytes;
-            if (g.number == 2 && g.wire == 5) std::memcpy(&simple, g.bytes.data(), 4);
+            if (g.number == 2 && g.wire == 5) {
+              std::memcpy(&simple, g.bytes.data(), 4);
+              has_simple = true;
+            }
           }
+          // TensorBoard takes a value whose oneof holds nothing for no scalar: a 0 must be
+          // written (proto3 leaves a plain float field out when it is 0).
+          if (!has_simple)
+            throw std::runtime_error("Summary.Value '" + tag + "' without simple_value");
           e.values.emplace_back(tag, simple);
         }
   }
