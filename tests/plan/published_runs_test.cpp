@@ -73,6 +73,7 @@ Job job_of(const json& r, bool cudnn_attention = false) {
 Software software_of(const std::string& s) {
   if (s == "megatron2021") return Software::kMegatron2021;
   if (s == "megatron2022") return Software::kMegatron2022;
+  if (s == "deepspeed2021") return Software::kDeepSpeed2021;
   EXPECT_EQ(s, "today");
   return Software::kToday;
 }
@@ -161,7 +162,10 @@ struct Tally {
 struct Result {
   std::map<std::string, Tally> by_source;
   Tally all;
+  int rows_over_15 = 0;  // held-out rows whose error exceeds 15%
 };
+
+std::string goal_status(const Result& res);
 
 Result run_all(bool print, bool cudnn_attention = false) {
   const json data = load_rows();
@@ -177,6 +181,7 @@ Result run_all(bool print, bool cudnn_attention = false) {
     if (!fitted) {
       res.by_source[src].add(err);
       res.all.add(err);
+      if (std::abs(err) > 0.15) ++res.rows_over_15;
     }
     if (print) {
       const std::string metric = r.at("metric").get<std::string>();
@@ -200,8 +205,22 @@ Result run_all(bool print, bool cudnn_attention = false) {
         "all held-out    {:>2} rows  MAPE {:>5.2f}%  worst {:>5.2f}%  (issue 30's goal: "
         "<= 5%, no source > 8%, no row > 15%)\n",
         res.all.n, 100 * res.all.mape(), 100 * res.all.worst);
+    fmt::print("issue 30's goal: {}\n", goal_status(res));
   }
   return res;
+}
+
+// Issue 30's goal for the set (MAPE <= 5% over all held-out rows, no source above 8%, no row
+// above 15%): "met", or what misses it.
+std::string goal_status(const Result& res) {
+  std::string miss;
+  auto add = [&](const std::string& what) { miss += (miss.empty() ? "" : "; ") + what; };
+  if (res.all.mape() > 0.05) add(fmt::format("overall MAPE {:.2f}% > 5%", 100 * res.all.mape()));
+  for (const auto& [src, t] : res.by_source)
+    if (t.mape() > 0.08) add(fmt::format("{} {:.2f}% > 8%", src, 100 * t.mape()));
+  if (res.rows_over_15 > 0)
+    add(fmt::format("{} rows above 15% (worst {:.1f}%)", res.rows_over_15, 100 * res.all.worst));
+  return miss.empty() ? "met" : "NOT met: " + miss;
 }
 
 TEST(PublishedRuns, EveryRowNamesItsSourceAndConfiguration) {
@@ -227,12 +246,23 @@ TEST(PublishedRuns, EveryRowNamesItsSourceAndConfiguration) {
 
 TEST(PublishedRuns, MapePerSourceAndOverall) {
   const Result res = run_all(true);
-  // Guards against a regression, not the issue's goal (printed above and in docs/planner.md,
-  // "The published test set"): the MAPE measured when the set was written (11.86% over 38
-  // held-out rows, 2026-11-27), plus 0.5 percentage point of slack for small model changes.
-  constexpr double kOverallBar = 0.1186 + 0.005;
-  EXPECT_LE(res.all.mape(), kOverallBar);
+  // Guards against a regression, not the issue's goal (printed above with what misses it, and
+  // in docs/planner.md, "The published test set"): the MAPE per source and overall measured
+  // on 2026-11-27 after the ZeRO-3 rows ran as DeepSpeed 2021 (Software::kDeepSpeed2021),
+  // each plus 0.5 percentage point of slack for small model changes. Per source, so that one
+  // source cannot get worse behind another's gain.
+  constexpr double kSlack = 0.005;
+  const std::map<std::string, double> kMeasured = {{"korthikanti2022", 0.0326},
+                                                   {"meta-llama3", 0.1009},
+                                                   {"narayanan2021", 0.0844},
+                                                   {"nvidia-dgxc", 0.0322},
+                                                   {"torchtitan", 0.0101}};
+  constexpr double kOverall = 0.0530;
+  EXPECT_LE(res.all.mape(), kOverall + kSlack) << goal_status(res);
   EXPECT_EQ(res.all.n, 38);
+  ASSERT_EQ(res.by_source.size(), kMeasured.size());
+  for (const auto& [src, bar] : kMeasured)
+    EXPECT_LE(res.by_source.at(src).mape(), bar + kSlack) << src;
 }
 
 TEST(PublishedRuns, WithTheH100CudnnAttentionRates) {
