@@ -94,11 +94,11 @@ TEST(PlanExplain, ItemsSumToTheStepForEveryKindOfLayout) {
     if (c.l.zero < 3 && c.job.cluster.compute_units == 0) {
       EXPECT_NEAR(m.at("other"), 0.0, 1e-9 * e.step_time_s) << c.what;
     }
-    if (c.l.zero >= 3 && c.l.z3_overlap) {
+    if (c.l.zero >= 3 && c.l.z3_gathers_overlap) {
       EXPECT_GT(m.at("ZeRO-3 gathers beyond compute"), -1e-12) << c.what;
     }
-    if (c.l.zero >= 3 && !c.l.z3_overlap) {  // synchronous: every collective shows
-      EXPECT_GT(m.at("ZeRO-3 collectives (not overlapped)"), 0.1 * e.step_time_s) << c.what;
+    if (c.l.zero >= 3 && !c.l.z3_gathers_overlap) {  // synchronous: every gather shows
+      EXPECT_GT(m.at("ZeRO-3 gathers (synchronous)"), 0.1 * e.step_time_s) << c.what;
     }
     if (c.l.pp == 1) {
       EXPECT_NEAR(m.at("pipeline bubble + blocking p2p"), 0.0, 1e-12) << c.what;
