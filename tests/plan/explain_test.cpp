@@ -158,5 +158,27 @@ TEST(PlanExplain, PlanExplainPrintsTheBestLayoutsList) {
   EXPECT_NEAR(total, step, kSumTol * step);
 }
 
+TEST(PlanExplain, SimulateDeepSpeed2021ShowsItsSynchronousGathers) {
+  // simulate --deepspeed-2021 costs Software::kDeepSpeed2021 (the library's step, to JSON's
+  // rounding) and lists its gathers as one item.
+  const std::string args =
+      "simulate --model gpt3-175b --cluster dgx-a100 --gpus 768 --batch 1536 --seq 2048 "
+      "--dtype fp16 --microbatch 2 --zero 3 --recompute full --deepspeed-2021 --explain";
+  const auto text = mt::test::run_meshtrain(args);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("ZeRO-3 gathers (synchronous)"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("DeepSpeed 2021"), std::string::npos) << text.output;
+  const auto r = mt::test::run_command("sh -c '" + std::string(MT_BINARY) + " " + args +
+                                       " --json 2>/dev/null'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double step =
+      nlohmann::json::parse(r.output).at("layouts").at(0).at("step_time_s").get<double>();
+  Job j = gpt175b("dgx-a100", 768, 1536);
+  j.dtype = "fp16";
+  Layout l = layout(1, 1, 1, 768, Recompute::kFull, false, Software::kDeepSpeed2021);
+  l.zero = 3, l.microbatch = 2;
+  EXPECT_NEAR(step, estimate(j, l).step_time_s, 1e-6 * step);
+}
+
 }  // namespace
 }  // namespace mt::plan
