@@ -18,7 +18,7 @@ namespace mt::cli {
 
 namespace {
 
-plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_2021) {
+plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, plan::Software software) {
   plan::Layout l;
   l.tp = f.tp.value_or(1);
   l.pp = f.pp.value_or(1);
@@ -48,7 +48,8 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, bool megatron_202
           "makes --microbatch {} (give one of the two)",
           *f.microbatch, *f.microbatches, j.batch, l.dp, *f.microbatches, l.microbatch);
   }
-  plan::set_software(l, megatron_2021);  // Megatron-LM 2021 (Narayanan et al.) or today's
+  plan::set_software(l,
+                     software);  // Megatron-LM 2021 (Narayanan et al.), DeepSpeed 2021 or today's
   l.tp_comm_overlap = f.tp_comm_overlap;
   if (f.unfused_attention) l.fused_attention = false;
   l.cp_comm = f.cp_comm;
@@ -113,11 +114,16 @@ nlohmann::json chrome_trace(const plan::Estimate& e) {
 }
 
 void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, bool megatron_2021,
-                  bool explain) {
+                  bool deepspeed_2021, bool explain) {
+  // DeepSpeed 2021: 2021's Megatron-LM switches, with DeepSpeed's ZeRO (so not
+  // --megatron-2021's refusal of it).
   f.check(megatron_2021);
   const plan::Job j = f.job();
   f.check_pins(j, /*search=*/false);
-  const plan::Layout l = layout_of(f, j, megatron_2021);
+  const plan::Software software = deepspeed_2021  ? plan::Software::kDeepSpeed2021
+                                  : megatron_2021 ? plan::Software::kMegatron2021
+                                                  : plan::Software::kToday;
+  const plan::Layout l = layout_of(f, j, software);
   const plan::Estimate e = plan::estimate(j, l, true);
   FILE* human = f.json ? stderr : stdout;
   const auto& m = e.memory;
@@ -132,11 +138,17 @@ void run_simulate(const PlanFlags& f, const std::optional<std::string>& trace, b
       "software: {} (DP reduction overlapped {}, backward TP beside weight gradients {}, "
       "userbuffers TP overlap {}, p2p overlapped {}, fused attention {}, gradient "
       "accumulation in the GEMMs {})\n",
-      megatron_2021               ? "Megatron-LM 2021"
+      deepspeed_2021              ? "DeepSpeed 2021 on Megatron-LM 2021"
+      : megatron_2021             ? "Megatron-LM 2021"
       : plan::runs_our_runtime(j) ? "meshtrain's runtime"
                                   : "today's Megatron-Core",
       yes(sw.dp_overlap), yes(sw.tp_overlap), yes(sw.tp_comm_overlap), yes(sw.pp_overlap),
       yes(sw.fused_attention), yes(sw.grad_accum_fusion));
+  if (sw.zero >= 3 && !sw.z3_gathers_overlap)
+    text += fmt::format(
+        "ZeRO-3: parameter gathers synchronous (added to the compute), every ZeRO-3 collective at "
+        "{:.1f} GB/s per GPU (DeepSpeed 2021's, docs/planner.md)\n",
+        sw.z3_bytes_per_s / 1e9);
   if (l.pp > 1)
     text += fmt::format(
         "layers per pipeline chunk: {}{}\n", fmt::join(plan::chunk_layers(j, l), ","),
@@ -206,12 +218,17 @@ void register_simulate(CLI::App& app) {
   cmd->add_flag("--megatron-2021", *megatron_2021,
                 "as Megatron-LM ran in 2021 (Narayanan et al.): no comm overlap of the DP "
                 "reduction when pipelining nor of backward's TP all-reduces; layers split evenly");
+  auto deepspeed_2021 = std::make_shared<bool>(false);
+  cmd->add_flag("--deepspeed-2021", *deepspeed_2021,
+                "as DeepSpeed's ZeRO-3 ran in 2021 on Megatron-LM 2021 (Narayanan et al. Table 2): "
+                "--megatron-2021, and ZeRO-3's parameter gathers synchronous at 21.8 GB/s per GPU");
   auto explain = std::make_shared<bool>(false);
   cmd->add_flag("--explain", *explain,
                 "the step as a stacked list: GEMMs by kind, attention, memory-bound kernels, "
                 "each exposed communication, bubble, optimizer (JSON: \"explain\")");
-  cmd->callback(
-      [f, trace, megatron_2021, explain] { run_simulate(*f, *trace, *megatron_2021, *explain); });
+  cmd->callback([f, trace, megatron_2021, deepspeed_2021, explain] {
+    run_simulate(*f, *trace, *megatron_2021, *deepspeed_2021, *explain);
+  });
 }
 
 }  // namespace mt::cli

@@ -473,6 +473,10 @@ Layout as_run(const Job& j, Layout l) {
 }
 
 void set_software(Layout& l, Software s) {
+  const bool deepspeed = s == Software::kDeepSpeed2021;
+  if (deepspeed) s = Software::kMegatron2021;
+  l.z3_gathers_overlap = !deepspeed;
+  l.z3_bytes_per_s = deepspeed ? kDeepSpeed2021Zero3BytesPerS : 0.0;
   const bool today = s == Software::kToday;
   // 2021/2022: torch DDP's overlapped reduction only without pipelining (DDP=local else).
   l.dp_overlap = today || l.pp == 1;
@@ -652,8 +656,9 @@ struct Prepared {
   Split split;
   double p2p = 0;
   double dp_comm = 0, dp_window = 0, optimizer = 0;
-  double embedding_sync = 0;  // the tied embedding's all-reduce of the end stages
-  double z3_per_mb = 0;       // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
+  double embedding_sync = 0;     // the tied embedding's all-reduce of the end stages
+  double z3_per_mb = 0;          // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
+  double z3_gathers_per_mb = 0;  // of which the two gathers (forward, backward)
   // Unfused gradient accumulation: seconds per parameter of a chunk, per backward (0 when
   // the weight-gradient GEMMs accumulate themselves); whether the first microbatch's
   // backward is free (torch DDP: autograd keeps the first gradient as .grad, no add).
@@ -708,14 +713,21 @@ Prepared prepare(const Job& j, const Layout& l) {
   const double psi_e = p.split.rank[size_t(worst)] * m.block_expert_params() / l.ep;
   auto reduction = [&](double params, int n, int per_node) {
     const double grad_bytes = params * gradient_bytes(j);
-    const double rs = hier_collective(j, grad_bytes, n, per_node, 1);   // gradients
-    const double ag = hier_collective(j, params * wb, n, per_node, 1);  // parameters
+    double rs = hier_collective(j, grad_bytes, n, per_node, 1);   // gradients
+    double ag = hier_collective(j, params * wb, n, per_node, 1);  // parameters
+    if (l.zero >= 3 && l.z3_bytes_per_s > 0 && n > 1) {
+      // At the software's own rate (Layout::z3_bytes_per_s): (n − 1)/n of the bytes.
+      const double share = double(n - 1) / n / l.z3_bytes_per_s;
+      rs = grad_bytes * share;
+      ag = params * wb * share;
+    }
     if (l.zero <= 1) {
       p.dp_comm += l.zero == 0 ? hier_collective(j, grad_bytes, n, per_node, 2) : rs + ag;
     } else if (l.zero == 2) {
       p.dp_comm += double(p.microbatches) * rs + ag;  // reduce-scatter every microbatch
     } else {
       p.z3_per_mb += 2 * ag + rs;
+      p.z3_gathers_per_mb += 2 * ag;
       p.dp_comm += double(p.microbatches) * (2 * ag + rs);
     }
   };
@@ -780,7 +792,12 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   // Our runtime's sends on a shared host: a copy by the rank's cores per action with a
   // neighbour (on GPUs the replay's rendezvous charges the blocking exchanges).
   if (V > 1 && a.kind != PipeKind::kBackwardWeight && p.comm_uses_compute) c += p.p2p;
-  if (p.z3_per_mb > 0) {
+  if (p.z3_per_mb > 0 && !l.z3_gathers_overlap && !p.comm_uses_compute) {
+    // Synchronous gathers (Layout::z3_gathers_overlap): forward's and backward's each add to
+    // the chunk's compute; backward's reduce-scatter runs beside both.
+    const double gather = p.z3_gathers_per_mb / 2;
+    c = fwd ? c + gather : std::max(c + gather, p.z3_per_mb - p.z3_gathers_per_mb);
+  } else if (p.z3_per_mb > 0) {
     const double comm = p.z3_per_mb * (fwd ? 1.0 / 3 : 2.0 / 3);
     c = p.comm_uses_compute ? c + comm : std::max(c, comm);
   }

@@ -68,6 +68,17 @@ struct Layout {
   // buffer (Megatron's own DDP, Megatron-Core), zeroed each step, that every microbatch adds
   // into in the gradients' dtype.
   bool torch_ddp = false;
+  // ZeRO-3's parameter gathers run beside the compute (prefetched on their own stream: FSDP,
+  // DeepSpeed since mid-2021). false: each gather waits for the GPU before and after it, so a
+  // chunk's compute and its gathers add up (DeepSpeed's ZeRO-3 until its PR #1188 of 2021-06:
+  // every all_gather in fetch_sub_module called torch.cuda.synchronize(), "the async version
+  // is not async at all"). The gradients' reduce-scatter overlaps the backward either way
+  // (DeepSpeed's ZERO3_OPTIMIZATION_OVERLAP_COMM_DEFAULT = True, a reduction stream).
+  bool z3_gathers_overlap = true;
+  // ZeRO-3's collectives per GPU: 0, NCCL's bound on the node/cluster hierarchy
+  // (hier_collective); else the bytes a rank receives (or sends) at this rate whatever the
+  // link (kDeepSpeed2021Zero3BytesPerS).
+  double z3_bytes_per_s = 0;
   // Layers per pipeline chunk (pp·v entries in model order), as `train --pp-layers` gives
   // them. Empty: the split the run makes — our runtime's cost-balanced one
   // (parallel/pipeline/partition.h: the LM head's chunk takes fewer layers), or with
@@ -191,10 +202,20 @@ std::vector<MemoryBytes> stage_memory(const Job& job, const Layout& l,
 // in 2022 (backward's TP all-reduces beside the weight gradients, otherwise 2021's); today's
 // (Megatron-Core with Transformer Engine, and ours): the DP reduction overlapped, fused
 // attention, p2p on its own stream, the layers balanced by cost.
-enum class Software { kMegatron2021, kMegatron2022, kToday };
+// kDeepSpeed2021: DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (Table 2) compared with it, on
+// 2021's Megatron-LM model code: kMegatron2021's switches, with ZeRO-3's collectives
+// gathers synchronous (z3_gathers_overlap false) at the rate its gathers achieved (z3_bytes_per_s).
+enum class Software { kMegatron2021, kMegatron2022, kToday, kDeepSpeed2021 };
+// The rate DeepSpeed's ZeRO-3 gathered parameters at before its PR #1188 (2021-06), per GPU:
+// bing_bert of 5.1B parameters (hidden 2560, 64 layers; fp16: 10.2 GB) on 8 A100s with NVLink
+// (one p4d.24xlarge) took 470 ms per forward under ZeRO-3 (the PR's "before") against 60 ms
+// under ZeRO-2 (DeepSpeed issue #1174): each GPU received 7/8 of 10.2 GB in 0.41 s, 21.8 GB/s,
+// a tenth of NVLink's (its synchronisation and copies, not the link, bound it). The only
+// published measurement of that code at hand; not fitted to any run the planner is tested on.
+inline constexpr double kDeepSpeed2021Zero3BytesPerS = 21.8e9;
 // Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, grad_accum_fusion,
-// torch_ddp and even_layers as that software has them (tp_comm_overlap, opt-in everywhere, is left
-// as it is). Set after l.pp.
+// torch_ddp, even_layers, z3_gathers_overlap and z3_bytes_per_s as that software has them
+// (tp_comm_overlap, opt-in everywhere, is left as it is). Set after l.pp.
 void set_software(Layout& l, Software s);
 inline void set_software(Layout& l, bool megatron_2021) {
   set_software(l, megatron_2021 ? Software::kMegatron2021 : Software::kToday);

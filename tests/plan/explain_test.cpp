@@ -65,6 +65,8 @@ TEST(PlanExplain, ItemsSumToTheStepForEveryKindOfLayout) {
   };
   Layout z3 = layout(1, 1, 1, 64, Recompute::kFull, false, Software::kMegatron2021);
   z3.zero = 3;
+  Layout ds = layout(1, 1, 1, 64, Recompute::kFull, false, Software::kDeepSpeed2021);
+  ds.zero = 3;
   Layout cp = layout(4, 4, 5, 4, Recompute::kNone, true, Software::kToday);
   cp.cp = 2, cp.zero = 1, cp.tp_comm_overlap = true;
   Job llama = gpt175b("dgx-h100", 128, 128);
@@ -78,6 +80,7 @@ TEST(PlanExplain, ItemsSumToTheStepForEveryKindOfLayout) {
       {"175B SP + selective", gpt175b("dgx-a100", 64, 64),
        layout(8, 8, 3, 1, Recompute::kSelective, true, Software::kMegatron2022)},
       {"175B ZeRO-3, no model parallelism", gpt175b("dgx-a100", 64, 256), z3},
+      {"175B ZeRO-3 as DeepSpeed 2021 ran it", gpt175b("dgx-a100", 64, 256), ds},
       {"70B CP 2 with userbuffers", llama, cp},
       {"tiny f32 on a shared host, pp 2", test::runtime_tiny_job(4), tiny},
   };
@@ -91,8 +94,11 @@ TEST(PlanExplain, ItemsSumToTheStepForEveryKindOfLayout) {
     if (c.l.zero < 3 && c.job.cluster.compute_units == 0) {
       EXPECT_NEAR(m.at("other"), 0.0, 1e-9 * e.step_time_s) << c.what;
     }
-    if (c.l.zero >= 3) {
+    if (c.l.zero >= 3 && c.l.z3_gathers_overlap) {
       EXPECT_GT(m.at("ZeRO-3 gathers beyond compute"), -1e-12) << c.what;
+    }
+    if (c.l.zero >= 3 && !c.l.z3_gathers_overlap) {  // synchronous: every gather shows
+      EXPECT_GT(m.at("ZeRO-3 gathers (synchronous)"), 0.1 * e.step_time_s) << c.what;
     }
     if (c.l.pp == 1) {
       EXPECT_NEAR(m.at("pipeline bubble + blocking p2p"), 0.0, 1e-12) << c.what;
@@ -150,6 +156,28 @@ TEST(PlanExplain, PlanExplainPrintsTheBestLayoutsList) {
   for (const auto& it : js.at("explain")) total += it.at("seconds").get<double>();
   const double step = js.at("layouts").at(0).at("step_time_s").get<double>();
   EXPECT_NEAR(total, step, kSumTol * step);
+}
+
+TEST(PlanExplain, SimulateDeepSpeed2021ShowsItsSynchronousGathers) {
+  // simulate --deepspeed-2021 costs Software::kDeepSpeed2021 (the library's step, to JSON's
+  // rounding) and lists its gathers as one item.
+  const std::string args =
+      "simulate --model gpt3-175b --cluster dgx-a100 --gpus 768 --batch 1536 --seq 2048 "
+      "--dtype fp16 --microbatch 2 --zero 3 --recompute full --deepspeed-2021 --explain";
+  const auto text = mt::test::run_meshtrain(args);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("ZeRO-3 gathers (synchronous)"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("DeepSpeed 2021"), std::string::npos) << text.output;
+  const auto r = mt::test::run_command("sh -c '" + std::string(MT_BINARY) + " " + args +
+                                       " --json 2>/dev/null'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double step =
+      nlohmann::json::parse(r.output).at("layouts").at(0).at("step_time_s").get<double>();
+  Job j = gpt175b("dgx-a100", 768, 1536);
+  j.dtype = "fp16";
+  Layout l = layout(1, 1, 1, 768, Recompute::kFull, false, Software::kDeepSpeed2021);
+  l.zero = 3, l.microbatch = 2;
+  EXPECT_NEAR(step, estimate(j, l).step_time_s, 1e-6 * step);
 }
 
 }  // namespace

@@ -432,6 +432,43 @@ TEST(PlanSearch, SixteenThousandGpusReplaysOnlyWhatFits) {
   EXPECT_LE(s.replayed, s.fit);
 }
 
+// Software::kDeepSpeed2021 (the ZeRO-3 rows of Narayanan et al. Table 2): ZeRO-3's collectives
+// at kDeepSpeed2021Zero3BytesPerS per GPU whatever the link, the parameter gathers synchronous
+// (added to the compute), the gradients' reduce-scatter beside the backward. Here (gpt3-175b,
+// 2 sequences per microbatch) each backward computes longer than its reduce-scatter takes, so
+// the step is the same layout's with free communication plus, per microbatch, two gathers of
+// (n - 1)/n of the model's fp16 parameters (2 bytes each). Exact but for rounding: the replay
+// adds the same terms.
+TEST(PlanTime, DeepSpeed2021Zero3GathersAddToTheComputeAtTheirRate) {
+  Job j;
+  j.model = model_preset("gpt3-175b");
+  j.cluster = cluster_preset("dgx-a100");
+  j.gpus = 768;
+  j.batch = 1536;
+  j.seq = j.model.seq = 2048;
+  j.dtype = "fp16";
+  Layout l;
+  l.dp = 768;
+  l.microbatch = 2;
+  l.zero = 3;
+  l.recompute = Recompute::kFull;
+  set_software(l, Software::kDeepSpeed2021);
+  EXPECT_FALSE(l.z3_gathers_overlap);
+  const Estimate ds = estimate(j, l);
+  Layout free_comm = l;
+  free_comm.z3_bytes_per_s = 1e300;
+  const Estimate base = estimate(j, free_comm);
+  const double psi = double(j.model.n_layer) * j.model.block_params_per_tp(1) +
+                     j.model.embedding_params_per_tp(1) + j.model.head_params_per_tp(1);
+  const double n = 768, per_mb = 2 * 2 * psi * (n - 1) / n / kDeepSpeed2021Zero3BytesPerS;
+  EXPECT_NEAR(ds.step_time_s - base.step_time_s, double(ds.microbatches) * per_mb,
+              1e-9 * ds.step_time_s);
+  // Gathers overlapped at the same rate hide behind the compute where it is longer.
+  Layout today = l;
+  today.z3_gathers_overlap = true;
+  EXPECT_LT(estimate(j, today).step_time_s, ds.step_time_s);
+}
+
 TEST(PlanTime, BlockingP2pWaitsInLockStepExchanges) {
   // 18B on 256 A100s as T 2 x P 4 x v 5, mb 2, the 2021 software: its p2p blocks as NCCL's
   // rendezvous over Megatron-LM's batched exchanges (pp::replay_rendezvous). Against the same

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -73,6 +74,7 @@ Job job_of(const json& r, bool cudnn_attention = false) {
 Software software_of(const std::string& s) {
   if (s == "megatron2021") return Software::kMegatron2021;
   if (s == "megatron2022") return Software::kMegatron2022;
+  if (s == "deepspeed2021") return Software::kDeepSpeed2021;
   EXPECT_EQ(s, "today");
   return Software::kToday;
 }
@@ -161,7 +163,10 @@ struct Tally {
 struct Result {
   std::map<std::string, Tally> by_source;
   Tally all;
+  int rows_over_15 = 0;  // held-out rows whose error exceeds 15%
 };
+
+std::string goal_status(const Result& res);
 
 Result run_all(bool print, bool cudnn_attention = false) {
   const json data = load_rows();
@@ -177,6 +182,7 @@ Result run_all(bool print, bool cudnn_attention = false) {
     if (!fitted) {
       res.by_source[src].add(err);
       res.all.add(err);
+      if (std::abs(err) > 0.15) ++res.rows_over_15;
     }
     if (print) {
       const std::string metric = r.at("metric").get<std::string>();
@@ -200,8 +206,22 @@ Result run_all(bool print, bool cudnn_attention = false) {
         "all held-out    {:>2} rows  MAPE {:>5.2f}%  worst {:>5.2f}%  (issue 30's goal: "
         "<= 5%, no source > 8%, no row > 15%)\n",
         res.all.n, 100 * res.all.mape(), 100 * res.all.worst);
+    fmt::print("issue 30's goal: {}\n", goal_status(res));
   }
   return res;
+}
+
+// Issue 30's goal for the set (MAPE <= 5% over all held-out rows, no source above 8%, no row
+// above 15%): "met", or what misses it.
+std::string goal_status(const Result& res) {
+  std::string miss;
+  auto add = [&](const std::string& what) { miss += (miss.empty() ? "" : "; ") + what; };
+  if (res.all.mape() > 0.05) add(fmt::format("overall MAPE {:.2f}% > 5%", 100 * res.all.mape()));
+  for (const auto& [src, t] : res.by_source)
+    if (t.mape() > 0.08) add(fmt::format("{} {:.2f}% > 8%", src, 100 * t.mape()));
+  if (res.rows_over_15 > 0)
+    add(fmt::format("{} rows above 15% (worst {:.1f}%)", res.rows_over_15, 100 * res.all.worst));
+  return miss.empty() ? "met" : "NOT met: " + miss;
 }
 
 TEST(PublishedRuns, EveryRowNamesItsSourceAndConfiguration) {
@@ -227,12 +247,29 @@ TEST(PublishedRuns, EveryRowNamesItsSourceAndConfiguration) {
 
 TEST(PublishedRuns, MapePerSourceAndOverall) {
   const Result res = run_all(true);
-  // Guards against a regression, not the issue's goal (printed above and in docs/planner.md,
-  // "The published test set"): the MAPE measured when the set was written (11.86% over 38
-  // held-out rows, 2026-11-27), plus 0.5 percentage point of slack for small model changes.
-  constexpr double kOverallBar = 0.1186 + 0.005;
-  EXPECT_LE(res.all.mape(), kOverallBar);
+  // Each figure is held to issue 30's goal where the planner meets it, and elsewhere to what
+  // was measured (a regression guard; the goal is printed above with what misses it, and in
+  // docs/planner.md, "The published test set"): the MAPE per source and overall and the rows
+  // above 15% measured on 2026-11-27 after the ZeRO-3 rows ran as DeepSpeed 2021
+  // (Software::kDeepSpeed2021), plus 0.5 percentage point of slack for small model changes.
+  // Per source, so that one source cannot get worse behind another's gain.
+  constexpr double kSlack = 0.005, kGoalOverall = 0.05, kGoalSource = 0.08;
+  const std::map<std::string, double> kMeasured = {{"korthikanti2022", 0.0326},
+                                                   {"meta-llama3", 0.1009},
+                                                   {"narayanan2021", 0.0708},
+                                                   {"nvidia-dgxc", 0.0322},
+                                                   {"torchtitan", 0.0101}};
+  constexpr double kOverall = 0.0487;
+  constexpr int kRowsOver15 = 2;
+  auto bar = [&](double measured, double goal) {
+    return measured <= goal ? std::min(goal, measured + kSlack) : measured + kSlack;
+  };
+  EXPECT_LE(res.all.mape(), bar(kOverall, kGoalOverall)) << goal_status(res);
+  EXPECT_LE(res.rows_over_15, kRowsOver15) << goal_status(res);
   EXPECT_EQ(res.all.n, 38);
+  ASSERT_EQ(res.by_source.size(), kMeasured.size());
+  for (const auto& [src, measured] : kMeasured)
+    EXPECT_LE(res.by_source.at(src).mape(), bar(measured, kGoalSource)) << src;
 }
 
 TEST(PublishedRuns, WithTheH100CudnnAttentionRates) {
@@ -243,6 +280,36 @@ TEST(PublishedRuns, WithTheH100CudnnAttentionRates) {
   // The kernel is faster than the curve says: every H100 row with fused attention speeds up.
   EXPECT_LT(cudnn.by_source.at("nvidia-dgxc").mape(), 1.0);
   EXPECT_NE(cudnn.all.mape(), base.all.mape());
+}
+
+TEST(PublishedRuns, MetaLlama3ByVirtualStages) {
+  // Meta's rows leave the virtual stages unsaid ("v": null): the set takes the planner's best
+  // v. Printed here for every v their layout can split into (issue 30 item 2; docs/planner.md
+  // "The published test set"): the error and the planner's memory per GPU, so the gap can be
+  // read against the choice. The published figure lies within what the planner predicts for
+  // Meta's layout over those v (slower at the fewest chunks, faster at the best): the gap is
+  // the choice of v and what the model leaves out, not a layout the planner cannot reach.
+  const json data = load_rows();
+  for (const json& r : data.at("rows")) {
+    if (r.at("source") != "meta-llama3") continue;
+    const Job j = job_of(r);
+    double lo = 1e300, hi = -1e300;
+    for (int v = 1; v <= 16; ++v) {
+      Layout l = layout_of(r, v);
+      if (int64_t(l.pp) * v > j.model.n_layer) break;
+      l.pp_layers = lighter_ends_split(r, j.model.n_layer, l);
+      if (l.pp_layers.empty() || invalid_reason(j, l)) continue;
+      const Estimate e = estimate(j, l);
+      const double err = error_of(r, e);
+      lo = std::min(lo, err), hi = std::max(hi, err);
+      fmt::print("{:<40} v {:>2}: {:>6.1f} TFLOP/s  error {:>+6.1f}%  memory {:>6.1f} GB{}\n",
+                 r.at("where").get<std::string>().substr(0, 40), v, e.tflops_per_gpu, 100 * err,
+                 e.memory.total() / 1e9,
+                 e.memory.total() > memory_per_rank(j) ? " (does not fit)" : "");
+    }
+    EXPECT_LT(lo, 0.0) << r.at("where");
+    EXPECT_GT(hi, 0.0) << r.at("where");
+  }
 }
 
 }  // namespace
