@@ -44,10 +44,14 @@ TEST(BenchA2av, CountsSendWhatTheBufferHoldsAndReceiveWhatPeersSend) {
         for (int s = 0; s < n; ++s) {
           const A2avCounts c = a2av_counts(p, s, n, elems, kWidth);
           EXPECT_LE(c.send_total, elems);
-          if (p == A2avPattern::kMoe) EXPECT_EQ(c.send_total, elems) << "every row goes out";
+          if (p == A2avPattern::kMoe) {
+            EXPECT_EQ(c.send_total, elems) << "every row goes out";
+          }
           for (int d = 0; d < n; ++d) {
             EXPECT_GE(c.send[size_t(d)], 0);
-            if (p == A2avPattern::kMoe) EXPECT_EQ(c.send[size_t(d)] % kWidth, 0) << "whole rows";
+            if (p == A2avPattern::kMoe) {
+              EXPECT_EQ(c.send[size_t(d)] % kWidth, 0) << "whole rows";
+            }
             EXPECT_EQ(c.send[size_t(d)], a2av_counts(p, d, n, elems, kWidth).recv[size_t(s)]);
             received[size_t(d)] += c.send[size_t(d)];
           }
@@ -107,7 +111,7 @@ TEST(BenchA2av, CheckCatchesAPieceFromTheWrongOffsetOrSource) {
   fill_a2av_input(src0.data(), 0, elems);
   fill_a2av_input(src1.data(), 1, elems);
   const int64_t from0 = a2av_counts(p, 0, n, elems, kWidth).send[0];  // 0's piece for 1
-  const int64_t from1 = 0;                                            // 1's piece for itself
+  const int64_t from1 = c1.send[0];  // 1's piece for itself, after its piece for 0
   std::vector<float> right(static_cast<size_t>(c1.recv_total));
   std::copy_n(src0.begin() + from0, c1.recv[0], right.begin());
   std::copy_n(src1.begin() + from1, c1.recv[1], right.begin() + c1.recv[0]);
