@@ -50,6 +50,9 @@ own cp "$root/bench/cp" "$build"
 own plan "$root/bench/plan" "$build"
 rec plan-vs-runtime -- "$root/bench/plan-vs-runtime" "$build"
 own moe-balance "$root/bench/moe-balance" "$MT"
+# Expert parallelism's two benchmarks take at least 5 repetitions (issue 25).
+REPS=$((REPS < 5 ? 5 : REPS)) rec moe-ep -- "$root/bench/moe-ep" "$build"
+REPS=$((REPS < 5 ? 5 : REPS)) rec moe-a2a -- "$root/bench/moe-a2a" "$MT"
 own long_context "$root/bench/long-context" "$build"
 if [ "$(id -u)" = 0 ]; then own multihost "$root/bench/multihost" "$build"; fi  # netns: root
 run "$root/bench/collect"

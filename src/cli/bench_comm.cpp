@@ -4,10 +4,12 @@
 // doc/PERFORMANCE.md): 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and
 // all_to_all, 1 for send/recv. Sizes are nccl-tests' S: the all_reduce buffer, all_gather's
 // output, reduce_scatter's input, all_to_all's buffer, the message of send/recv.
-// all_to_all_v (MoE dispatch) sends uneven pieces of that buffer: rank s gives rank d
-// the share ((s + d) mod n) / (n(n-1)/2), so every rank sends to and receives from its
-// peers a skewed spread that includes one zero (a_to_a_v_counts); raw-mpi runs the same
-// counts through MPI_Alltoallv.
+// all_to_all_v (MoE dispatch) sends uneven pieces of that buffer (cli/bench_a2av.h):
+// --counts skew (rank s gives rank d the share ((s + d) mod n) / (n(n-1)/2), one zero per
+// rank) or --counts moe (rows of --width floats, the hotter experts on the higher ranks, the
+// receive side imbalanced); raw-mpi runs the same counts through MPI_Alltoallv. Before it is
+// timed at each size, every rank checks what it received against what its sources sent,
+// and a wrong element ends the run.
 #include <fmt/format.h>
 #include <mpi.h>
 
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_a2av.h"
 #include "cli/commands.h"
 #include "comm/launch.h"
 #include "comm/mpi.h"
@@ -36,42 +39,27 @@ struct BenchCommOptions {
   int64_t max_bytes = 64 << 20;
   std::vector<std::string> ops = {"all_reduce", "all_gather",   "reduce_scatter",
                                   "all_to_all", "all_to_all_v", "send_recv"};
+  std::string counts = "skew";  // all_to_all_v's pattern (cli/bench_a2av.h)
+  int64_t width = 256;          // --counts moe: floats per row
 };
-
-// all_to_all_v's counts for rank `me` of n over a buffer of `elems`: to each peer d (send)
-// and from each peer s (receive), elems·w/W with w = (me + peer) mod n, W = n(n-1)/2. The
-// weights of one rank sum to W both ways, so no rank sends or receives more than `elems`.
-struct AtoavCounts {
-  std::vector<int64_t> send, recv;
-  int64_t send_total = 0, recv_total = 0;
-};
-AtoavCounts a_to_a_v_counts(int me, int n, int64_t elems) {
-  AtoavCounts c;
-  const int64_t W = n == 1 ? 1 : int64_t(n) * (n - 1) / 2;
-  for (int p = 0; p < n; ++p) {
-    const int64_t w = n == 1 ? 1 : (me + p) % n;
-    c.send.push_back(elems * w / W);
-    c.recv.push_back(elems * w / W);
-    c.send_total += c.send.back();
-    c.recv_total += c.recv.back();
-  }
-  return c;
-}
 
 // What one rank does per op, whichever library carries it. Buffers are f32.
 class Ops {
  public:
+  explicit Ops(A2avPattern p, int64_t width) : pattern(p), width(width) {}
   virtual ~Ops() = default;
   virtual int rank() = 0;
   virtual int size() = 0;
   virtual void run(const std::string& op, float* in, float* out, int64_t elems) = 0;
   virtual void barrier() = 0;
   virtual double max(double v) = 0;
+  const A2avPattern pattern;
+  const int64_t width;
 };
 
 class GroupOps : public Ops {
  public:
-  explicit GroupOps(comm::Group& g) : g_(g) {}
+  GroupOps(comm::Group& g, A2avPattern p, int64_t width) : Ops(p, width), g_(g) {}
   int rank() override { return g_.rank(); }
   int size() override { return g_.size(); }
   void run(const std::string& op, float* in, float* out, int64_t e) override {
@@ -81,7 +69,7 @@ class GroupOps : public Ops {
     if (op == "reduce_scatter") g_.reduce_scatter(comm::Buf(in, e), comm::Buf(out, e / n));
     if (op == "all_to_all") g_.all_to_all(comm::Buf(in, e), comm::Buf(out, e));
     if (op == "all_to_all_v") {
-      const AtoavCounts c = a_to_a_v_counts(g_.rank(), n, e);
+      const A2avCounts c = a2av_counts(pattern, g_.rank(), n, e, width);
       g_.all_to_all_v(comm::Buf(in, c.send_total), comm::Buf(out, c.recv_total), c.send, c.recv);
     }
     if (op == "send_recv")
@@ -101,7 +89,7 @@ class GroupOps : public Ops {
 
 class RawMpiOps : public Ops {
  public:
-  RawMpiOps() {
+  RawMpiOps(A2avPattern p, int64_t width) : Ops(p, width) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
@@ -118,7 +106,7 @@ class RawMpiOps : public Ops {
     if (op == "all_to_all")
       MPI_Alltoall(in, e / n, MPI_FLOAT, out, e / n, MPI_FLOAT, MPI_COMM_WORLD);
     if (op == "all_to_all_v") {
-      const AtoavCounts c = a_to_a_v_counts(rank_, n, e64);
+      const A2avCounts c = a2av_counts(pattern, rank_, n, e64, width);
       const auto un = static_cast<size_t>(n);
       std::vector<int> sc(un), sd(un), rc(un), rd(un);
       int so = 0, ro = 0;
@@ -154,11 +142,29 @@ double bus_factor(const std::string& op, int n) {
   return static_cast<double>(n - 1) / n;
 }
 
+// One all_to_all_v into a poisoned `out`, then every rank checks what it received; a wrong
+// element anywhere ends the run on every rank (after the check's max over the ranks).
+void check_a2av(Ops& ops, float* in, std::vector<float>& out, int64_t elems,
+                const std::string& backend) {
+  const int n = ops.size(), me = ops.rank();
+  std::fill(out.begin(), out.end(), -1.0f);  // no input value is negative
+  ops.run("all_to_all_v", in, out.data(), elems);
+  const A2avCheck c = check_a2av_output(ops.pattern, me, n, elems, ops.width, out.data());
+  const double worst = ops.max(static_cast<double>(c.wrong));
+  if (worst > 0)
+    fail_run(
+        "bench comm: all_to_all_v on {} with {} ranks, {} elements per rank, delivered wrong "
+        "data: rank {} has {} wrong elements (the first at {}: {} where its source sent {}); "
+        "the most on one rank: {:.0f}",
+        backend, n, elems, me, c.wrong, c.first, c.got, c.want, worst);
+}
+
 // Runs the sweep on one rank; rank 0 collects the rows.
 nlohmann::json sweep(Ops& ops, const BenchCommOptions& o, const std::string& backend) {
   const int n = ops.size();
   const int64_t max_elems = o.max_bytes / 4;
-  std::vector<float> in(static_cast<size_t>(max_elems), 1.0f), out(static_cast<size_t>(max_elems));
+  std::vector<float> in(static_cast<size_t>(max_elems)), out(static_cast<size_t>(max_elems));
+  fill_a2av_input(in.data(), ops.rank(), max_elems);  // what all_to_all_v's check reads
   nlohmann::json rows = nlohmann::json::array();
   for (const std::string& op : o.ops) {
     if (ops.rank() == 0 && !o.json)
@@ -166,13 +172,21 @@ nlohmann::json sweep(Ops& ops, const BenchCommOptions& o, const std::string& bac
                   backend.c_str(), n, "size(B)", "count(elems)", "time(us)", "algbw(GB/s)",
                   "busbw(GB/s)");
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
-      int64_t elems = bytes / 4 / n * n;  // divisible by the group size
+      const bool a2av = op == "all_to_all_v";
+      // Divisible by the group size; all_to_all_v's moe counts: whole rows.
+      const int64_t granule = a2av && ops.pattern == A2avPattern::kMoe ? ops.width : n;
+      const int64_t elems = bytes / 4 / granule * granule;
       if (elems == 0) continue;
       const int64_t S = elems * 4;
+      if (a2av) {  // the moe pattern's hottest rank receives more than it sends
+        const A2avCounts c = a2av_counts(ops.pattern, ops.rank(), n, elems, ops.width);
+        if (static_cast<int64_t>(out.size()) < c.recv_total) out.resize(size_t(c.recv_total));
+      }
       // Five batches; the time of a batch is its slowest rank's mean; the median batch is
       // reported (the cores are shared with other jobs, so single batches are noisy).
       int iters = static_cast<int>(std::clamp<int64_t>((int64_t{128} << 20) / S, 2, 50));
       for (int w = 0; w < 2; ++w) ops.run(op, in.data(), out.data(), elems);
+      if (a2av) check_a2av(ops, in.data(), out, elems, backend);
       std::vector<double> batches;
       for (int b = 0; b < 5; ++b) {
         ops.barrier();
@@ -192,6 +206,11 @@ nlohmann::json sweep(Ops& ops, const BenchCommOptions& o, const std::string& bac
                         {"time_s", t},
                         {"algbw_gbps", algbw},
                         {"busbw_gbps", busbw}});
+        if (a2av) {
+          rows.back()["counts"] = o.counts;
+          rows.back()["checked"] = true;
+          if (ops.pattern == A2avPattern::kMoe) rows.back()["width"] = ops.width;
+        }
         if (!o.json)
           std::printf(" %13lld %12lld %11.1f %12.3f %12.3f\n", static_cast<long long>(S),
                       static_cast<long long>(elems), t * 1e6, algbw, busbw);
@@ -211,7 +230,7 @@ void run_bench_comm(const BenchCommOptions& o) {
   if (o.backend == "raw-mpi") {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    RawMpiOps ops;
+    RawMpiOps ops(parse_a2av_pattern(o.counts), o.width);
     if (o.ranks > 0 && ops.size() != o.ranks && comm::started_by_mpirun()) {
       MPI_Finalize();
       fail("--ranks {} but mpirun started {} processes; run mpirun -np {}", o.ranks, ops.size(),
@@ -229,7 +248,7 @@ void run_bench_comm(const BenchCommOptions& o) {
            o.ranks, comm::mpi_env_world_size());
     std::mutex mu;
     comm::launch(lo, [&](comm::Group& world) {
-      GroupOps ops(world);
+      GroupOps ops(world, parse_a2av_pattern(o.counts), o.width);
       auto r = sweep(ops, o, o.backend);
       if (world.rank() == 0) {
         std::lock_guard lock(mu);
@@ -260,6 +279,12 @@ void register_bench_comm(CLI::App& bench) {
   cmd->add_option("--ops", o->ops, "ops to run")
       ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                              "all_to_all_v", "send_recv"}));
+  cmd->add_option("--counts", o->counts,
+                  "all_to_all_v's counts: skew (one zero per rank) or moe (rows of --width "
+                  "floats, the higher ranks' experts hotter: MoE dispatch; cli/bench_a2av.h)")
+      ->check(CLI::IsMember({"skew", "moe"}));
+  cmd->add_option("--width", o->width, "--counts moe: floats per row (d_model; default 256)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([o] { run_bench_comm(*o); });
 }
 
