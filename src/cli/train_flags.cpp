@@ -68,7 +68,13 @@ const std::vector<std::string> kConfigKeys = {"model",
                                               "moe_capacity_factor",
                                               "moe_aux_loss",
                                               "moe_z_loss",
-                                              "ep"};
+                                              "ep",
+                                              "sites",
+                                              "outer_every",
+                                              "outer_optimizer",
+                                              "outer_lr",
+                                              "outer_momentum",
+                                              "outer_compress"};
 
 }  // namespace
 
@@ -206,6 +212,23 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--moe-z-loss", moe_z_loss,
                  "coefficient of ST-MoE's router z-loss, mean of logsumexp(logits)^2 (default 0; "
                  "ST-MoE 0.001)");
+  const train::OuterOptions od;
+  cmd.add_option("--sites", sites,
+                 "DiLoCo: split --dp into S sites that each take --outer-every inner steps on "
+                 "their own, then average their parameter change over the links between sites "
+                 "(docs/diloco.md; default: off, synchronous dp)");
+  cmd.add_option("--outer-every", outer_every,
+                 fmt::format("--sites: inner steps per outer round, H (default {})", od.every));
+  cmd.add_option("--outer-optimizer", outer_optimizer,
+                 "--sites: nesterov (SGD with Nesterov momentum on the mean pseudo-gradient, "
+                 "DiLoCo's; the default) or average (plain averaging)");
+  cmd.add_option("--outer-lr", outer_lr,
+                 fmt::format("--sites: outer learning rate (default {})", od.lr));
+  cmd.add_option("--outer-momentum", outer_momentum,
+                 fmt::format("--sites: outer Nesterov momentum (default {})", od.momentum));
+  cmd.add_option("--outer-compress", outer_compress,
+                 "--sites: the outer exchange as none (f32, the default), bf16, or int8 (8-bit "
+                 "with an f32 scale per 128 elements)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));
@@ -278,6 +301,12 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "moe_capacity_factor", o.moe.capacity_factor, moe_capacity_factor);
     take_config(j, "moe_aux_loss", o.moe.aux_loss, moe_aux_loss);
     take_config(j, "moe_z_loss", o.moe.z_loss, moe_z_loss);
+    take_config(j, "sites", o.outer.sites, sites);
+    take_config(j, "outer_every", o.outer.every, outer_every);
+    take_config(j, "outer_optimizer", o.outer.optimizer, outer_optimizer);
+    take_config(j, "outer_lr", o.outer.lr, outer_lr);
+    take_config(j, "outer_momentum", o.outer.momentum, outer_momentum);
+    take_config(j, "outer_compress", o.outer.compress, outer_compress);
     take_config(j, "pp", o.pipeline.pp, pp);
     take_config(j, "microbatches", o.pipeline.microbatches, microbatches);
     take_config(j, "schedule", o.pipeline.schedule, schedule);

@@ -41,6 +41,7 @@
 #include "train/init_from.h"
 #include "train/moe_report.h"
 #include "train/nonfinite.h"
+#include "train/outer_optimizer.h"
 #include "train/output_paths.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
@@ -184,6 +185,7 @@ void TrainOptions::validate() const {
   check_context_parallel(*this);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
+  check_outer_options(outer, dp, device);
   check_batch_split(*this);
   check_run_numbers(*this);
   if (pipeline.exchanges != "auto" && pipeline.exchanges != "batched" &&
@@ -350,8 +352,8 @@ float evaluate(Replica& r, int d, int D, model::Activations* acts, PipelineStage
     scalars->all_reduce(comm::Buf(&s, 1));
     sum = s;
   }
-  // r.dp: dp x cp (each cp rank's loss a mean over its rows).
-  return static_cast<float>(sum / static_cast<double>(batches * n_micro * r.dp.size()));
+  // Over dp x cp of the job (each cp rank's loss a mean over its rows).
+  return static_cast<float>(sum / static_cast<double>(batches * n_micro * D * r.gpt.cp().size));
 }
 
 // int64 values travel as the bits of two f32 elements through an all-gather, which copies
@@ -565,7 +567,13 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   comm::Group& cpg = mesh.group("cp");
   // Gradients are reduced (and ZeRO shards) over dp x cp: the cp ranks of a replica hold the
   // same parameters and each computes their gradient from its part of the sequences.
-  comm::Group& grads_group = o.cp > 1 ? mesh.group({"dp", "cp"}) : dp;
+  comm::Group& job_grads_group = o.cp > 1 ? mesh.group({"dp", "cp"}) : dp;
+  // DiLoCo (--sites): gradients and ZeRO stay inside a site (train/outer_optimizer.h).
+  std::unique_ptr<Sites> sites;
+  if (o.outer.on())
+    sites = std::make_unique<Sites>(job_grads_group, o.outer.sites, dp.rank(), dp.size(),
+                                    o.cp > 1 ? mesh.group("cp").rank() : 0, o.cp);
+  comm::Group& grads_group = sites ? sites->inner() : job_grads_group;
   const int D = dp.size(), d = dp.rank(), P = ppg.size(), p = ppg.rank(), CP = cpg.size();
   const bool lead = world.rank() == 0;
   // Scalars (loss, norm, peak bytes) travel on their own group so that the byte counters
@@ -609,6 +617,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
               o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{},
               P > 1 ? stage_parts(*sh.schedule, *sh.partition, p) : model::StageParts{});
   rep.gpt.set_recompute(model::parse_recompute(o.recompute));
+  std::unique_ptr<OuterOptimizer> outer;
+  if (sites) outer = std::make_unique<OuterOptimizer>(o.outer, rep, *sites, world.rank());
   rep.gpt.set_moe_options(o.moe);
   if (CP > 1)
     rep.gpt.set_context_parallel(
@@ -646,6 +656,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                     ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "",
                     o.fused_attention() ? ", flash attention" : ", naive attention", D, o.zero,
                     world.backend_kind());
+    if (sites)
+      layout += fmt::format(
+          " in {} DiLoCo sites of {} (outer step every {} inner steps: {}, lr {}{}, {} exchange)",
+          sites->count(), D / sites->count(), o.outer.every, o.outer.optimizer, o.outer.lr,
+          o.outer.optimizer == "nesterov" ? fmt::format(", momentum {}", o.outer.momentum) : "",
+          o.outer.compress == "none" ? std::string("f32") : o.outer.compress);
     if (CP > 1)
       layout += fmt::format(", cp {} ({} exchange, causal load-balanced split)", CP, o.cp_comm);
     if (o.tp > 1)
@@ -679,7 +695,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   }
 
   // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
-  const ckpt::RankGroups groups{world, grads_group, tp_group, ppg};
+  const ckpt::RankGroups groups{world, grads_group, tp_group, ppg, outer.get()};
   int64_t start_in_row = 0;  // non-finite steps skipped in a row up to the checkpoint
   const int64_t start_step = ckpt::resume(o, groups, rep, talk, &start_in_row);
   // Not into a failure seen before (every rank reads the marker: all refuse alike).
@@ -689,6 +705,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     init_from_weights(rep, *sh.init, o.model);
     if (talk) progress.line(fmt::format("initialised from {}", o.init_from));
   }
+  if (outer) outer->begin();  // a round from the parameters as they are now
   // A resumed run continues the metrics file: the rows of the steps up to the checkpoint
   // stay, those after it (trained again now) go.
   std::unique_ptr<obs::MetricsWriter> metrics;
@@ -717,13 +734,17 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   // This rank's byte counters over each mesh dimension; a step's traffic is the difference.
   // dp: the gradient traffic (over dp x cp with context parallelism); cp: the attention's.
   struct Bytes {
-    int64_t dp, dp_sent, tp, pp, cp;
+    int64_t dp, dp_sent, tp, pp, cp, outer;
   };
   auto bytes_now = [&] {
-    return Bytes{bytes_of(grads_group),
-                 grads_group.recorder().bytes_of_group(grads_group.name()).sent_bytes,
-                 bytes_of(tp_group), bytes_of(ppg), bytes_of(cpg)};
+    return Bytes{
+        bytes_of(grads_group), grads_group.recorder().bytes_of_group(grads_group.name()).sent_bytes,
+        bytes_of(tp_group),    bytes_of(ppg),
+        bytes_of(cpg),         sites ? sites->outer_recv_bytes() : 0};
   };
+  // Each site's loss gradient is the mean over its own sequences (S / (B T); 1 / (B T)).
+  const float grad_scale = outer_grad_scale(o.outer, B * T);
+  std::vector<float> scalar_buf(4 + (sites ? static_cast<size_t>(sites->count()) : 0));
   Bytes before = bytes_now();
   NonFiniteGuard guard(o.skip_nonfinite, start_in_row);
   int64_t newest_saved = start_step;  // 0: none (from scratch, nothing saved yet)
@@ -734,8 +755,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     rep.begin_step();
     double loss_sum = 0, compute = 0;
     if (stage) {
-      stage->begin_step(data.train.get(), first_sample(step, B, d, D, 0, mb),
-                        1.0f / static_cast<float>(B * T));
+      stage->begin_step(data.train.get(), first_sample(step, B, d, D, 0, mb), grad_scale);
       exec->run(*stage);
       loss_sum = stage->loss_sum();
       for (const parallel::pp::ExecEvent& e : exec->events()) {
@@ -750,7 +770,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
         data.train->fill(first_sample(step, B, d, D, m, mb), mb, inputs.data(), targets.data(),
                          rep.gpt.local_positions());
         loss_sum += rep.gpt.forward(acts, inputs.data(), targets.data());
-        rep.gpt.backward(acts, 1.0f / static_cast<float>(B * T));
+        rep.gpt.backward(acts, grad_scale);
       }
     }
     rep.end_backward();
@@ -763,15 +783,23 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     const bool bad_here = !std::isfinite(loss_sum) || !std::isfinite(norm_sq);
     double sums[4] = {loss_sum, norm_sq, bad_here ? 1.0 : 0.0,
                       StopSignals::requested() != 0 ? 1.0 : 0.0};
+    // --sites: each site clips by its own norm; the squared norms travel one slot per site.
+    double site_norm_sq = norm_sq;
     if (scalars) {
-      float f[4];
+      float* f = scalar_buf.data();
       for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(sums[i]);
-      scalars->all_reduce(comm::Buf(f, 4));
+      if (sites) {
+        std::fill(f + 4, f + scalar_buf.size(), 0.0f);
+        f[4 + sites->site()] = static_cast<float>(norm_sq);
+      }
+      scalars->all_reduce(comm::Buf(f, static_cast<int64_t>(scalar_buf.size())));
       for (int i = 0; i < 4; ++i) sums[i] = f[i];
+      if (sites) site_norm_sq = f[4 + sites->site()];
     }
     // Each cp rank's loss is the mean over its rows: the sequences' mean is their mean.
     const float loss = static_cast<float>(sums[0] / static_cast<double>(n_micro * D * CP));
     const double norm = std::sqrt(sums[1]);
+    const double clip_norm = sites ? std::sqrt(site_norm_sq) : norm;
     const bool nonfinite = sums[2] > 0 || !std::isfinite(loss) || !std::isfinite(norm);
     const bool stop_asked = sums[3] > 0;
     // Mixture of experts: the step's routing counters of every MoE layer, the job's sums
@@ -787,11 +815,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     const bool give_up = guard.record(nonfinite);
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
     if (!nonfinite) {  // a non-finite step changes nothing: no clipping, no update
-      if (o.grad_clip > 0 && norm > o.grad_clip)
-        kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (norm + 1e-6)),
+      if (o.grad_clip > 0 && clip_norm > o.grad_clip)
+        kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (clip_norm + 1e-6)),
                        rep.opt_elems());
       rep.optimizer_step(lr);
     }
+    const bool outer_step = outer && outer->after_inner_step(step + 1, o.steps);
     device::synchronize();  // a GPU's step ends when its kernels have
     const double dt = now_s() - t0;
     // Bytes this rank received in the step over each mesh dimension (the optimizer's
@@ -802,11 +831,13 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     rec.step_tp_recv_bytes.push_back(now.tp - before.tp);
     rec.step_pp_recv_bytes.push_back(now.pp - before.pp);
     rec.step_cp_recv_bytes.push_back(now.cp - before.cp);
+    rec.step_outer_recv_bytes.push_back(now.outer - before.outer);
     // One gather per step: each rank's peak bytes, bytes per dimension and compute time
     // (ns): the worst peak and the job's sums, exact.
-    const std::vector<int64_t> ranks = gather_int64(
-        scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp, now.tp - before.tp,
-                  now.pp - before.pp, now.cp - before.cp, static_cast<int64_t>(compute * 1e9)});
+    const std::vector<int64_t> ranks =
+        gather_int64(scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp,
+                               now.tp - before.tp, now.pp - before.pp, now.cp - before.cp,
+                               static_cast<int64_t>(compute * 1e9), now.outer - before.outer});
     before = now;
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
@@ -824,19 +855,21 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
     r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
-    int64_t job[5] = {};  // dp, tp, pp, cp bytes, compute ns: sums over ranks
-    for (size_t k = 0; k < ranks.size(); k += 6) {
+    int64_t job[6] = {};  // dp, tp, pp, cp bytes, compute ns, outer bytes: sums over ranks
+    for (size_t k = 0; k < ranks.size(); k += 7) {
       if (ranks[k] > r.peak_bytes) {
         r.peak_bytes = ranks[k];
-        r.worst_rank = static_cast<int>(k / 6);
+        r.worst_rank = static_cast<int>(k / 7);
       }
-      for (int i = 0; i < 5; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
+      for (int i = 0; i < 6; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
     }
     r.comm_bytes = rec.step_recv_bytes.back();
     r.dp_bytes = static_cast<double>(job[0]);
     r.tp_bytes = static_cast<double>(job[1]);
     r.pp_bytes = static_cast<double>(job[2]);
     r.cp_bytes = static_cast<double>(job[3]);
+    r.outer_bytes = static_cast<double>(job[5]);
+    r.outer_step = outer_step;
     if (P > 1)
       r.bubble = std::max(0.0, 1 - static_cast<double>(job[4]) * 1e-9 / (world.size() * dt));
     steps.push_back(r);
@@ -856,6 +889,10 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                           {"pp_bytes", r.pp_bytes}};
     row["tokens"] = r.step * B * T;  // trained on so far (the x axis of loss vs tokens)
     if (CP > 1) row["cp_bytes"] = r.cp_bytes;
+    if (sites) {
+      row["outer_bytes"] = r.outer_bytes;
+      row["outer_step"] = r.outer_step;
+    }
     if (P > 1) row["bubble"] = r.bubble;
     if (moe) {
       row["moe"] = moe_json(*moe);
@@ -886,8 +923,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     if (metrics) metrics->write(row);
     if (tensorboard) {
       for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes", "bubble",
-                              "moe_aux_loss", "moe_z_loss"})
+                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes",
+                              "outer_bytes", "bubble", "moe_aux_loss", "moe_z_loss"})
         if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
       tensorboard->flush();
     }
@@ -901,6 +938,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
           CP > 1 ? " cp " + obs::human_bytes(r.cp_bytes) : "",
           P > 1 ? fmt::format(" | bubble {:.0f}%", 100 * r.bubble) : "", 1000 * dt);
       if (moe) text += moe_progress(*moe);
+      if (sites)
+        text += fmt::format(" | outer {}{}", obs::human_bytes(r.outer_bytes),
+                            r.outer_step ? " (outer step)" : "");
       if (row.contains("val_loss"))
         text += fmt::format(" | val loss {:.4f}", row["val_loss"].get<float>());
       if (nonfinite)

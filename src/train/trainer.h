@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/moe.h"
 #include "train/optimizer.h"
+#include "train/outer_options.h"
 #include "train/pipeline_options.h"
 
 namespace mt::train {
@@ -83,6 +84,8 @@ struct TrainOptions {
   std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
   // Mixture of experts: capacity and balancing losses (model/moe.h; docs/moe.md).
   model::MoeOptions moe;
+  // DiLoCo: dp split into sites that synchronise every H steps (train/outer_optimizer.h).
+  OuterOptions outer;
   // Checkpoints (train/checkpoint.h, docs/checkpoints.md).
   std::string checkpoint_dir;    // "": none
   int64_t checkpoint_every = 0;  // save every N steps (and after the last); 0: after the last
@@ -125,8 +128,10 @@ struct StepRecord {
   // Bytes received in this step by all ranks together, per mesh dimension (dp: the gradient
   // traffic, over dp x cp with context parallelism; cp: the attention's exchanges).
   double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0, cp_bytes = 0;
-  double bubble = 0;     // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
-  bool skipped = false;  // the loss or gradient norm was not finite: no update
+  double outer_bytes = 0;   // --sites: DiLoCo's outer exchange, over the cross-site groups
+  bool outer_step = false;  // --sites: the step ended with an outer step
+  double bubble = 0;        // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
+  bool skipped = false;     // the loss or gradient norm was not finite: no update
 };
 
 // What each rank saw (the local backend fills every rank's; under mpirun only this
@@ -138,6 +143,7 @@ struct RankRecord {
   std::vector<int64_t> step_tp_recv_bytes;                // over the tp group, per step
   std::vector<int64_t> step_pp_recv_bytes;                // over the pp group, per step
   std::vector<int64_t> step_cp_recv_bytes;                // over the cp group, per step
+  std::vector<int64_t> step_outer_recv_bytes;  // --sites: over the cross-site group, per step
   std::vector<float> final_params;  // this rank's flat values (keep_final_params; TP shards,
                                     // the pipeline stage's parameters)
   int64_t allocations_after_first_step = 0;
