@@ -50,6 +50,7 @@ own cp "$root/bench/cp" "$build"
 own plan "$root/bench/plan" "$build"
 rec plan-vs-runtime -- "$root/bench/plan-vs-runtime" "$build"
 own moe-balance "$root/bench/moe-balance" "$MT"
+own diloco "$root/bench/diloco/quality" "$MT"
 own long_context "$root/bench/long-context" "$build"
 if [ "$(id -u)" = 0 ]; then own multihost "$root/bench/multihost" "$build"; fi  # netns: root
 run "$root/bench/collect"
