@@ -74,7 +74,8 @@ const std::vector<std::string> kConfigKeys = {"model",
                                               "outer_optimizer",
                                               "outer_lr",
                                               "outer_momentum",
-                                              "outer_compress"};
+                                              "outer_compress",
+                                              "outer_fragments"};
 
 }  // namespace
 
@@ -229,6 +230,9 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--outer-compress", outer_compress,
                  "--sites: the outer exchange as none (f32, the default), bf16, or int8 (8-bit "
                  "with an f32 scale per 128 elements)");
+  cmd.add_option("--outer-fragments", outer_fragments,
+                 "--sites: streaming DiLoCo, the layers in F fragments each synchronised at its "
+                 "own inner step of the round (1/F of the bytes at a time; default 1)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));
@@ -307,6 +311,7 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "outer_lr", o.outer.lr, outer_lr);
     take_config(j, "outer_momentum", o.outer.momentum, outer_momentum);
     take_config(j, "outer_compress", o.outer.compress, outer_compress);
+    take_config(j, "outer_fragments", o.outer.fragments, outer_fragments);
     take_config(j, "pp", o.pipeline.pp, pp);
     take_config(j, "microbatches", o.pipeline.microbatches, microbatches);
     take_config(j, "schedule", o.pipeline.schedule, schedule);

@@ -31,8 +31,8 @@ struct TrainFlags {
   std::optional<std::string> schedule, pp_exchanges, pp_layers;
   bool sp = false;
   // DiLoCo (docs/diloco.md): --sites, --outer-every, --outer-optimizer, --outer-lr,
-  // --outer-momentum, --outer-compress.
-  std::optional<int> sites;
+  // --outer-momentum, --outer-compress, --outer-fragments.
+  std::optional<int> sites, outer_fragments;
   std::optional<int64_t> outer_every;
   std::optional<std::string> outer_optimizer, outer_compress;
   std::optional<float> outer_lr, outer_momentum;

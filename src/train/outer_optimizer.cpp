@@ -20,14 +20,15 @@ namespace mt::train {
 
 namespace fs = std::filesystem;
 
-void check_outer_options(const OuterOptions& o, int dp, const std::string& device) {
+void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer) {
   const OuterOptions d;
   if (o.sites < 0) fail("--sites {} must be at least 1 (or left out: synchronous dp)", o.sites);
   if (!o.on()) {
     if (o.every != d.every || o.optimizer != d.optimizer || o.lr != d.lr ||
-        o.momentum != d.momentum || o.compress != d.compress)
+        o.momentum != d.momentum || o.compress != d.compress || o.fragments != d.fragments)
       fail(
-          "--outer-every, --outer-optimizer, --outer-lr, --outer-momentum and --outer-compress "
+          "--outer-every, --outer-optimizer, --outer-lr, --outer-momentum, --outer-compress and "
+          "--outer-fragments "
           "configure DiLoCo's outer step: add --sites S (S sites of --dp / S ranks each)");
     return;
   }
@@ -55,6 +56,11 @@ void check_outer_options(const OuterOptions& o, int dp, const std::string& devic
   if (o.optimizer == "average" && o.momentum != d.momentum)
     fail("--outer-momentum {} has no effect with --outer-optimizer average (use nesterov)",
          o.momentum);
+  if (o.fragments < 1 || o.fragments > o.every || o.fragments > n_layer)
+    fail(
+        "--outer-fragments {} must be between 1 and both --outer-every {} (each fragment is "
+        "synchronised at its own inner step of the round) and the model's {} layers",
+        o.fragments, o.every, n_layer);
   (void)parse_outer_compress(o.compress);
   if (device != "cpu")
     fail("--sites {} runs on the CPU so far (the outer step is host code): use --device cpu",
@@ -86,26 +92,51 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& o, Replica& rep, Sites& sites
       world_rank_(world_rank),
       lo_(rep.shard.lo()),
       n_(rep.shard.shard_elems) {
+  // Fragment p: the units (embedding, blocks, head) [p·U/F, (p+1)·U/F) of the rank's model
+  // (its pipeline stage), cut to the shard [lo, lo + n); the padding goes with the last unit.
+  const parallel::FlatLayout& L = rep.layout;
+  const int F = opts_.fragments, U = L.num_units();
+  segs_.resize(static_cast<size_t>(F));
+  frag_elems_.assign(static_cast<size_t>(F), 0);
+  for (int u = 0; u < U; ++u) {
+    const int p = std::min(F - 1, static_cast<int>(static_cast<int64_t>(u) * F / U));
+    const int64_t a = std::max(L.unit_lo(u), lo_) - lo_;
+    const int64_t b = std::min(L.unit_hi(u), lo_ + n_) - lo_;
+    if (b <= a) continue;
+    auto& segs = segs_[static_cast<size_t>(p)];
+    if (!segs.empty() && segs.back().second == a)
+      segs.back().second = b;
+    else
+      segs.emplace_back(a, b);
+    frag_elems_[static_cast<size_t>(p)] += b - a;
+  }
+  const int64_t most =
+      std::max<int64_t>(1, *std::max_element(frag_elems_.begin(), frag_elems_.end()));
   const auto cat = mem::Category::kOptimizer;
   outer_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
   if (opts_.optimizer == "nesterov")
     momentum_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
   const int S = sites.count();
+  const auto comm = mem::Category::kCommunication;
   if (compress_ == OuterCompress::kNone) {
-    buf_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, mem::Category::kCommunication);
+    buf_ = Tensor::zeros({most}, DType::kF32, comm);
   } else {
     // Site j reduces chunk j: chunks of whole blocks, so that both encodings' blocks are the
-    // same global blocks of the shard.
-    chunk_ = std::max<int64_t>(1, (n_ + S - 1) / S);
-    chunk_ = (chunk_ + kOuterBlock - 1) / kOuterBlock * kOuterBlock;
-    const int64_t words = outer_encoded_words(compress_, chunk_);
-    const auto comm = mem::Category::kCommunication;
-    buf_ = Tensor::zeros({chunk_ * S}, DType::kF32, comm);
+    // same blocks of the (packed) fragment.
+    const int64_t chunk = chunk_of(most);
+    const int64_t words = outer_encoded_words(compress_, chunk);
+    buf_ = Tensor::zeros({chunk * S}, DType::kF32, comm);
     send_words_ = Tensor::zeros({words * S}, DType::kI32, comm);
     recv_words_ = Tensor::zeros({words * S}, DType::kI32, comm);
-    mine_ = Tensor::zeros({chunk_}, DType::kF32, comm);
+    mine_ = Tensor::zeros({chunk}, DType::kF32, comm);
   }
   if (opts_.observer) before_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
+}
+
+int64_t OuterOptimizer::chunk_of(int64_t elems) const {
+  const int S = sites_.count();
+  const int64_t c = std::max<int64_t>(1, (elems + S - 1) / S);
+  return (c + kOuterBlock - 1) / kOuterBlock * kOuterBlock;
 }
 
 float* OuterOptimizer::site_values() {
@@ -120,76 +151,99 @@ void OuterOptimizer::begin() {
   round_step_ = 0;
 }
 
-bool OuterOptimizer::after_inner_step(int64_t done, int64_t total) {
-  ++round_step_;
-  if (round_step_ < opts_.every && done < total) return false;
-  step();
-  return true;
+int64_t OuterOptimizer::fragment_offset(int p) const {
+  return (static_cast<int64_t>(p) + 1) * opts_.every / opts_.fragments;
 }
 
-void OuterOptimizer::step() {
+bool OuterOptimizer::after_inner_step(int64_t done, int64_t total) {
+  ++round_step_;
+  bool stepped = false;
+  for (int p = 0; p < opts_.fragments; ++p) {
+    const int64_t off = fragment_offset(p);
+    if (done < total && (done < off || (done - off) % opts_.every != 0)) continue;
+    step_fragment(p);
+    stepped = true;
+    if (p == opts_.fragments - 1) round_step_ = 0;
+  }
+  if (stepped) publish();
+  return stepped;
+}
+
+void OuterOptimizer::step_fragment(int p) {
   comm::Group& cross = sites_.cross();
   const int S = cross.size();
+  const auto& segs = segs_[static_cast<size_t>(p)];
+  const int64_t np = frag_elems_[static_cast<size_t>(p)];
   float* theta = site_values();
   float* outer = outer_.f32();
-  float* d = buf_.f32();  // the mean pseudo-gradient (or mean parameters), first n elements
+  float* d = buf_.f32();  // the fragment packed: the mean pseudo-gradient (or parameters)
+  // fn(i, k) for each element i of the fragment (shard-relative) at packed index k.
+  auto each = [&segs](auto&& fn) {
+    int64_t k = 0;
+    for (const auto& [a, b] : segs)
+      for (int64_t i = a; i < b; ++i) fn(i, k++);
+  };
   if (before_.defined()) std::copy_n(outer, n_, before_.f32());
   const bool average = opts_.optimizer == "average";
   const float lr = opts_.lr, mu = opts_.momentum;
   if (compress_ == OuterCompress::kNone && average) {
     // Parameter averaging: the sites' parameters summed exactly as they are.
-    std::copy_n(theta, n_, d);
-    cross.all_reduce(comm::Buf(d, n_));
-    for (int64_t i = 0; i < n_; ++i) {
-      const float mean = d[i] / static_cast<float>(S);
+    each([&](int64_t i, int64_t k) { d[k] = theta[i]; });
+    cross.all_reduce(comm::Buf(d, np));
+    each([&](int64_t i, int64_t k) {
+      const float mean = d[k] / static_cast<float>(S);
       outer[i] = lr == 1.0f ? mean : outer[i] + lr * (mean - outer[i]);
-    }
+    });
   } else {
-    for (int64_t i = 0; i < n_; ++i) d[i] = outer[i] - theta[i];
+    each([&](int64_t i, int64_t k) { d[k] = outer[i] - theta[i]; });
     if (compress_ == OuterCompress::kNone) {
-      cross.all_reduce(comm::Buf(d, n_));
-      for (int64_t i = 0; i < n_; ++i) d[i] /= static_cast<float>(S);
+      cross.all_reduce(comm::Buf(d, np));
+      for (int64_t k = 0; k < np; ++k) d[k] /= static_cast<float>(S);
     } else {
-      // Reduce-scatter then all-gather, both on encoded data: site j sums chunk j of every
-      // site's pseudo-gradient (decoded, in site order, so every site gets the same bits),
-      // encodes the mean and sends it to all. 2 (S - 1) / S encoded shards per rank, the ring
-      // all-reduce's volume at the encoding's width.
-      std::fill(d + n_, d + chunk_ * S, 0.0f);
-      const int64_t words = outer_encoded_words(compress_, chunk_);
-      int32_t* send = send_words_.data<int32_t>();
-      int32_t* recv = recv_words_.data<int32_t>();
-      for (int j = 0; j < S; ++j) outer_encode(compress_, d + j * chunk_, chunk_, send + j * words);
-      cross.all_to_all(comm::Buf(send, words * S, DType::kI32),
-                       comm::Buf(recv, words * S, DType::kI32));
-      float* mine = mine_.f32();
-      std::fill_n(mine, chunk_, 0.0f);
-      for (int j = 0; j < S; ++j) {
-        outer_decode(compress_, recv + j * words, chunk_, d);  // d as scratch
-        for (int64_t i = 0; i < chunk_; ++i) mine[i] += d[i];
-      }
-      for (int64_t i = 0; i < chunk_; ++i) mine[i] /= static_cast<float>(S);
-      outer_encode(compress_, mine, chunk_, send);
-      cross.all_gather(comm::Buf(send, words, DType::kI32),
-                       comm::Buf(recv, words * S, DType::kI32));
-      for (int j = 0; j < S; ++j) outer_decode(compress_, recv + j * words, chunk_, d + j * chunk_);
+      exchange_compressed(np);
     }
     if (average) {
-      for (int64_t i = 0; i < n_; ++i) outer[i] -= lr * d[i];
+      each([&](int64_t i, int64_t k) { outer[i] -= lr * d[k]; });
     } else {
       float* m = momentum_.f32();
-      for (int64_t i = 0; i < n_; ++i) {
-        m[i] = mu * m[i] + d[i];
-        outer[i] -= lr * (d[i] + mu * m[i]);
-      }
+      each([&](int64_t i, int64_t k) {
+        m[i] = mu * m[i] + d[k];
+        outer[i] -= lr * (d[k] + mu * m[i]);
+      });
     }
   }
   ++rounds_;
   if (opts_.observer)
-    opts_.observer(
-        {rounds_, sites_.site(), sites_.position(), lo_, n_, before_.f32(), theta, outer});
-  std::copy_n(outer, n_, theta);
-  round_step_ = 0;
-  publish();
+    opts_.observer({rounds_, p, sites_.site(), sites_.position(), lo_, n_, &segs, before_.f32(),
+                    theta, outer});
+  each([&](int64_t i, int64_t) { theta[i] = outer[i]; });
+}
+
+// Reduce-scatter then all-gather, both on encoded data: site j sums chunk j of every site's
+// pseudo-gradient (decoded, in site order, so every site gets the same bits), encodes the
+// mean and sends it to all: 2 (S - 1) / S encoded fragments per rank, the ring all-reduce's
+// volume at the encoding's width. In: buf_[0, np) this site's; out: the mean.
+void OuterOptimizer::exchange_compressed(int64_t np) {
+  comm::Group& cross = sites_.cross();
+  const int S = cross.size();
+  const int64_t chunk = chunk_of(np), words = outer_encoded_words(compress_, chunk);
+  float* d = buf_.f32();
+  std::fill(d + np, d + chunk * S, 0.0f);
+  int32_t* send = send_words_.data<int32_t>();
+  int32_t* recv = recv_words_.data<int32_t>();
+  for (int j = 0; j < S; ++j) outer_encode(compress_, d + j * chunk, chunk, send + j * words);
+  cross.all_to_all(comm::Buf(send, words * S, DType::kI32),
+                   comm::Buf(recv, words * S, DType::kI32));
+  float* mine = mine_.f32();
+  std::fill_n(mine, chunk, 0.0f);
+  for (int j = 0; j < S; ++j) {
+    outer_decode(compress_, recv + j * words, chunk, d);  // d as scratch
+    for (int64_t i = 0; i < chunk; ++i) mine[i] += d[i];
+  }
+  for (int64_t i = 0; i < chunk; ++i) mine[i] /= static_cast<float>(S);
+  outer_encode(compress_, mine, chunk, send);
+  cross.all_gather(comm::Buf(send, words, DType::kI32), comm::Buf(recv, words * S, DType::kI32));
+  for (int j = 0; j < S; ++j) outer_decode(compress_, recv + j * words, chunk, d + j * chunk);
 }
 
 void OuterOptimizer::publish() {
@@ -254,6 +308,7 @@ void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
   header[kRounds] = rounds_;
   header[kMomentum] = momentum_.defined() ? 1 : 0;
   header[kCrc] = crc;
+  header[kFragments] = opts_.fragments;
   std::vector<io::Chunk> chunks = {{header.data(), header.size() * 8}};
   for (const auto& [p, n] : arrays) chunks.push_back({p, static_cast<size_t>(n) * 4});
   io::write_file(rank_file(tmp_dir, world_rank_), chunks);
@@ -261,6 +316,7 @@ void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
     const nlohmann::json j = {{"format", "meshtrain-diloco"},
                               {"sites", sites_.count()},
                               {"every", opts_.every},
+                              {"fragments", opts_.fragments},
                               {"optimizer", opts_.optimizer},
                               {"dp", rep_.dp.size() * sites_.count()},
                               {"step", step},
@@ -283,11 +339,13 @@ void OuterOptimizer::load(const std::string& dir, int64_t /*step*/) {
   if (h[kMagicF] != kMagic) fail("'{}' is not a meshtrain DiLoCo state file", path);
   if (h[kSites] != sites_.count() || h[kSite] != sites_.site() ||
       h[kPosition] != sites_.position() || h[kLo] != lo_ || h[kN] != n_ ||
-      h[kOptLo] != rep_.opt_lo || h[kOptHi] != rep_.opt_hi || h[kMomentum] != want_momentum)
+      h[kOptLo] != rep_.opt_lo || h[kOptHi] != rep_.opt_hi || h[kMomentum] != want_momentum ||
+      h[kFragments] != opts_.fragments)
     fail(
         "'{}' holds site {} position {} elements [{}, {}) of --sites {} ({} momentum), but this "
         "rank is site {} position {} with [{}, {}) of --sites {}: resume with the layout that "
-        "saved it (same --sites, --dp, --tp, --pp, --cp, --zero and --outer-optimizer)",
+        "saved it (same --sites, --dp, --tp, --pp, --cp, --zero, --outer-optimizer and "
+        "--outer-fragments)",
         path, h[kSite], h[kPosition], h[kLo], h[kLo] + h[kN], h[kSites],
         h[kMomentum] ? "with" : "no", sites_.site(), sites_.position(), lo_, lo_ + n_,
         sites_.count());
@@ -338,20 +396,24 @@ std::string outer_resume_refusal(const std::string& dir, const TrainOptions& o) 
   const int64_t every = j["every"];
   const int dp = j["dp"];
   const std::string opt = j["optimizer"];
-  const std::string keep = fmt::format("--dp {} --sites {} --outer-every {} --outer-optimizer {}",
-                                       dp, sites, every, opt);
+  const int fragments = j.value("fragments", 1);
+  const std::string keep =
+      fmt::format("--dp {} --sites {} --outer-every {} --outer-optimizer {}{}", dp, sites, every,
+                  opt, fragments > 1 ? fmt::format(" --outer-fragments {}", fragments) : "");
   if (!w.on())
     return fmt::format(
         "checkpoint '{}' holds the DiLoCo state of {} sites (each site's parameters and AdamW "
         "state, the outer parameters and momentum): it resumes only with {} (another site "
         "count, or synchronous training, cannot continue it)",
         dir, sites, keep);
-  if (w.sites != sites || o.dp != dp || w.every != every || w.optimizer != opt)
+  if (w.sites != sites || o.dp != dp || w.every != every || w.optimizer != opt ||
+      w.fragments != fragments)
     return fmt::format(
         "checkpoint '{}' holds the DiLoCo state of {} and this run asks for --dp {} --sites {} "
-        "--outer-every {} --outer-optimizer {}: resharding to another site count or dp is not "
-        "supported (resume with {}, or start a new run in another --checkpoint-dir)",
-        dir, keep, o.dp, w.sites, w.every, w.optimizer, keep);
+        "--outer-every {} --outer-optimizer {} --outer-fragments {}: resharding to another site "
+        "count or dp is not supported (resume with {}, or start a new run in another "
+        "--checkpoint-dir)",
+        dir, keep, o.dp, w.sites, w.every, w.optimizer, w.fragments, keep);
   return "";
 }
 

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/group.h"
 #include "core/tensor.h"
@@ -60,13 +62,14 @@ class OuterOptimizer : public ckpt::Extension {
   // After the checkpoint (if any) and --init-from are loaded: a run that did not resume
   // outer state starts a round from the replica's parameters (momentum 0).
   void begin();
-  // After inner step `done` (1-based) of a run of `total`: the outer step when a round is
-  // complete (every H inner steps, and after the last step). Returns whether it stepped.
+  // After inner step `done` (1-based) of a run of `total`: the outer step of each fragment
+  // whose round is complete (fragment p after inner steps (p + 1) H / F + k H; every fragment
+  // after the last step), collective over the cross-site group, then the site's group.
+  // Returns whether any stepped.
   bool after_inner_step(int64_t done, int64_t total);
-  // The outer step now (collective over the cross-site group, then the site's group).
-  void step();
-  int64_t round_step() const { return round_step_; }  // inner steps since the last outer step
-  int64_t rounds() const { return rounds_; }
+  // Inner steps since the last fragment's outer step (one fragment: since the outer step).
+  int64_t round_step() const { return round_step_; }
+  int64_t rounds() const { return rounds_; }  // outer steps taken (of any fragment)
 
   // Checkpoints: every rank writes its outer state and its site's model state of its range;
   // only site 0's ranks put their model into the checkpoint's pieces.
@@ -76,6 +79,10 @@ class OuterOptimizer : public ckpt::Extension {
 
  private:
   float* site_values();
+  int64_t fragment_offset(int p) const;   // (p + 1) H / F
+  int64_t chunk_of(int64_t elems) const;  // compressed: elements per site's chunk
+  void step_fragment(int p);
+  void exchange_compressed(int64_t elems);
   void publish();  // the new values to the site's other ranks and to the bf16 copy
 
   OuterOptions opts_;
@@ -83,7 +90,10 @@ class OuterOptimizer : public ckpt::Extension {
   Replica& rep_;
   Sites& sites_;
   int world_rank_;
-  int64_t lo_ = 0, n_ = 0, chunk_ = 0;  // shard [lo, lo + n); compressed: chunk per site
+  int64_t lo_ = 0, n_ = 0;  // the shard [lo, lo + n) of the site's flat parameters
+  // Per fragment: its element ranges relative to lo, and their count.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> segs_;
+  std::vector<int64_t> frag_elems_;
   Tensor outer_, momentum_, buf_, before_;
   Tensor send_words_, recv_words_, mine_;  // compressed exchange
   int64_t round_step_ = 0, rounds_ = 0;

@@ -1,11 +1,14 @@
 // The flags of DiLoCo-style training (docs/diloco.md): --sites, --outer-every,
-// --outer-optimizer, --outer-lr, --outer-momentum, --outer-compress. Kept apart from
+// --outer-optimizer, --outer-lr, --outer-momentum, --outer-compress,
+// --outer-fragments. Kept apart from
 // outer_optimizer.h so that TrainOptions holds them without pulling in the machinery.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mt::train {
 
@@ -13,10 +16,13 @@ namespace mt::train {
 // parameters (the rank's shard within its site) before and after, and its site's parameters
 // after the round's inner steps.
 struct OuterStepView {
-  int64_t round = 0;  // 1, 2, ...
+  int64_t round = 0;  // 1, 2, ... (every fragment's outer step counts)
+  int fragment = 0;   // --outer-fragments: the fragment stepped (the others are unchanged)
   int site = 0;
   int position = 0;  // the rank's index within its site (dp x cp)
   int64_t lo = 0, elems = 0;
+  // The fragment's elements: [a, b) ranges relative to lo.
+  const std::vector<std::pair<int64_t, int64_t>>* ranges = nullptr;
   const float* outer_before = nullptr;
   const float* site_values = nullptr;
   const float* outer_after = nullptr;
@@ -28,7 +34,10 @@ struct OuterOptions {
   std::string optimizer = "nesterov";  // nesterov or average
   float lr = 0.7f;                     // DiLoCo's outer learning rate and momentum
   float momentum = 0.9f;
-  std::string compress = "none";                       // none, bf16, int8 (train/outer_compress.h)
+  std::string compress = "none";  // none, bf16, int8 (train/outer_compress.h)
+  // Streaming DiLoCo: the model's units in F fragments, fragment p stepped after inner steps
+  // (p + 1) H / F + k H; 1: all at once.
+  int fragments = 1;
   std::function<void(const OuterStepView&)> observer;  // tests: after every outer step
 
   bool on() const { return sites > 0; }
@@ -36,6 +45,6 @@ struct OuterOptions {
 };
 
 // Refuses (exit 2) a combination that cannot run, naming the value and the fix.
-void check_outer_options(const OuterOptions& o, int dp, const std::string& device);
+void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer);
 
 }  // namespace mt::train

@@ -185,7 +185,7 @@ void TrainOptions::validate() const {
   check_context_parallel(*this);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
-  check_outer_options(outer, dp, device);
+  check_outer_options(outer, dp, device, model.n_layer);
   check_batch_split(*this);
   check_run_numbers(*this);
   if (pipeline.exchanges != "auto" && pipeline.exchanges != "batched" &&
@@ -658,10 +658,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                     world.backend_kind());
     if (sites)
       layout += fmt::format(
-          " in {} DiLoCo sites of {} (outer step every {} inner steps: {}, lr {}{}, {} exchange)",
+          " in {} DiLoCo sites of {} (outer step every {} inner steps: {}, lr {}{}, {} exchange{})",
           sites->count(), D / sites->count(), o.outer.every, o.outer.optimizer, o.outer.lr,
           o.outer.optimizer == "nesterov" ? fmt::format(", momentum {}", o.outer.momentum) : "",
-          o.outer.compress == "none" ? std::string("f32") : o.outer.compress);
+          o.outer.compress == "none" ? std::string("f32") : o.outer.compress,
+          o.outer.fragments > 1 ? fmt::format(", streaming in {} fragments", o.outer.fragments)
+                                : "");
     if (CP > 1)
       layout += fmt::format(", cp {} ({} exchange, causal load-balanced split)", CP, o.cp_comm);
     if (o.tp > 1)

@@ -59,6 +59,9 @@ TEST(Diloco, OneSiteAveragingIsTodaysTrainingBitwise) {
       const TrainResult a = run_training(base), b = run_training(d);
       expect_bitwise_same(a, b, "dp " + std::to_string(dp) + " zero " + std::to_string(zero));
       EXPECT_EQ(b.allocations_after_first_step, 0);
+      d.outer.fragments = 2;  // streaming: each fragment's outer step as exact
+      expect_bitwise_same(a, run_training(d), "fragments 2, zero " + std::to_string(zero));
+      d.outer.fragments = 1;
       // The outer step runs (it is no shortcut): Nesterov's outer step changes the weights.
       if (zero == 0) {
         d.outer.optimizer = "nesterov";
@@ -72,6 +75,8 @@ TEST(Diloco, OneSiteAveragingIsTodaysTrainingBitwise) {
 // What the observer saw: (round, site) -> the rank's outer parameters before and after, and
 // the site's parameters after the round's inner steps (one rank per site: the whole shard).
 struct Seen {
+  int fragment = 0;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
   std::vector<float> before, site, after;
 };
 using Rounds = std::map<std::pair<int64_t, int>, Seen>;
@@ -80,6 +85,8 @@ OuterOptions observed(OuterOptions o, Rounds& seen, std::mutex& mu) {
   o.observer = [&seen, &mu](const OuterStepView& v) {
     std::lock_guard lock(mu);
     Seen& s = seen[{v.round, v.site}];
+    s.fragment = v.fragment;
+    s.ranges = *v.ranges;
     s.before.assign(v.outer_before, v.outer_before + v.elems);
     s.site.assign(v.site_values, v.site_values + v.elems);
     s.after.assign(v.outer_after, v.outer_after + v.elems);
@@ -87,52 +94,80 @@ OuterOptions observed(OuterOptions o, Rounds& seen, std::mutex& mu) {
   return o;
 }
 
-// Two sites of one rank each, H = 2, three rounds of Nesterov: each outer step equals the
-// update computed here in double from the outer parameters before it and both sites'
-// parameters (m <- μ m + Δ̄, θ <- θ - lr (Δ̄ + μ m), Δ̄ the mean of θ - θ_site); both sites
-// start every round from the same outer parameters, which are the run's final weights.
+// Two sites of one rank each: each outer step equals the update computed here in double
+// from the outer parameters before it and both sites' parameters (m <- μ m + Δ̄,
+// θ <- θ - lr (Δ̄ + μ m), Δ̄ the mean of θ - θ_site) on the stepped fragment's elements, the
+// others unchanged; both sites start every round from the same outer parameters, which are
+// the run's final weights. H = 2 with one fragment (3 rounds); streaming, H = 4 with two
+// fragments (fragment 0 after steps 2 and 6, fragment 1 after 4 and 8, both after the last).
 TEST(Diloco, TwoSitesEqualTheHandComputedOuterUpdate) {
-  TrainOptions o = tiny(6, 2);
-  std::mutex mu;
-  Rounds seen;
-  o.outer.sites = 2;
-  o.outer.every = 2;
-  o.outer = observed(o.outer, seen, mu);
-  const TrainResult r = run_training(o);
-  ASSERT_EQ(seen.size(), 6u);  // 3 rounds x 2 sites
-  const float lr = o.outer.lr, mu_ = o.outer.momentum;
-  const size_t n = seen.at({1, 0}).before.size();
-  std::vector<double> m(n, 0.0);
-  for (int64_t round = 1; round <= 3; ++round) {
-    const Seen &s0 = seen.at({round, 0}), &s1 = seen.at({round, 1});
-    EXPECT_EQ(s0.before, s1.before) << "round " << round;  // the same outer parameters
-    EXPECT_EQ(s0.after, s1.after) << "round " << round;
-    if (round > 1) {
-      EXPECT_EQ(s0.before, seen.at({round - 1, 0}).after) << "round " << round;
+  for (int fragments : {1, 2}) {
+    TrainOptions o = tiny(fragments == 1 ? 6 : 8, 2);
+    std::mutex mu;
+    Rounds seen;
+    o.outer.sites = 2;
+    o.outer.every = 2 * fragments;
+    o.outer.fragments = fragments;
+    o.outer = observed(o.outer, seen, mu);
+    const TrainResult r = run_training(o);
+    const int64_t rounds = fragments == 1 ? 3 : 5;
+    const std::vector<int> stepped =
+        fragments == 1 ? std::vector<int>{0, 0, 0} : std::vector<int>{0, 1, 0, 0, 1};
+    ASSERT_EQ(seen.size(), static_cast<size_t>(2 * rounds));
+    const float lr = o.outer.lr, mu_ = o.outer.momentum;
+    const size_t n = seen.at({1, 0}).before.size();
+    std::vector<double> m(n, 0.0);
+    std::vector<int64_t> covered(static_cast<size_t>(fragments), 0);
+    for (int64_t round = 1; round <= rounds; ++round) {
+      const Seen &s0 = seen.at({round, 0}), &s1 = seen.at({round, 1});
+      const std::string at =
+          "fragments " + std::to_string(fragments) + " round " + std::to_string(round);
+      EXPECT_EQ(s0.fragment, stepped[static_cast<size_t>(round - 1)]) << at;
+      EXPECT_EQ(s0.ranges, s1.ranges) << at;
+      EXPECT_EQ(s0.before, s1.before) << at;  // the same outer parameters
+      EXPECT_EQ(s0.after, s1.after) << at;
+      if (round > 1) {
+        EXPECT_EQ(s0.before, seen.at({round - 1, 0}).after) << at;
+      }
+      std::vector<char> in(n, 0);
+      for (const auto& [a, b] : s0.ranges) {
+        std::fill(in.begin() + a, in.begin() + b, 1);
+        if (round <= fragments) covered[static_cast<size_t>(s0.fragment)] += b - a;
+      }
+      double worst = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double b = s0.before[i];
+        if (!in[i]) {
+          ASSERT_EQ(s0.after[i], s0.before[i]) << at << " element " << i << " (not stepped)";
+          continue;
+        }
+        const double mean = ((b - s0.site[i]) + (b - s1.site[i])) / 2;
+        const double m_prev = m[i];
+        m[i] = mu_ * m[i] + mean;
+        const double want = b - lr * (mean + mu_ * m[i]);
+        // The code's f32 arithmetic: at most 8 roundings per element and round (two
+        // differences, a sum, a division, the momentum's product and sum, the update's), each
+        // 2^-24 of the magnitudes involved, and the momentum's from the rounds before:
+        // 2^-20 (16 roundings) of their sum covers three rounds.
+        const double tol = std::ldexp(std::fabs(b) + std::fabs(s0.site[i]) + std::fabs(s1.site[i]) +
+                                          std::fabs(m_prev) + std::fabs(want),
+                                      -20);
+        ASSERT_NEAR(s0.after[i], want, tol) << at << " element " << i;
+        worst = std::max(worst, std::fabs(want - b));
+      }
+      EXPECT_GT(worst, 1e-4) << at << ": the outer step moved the weights";
     }
-    EXPECT_NE(s0.site, s1.site) << "the sites trained on different data";
-    double worst = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double b = s0.before[i];
-      const double mean = ((b - s0.site[i]) + (b - s1.site[i])) / 2;
-      const double m_prev = m[i];
-      m[i] = mu_ * m[i] + mean;
-      const double want = b - lr * (mean + mu_ * m[i]);
-      // The code's f32 arithmetic: at most 8 roundings per element and round (two
-      // differences, a sum, a division, the momentum's product and sum, the update's), each
-      // 2^-24 of the magnitudes involved, and the momentum's from the rounds before:
-      // 2^-20 (16 roundings) of their sum covers three rounds.
-      const double tol = std::ldexp(std::fabs(b) + std::fabs(s0.site[i]) + std::fabs(s1.site[i]) +
-                                        std::fabs(m_prev) + std::fabs(want),
-                                    -20);
-      ASSERT_NEAR(s0.after[i], want, tol) << "round " << round << " element " << i;
-      worst = std::max(worst, std::fabs(want - b));
+    // The fragments together are the whole shard, each a part of it.
+    int64_t total = 0;
+    for (int64_t c : covered) {
+      EXPECT_GT(c, 0);
+      total += c;
     }
-    EXPECT_GT(worst, 1e-4) << "the outer step moved the weights";
+    EXPECT_EQ(total, static_cast<int64_t>(n));
+    const std::vector<float>& last = seen.at({rounds, 0}).after;
+    ASSERT_GE(last.size(), r.final_params.size());
+    EXPECT_TRUE(std::equal(r.final_params.begin(), r.final_params.end(), last.begin()));
   }
-  const std::vector<float>& last = seen.at({3, 0}).after;
-  ASSERT_GE(last.size(), r.final_params.size());
-  EXPECT_TRUE(std::equal(r.final_params.begin(), r.final_params.end(), last.begin()));
 }
 
 // ZeRO shards inside a site: 2 sites of 2 ranks each, in every stage, train what 2 sites of
@@ -158,6 +193,32 @@ TEST(Diloco, ZeroShardsWithinASite) {
     EXPECT_LT(max_diff, 1e-4) << "zero " << zero;
     for (size_t i = 0; i < r.steps.size(); ++i)
       EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, 1e-4) << "zero " << zero;
+  }
+}
+
+// tp, pp and cp inside a site: 2 sites of one dp rank each, each site a tp 2, pp 2 or cp 2
+// group, train what 2 sites of one rank train: the losses agree to the summation order (the
+// same 1e-4 as above; the final weights are per-rank shards here, the losses are global).
+TEST(Diloco, OtherDimensionsInsideASite) {
+  TrainOptions one = tiny(4, 2);
+  one.outer.sites = 2;
+  one.outer.every = 2;
+  one.eval_batches = 1;
+  const TrainResult ref = run_training(one);
+  for (const char* dim : {"tp", "pp", "cp"}) {
+    TrainOptions o = one;
+    if (std::string(dim) == "tp") o.tp = 2;
+    if (std::string(dim) == "pp") o.pipeline.pp = 2;
+    if (std::string(dim) == "cp") o.cp = 2;
+    const TrainResult r = run_training(o);
+    ASSERT_EQ(r.steps.size(), ref.steps.size()) << dim;
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, 1e-4) << dim << " step " << i + 1;
+      EXPECT_EQ(r.steps[i].outer_step, ref.steps[i].outer_step) << dim;
+      EXPECT_GT(r.steps[i].outer_step ? r.steps[i].outer_bytes : 1.0, 0.0) << dim;
+    }
+    ASSERT_EQ(r.val_losses.size(), 1u);
+    EXPECT_NEAR(r.val_losses[0].second, ref.val_losses[0].second, 1e-4) << dim;
   }
 }
 
@@ -199,6 +260,24 @@ TEST(Diloco, OuterBytesCountedExactly) {
       EXPECT_EQ(r.allocations_after_first_step, 0) << compress;
     }
   }
+}
+
+// Streaming: with two fragments the outer bytes of a step are those of the fragment stepped,
+// together the whole shard's, the largest well under it (the peak need drops).
+TEST(Diloco, StreamingSpreadsTheOuterBytes) {
+  TrainOptions o = tiny(8, 2);
+  o.outer.sites = 2;
+  o.outer.every = 4;
+  o.outer.fragments = 2;
+  const TrainResult r = run_training(o);
+  const double whole = 2.0 * (2 - 1) * static_cast<double>(r.padded_params) * 4;
+  std::vector<double> bytes;
+  for (const StepRecord& s : r.steps) bytes.push_back(s.outer_bytes);
+  EXPECT_EQ(bytes, (std::vector<double>{0, bytes[1], 0, bytes[3], 0, bytes[1], 0, whole}));
+  EXPECT_EQ(bytes[1] + bytes[3], whole);  // fragment 0 after steps 2 and 6, 1 after 4
+  EXPECT_GT(bytes[1], 0);
+  EXPECT_LT(std::max(bytes[1], bytes[3]), 0.8 * whole);
+  EXPECT_EQ(r.allocations_after_first_step, 0);
 }
 
 // One encode/decode of each element is within the bound of train/outer_compress.h, and the
@@ -321,6 +400,9 @@ TEST(Diloco, BadCombinationsAreRefusedNamingTheFix) {
   o.outer.compress = "fp8";
   EXPECT_NE(refusal(o).find("--outer-compress 'fp8'"), std::string::npos);
   o.outer.compress = "none";
+  o.outer.fragments = 6;
+  EXPECT_NE(refusal(o).find("--outer-fragments 6 must be between 1"), std::string::npos);
+  o.outer.fragments = 1;
   o.outer.sites = 0;
   o.outer.every = 10;
   EXPECT_NE(refusal(o).find("add --sites S"), std::string::npos);
