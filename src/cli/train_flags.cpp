@@ -162,6 +162,9 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--cp", cp,
                  "context-parallel ranks: every sequence split over them, rank i holding chunks "
                  "i and 2cp-1-i of 2cp (world = pp x dp x cp x tp; docs/context_parallel.md)");
+  cmd.add_option("--ep", ep,
+                 "expert-parallel ranks: the MoE layers' experts split over ep of the --dp ranks "
+                 "(ep divides dp; tokens travel by all-to-all; docs/moe.md)");
   cmd.add_option("--cp-comm", cp_comm,
                  fmt::format("how --cp ranks exchange keys and values: ring (point to point, "
                              "overlapped), all-gather, or a2a (Ulysses: heads split over cp; "
@@ -296,12 +299,7 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "device", o.device, device);
     take_config(j, "attention", o.attention, attention);
     take_config(j, "comm_timeout", o.comm_timeout_s, comm_timeout);
-    // `plan --emit-config` writes the ep it planned; the trainer has no expert parallelism yet.
-    if (j.contains("ep") && config_value<int>(j, "ep") != 1)
-      fail(
-          "config key 'ep' is {}: the trainer runs the experts whole on every rank (no expert "
-          "parallelism yet; docs/moe.md): plan with --ep 1, or set ep to 1",
-          config_value<int>(j, "ep"));
+    take_config(j, "ep", o.ep, ep);  // `plan --emit-config` writes the ep it planned
     take_config(j, "moe_capacity_factor", o.moe.capacity_factor, moe_capacity_factor);
     take_config(j, "moe_aux_loss", o.moe.aux_loss, moe_aux_loss);
     take_config(j, "moe_z_loss", o.moe.z_loss, moe_z_loss);

@@ -21,7 +21,7 @@ struct TrainFlags {
   bool shuffle = false, no_shuffle = false;  // --shuffle / --no-shuffle (default: the config's)
   std::optional<double> bucket_mb, comm_timeout;
   std::optional<double> moe_capacity_factor, moe_aux_loss, moe_z_loss;
-  std::optional<int> dp, zero, tp, cp, skip_nonfinite;
+  std::optional<int> dp, zero, tp, cp, ep, skip_nonfinite;
   std::optional<std::string> cp_comm;  // --cp-comm all-gather
   std::optional<std::string> backend, mesh_order, recompute;
   std::optional<std::string> dtype;      // --dtype f32 | bf16

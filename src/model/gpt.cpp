@@ -28,12 +28,21 @@ GptConfig with_tp_padding(GptConfig c, const parallel::tp::TpContext& tp) {
   return c;
 }
 std::vector<ParamSpec> rank_specs(const GptConfig& c, const parallel::tp::TpContext& tp,
-                                  const StageParts& parts) {
+                                  const StageParts& parts, const parallel::ep::EpContext& ep) {
   c.validate();
   std::vector<ParamSpec> specs = stage_param_specs(c, parts);
-  if (tp.size == 1) return specs;
-  check_tp(c, tp.size, tp.sp);
-  return tp_shard_specs(std::move(specs), tp.rank, tp.size);
+  if (tp.size > 1) {
+    check_tp(c, tp.size, tp.sp);
+    specs = tp_shard_specs(std::move(specs), tp.rank, tp.size);
+  }
+  if (ep.size > 1) {
+    if (!c.moe.enabled())
+      fail("--ep {}: model {} has no experts to split (expert parallelism needs an MoE model, "
+           "e.g. --model mixtral-tiny, or --moe-experts N)",
+           ep.size, c.name);
+    specs = ep_shard_specs(std::move(specs), ep.rank, ep.size);
+  }
+  return specs;
 }
 }  // namespace
 
@@ -83,12 +92,13 @@ std::vector<ParamSpec> stage_param_specs(const GptConfig& c, const StageParts& p
 }
 
 Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::tp::TpContext tp,
-         StageParts parts)
+         StageParts parts, parallel::ep::EpContext ep)
     : config_(with_tp_padding(config, tp)),
       parts_(std::move(parts)),
-      params_(rank_specs(config_, tp, parts_), DType::kF32, store),
+      params_(rank_specs(config_, tp, parts_, ep), DType::kF32, store),
       cp_(std::make_unique<parallel::cp::CpContext>()),
       tp_(tp),
+      ep_(ep),
       moe_options_(std::make_unique<MoeOptions>()),
       moe_stats_(std::make_unique<std::vector<MoeStats>>()) {
   config_.validate();
@@ -151,6 +161,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
       m.order = config_.moe.order;
       m.mp = mp_.get();
       m.options = moe_options_.get();
+      m.ep = ep_;
       moe_stats_->push_back({});
       moe_stats_->back().reset(m.experts);
       m.stats = &moe_stats_->back();
@@ -240,7 +251,7 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
                            : recompute_ == Recompute::kSelective ? Block::Keep::kNoAttention
                                                                  : Block::Keep::kAll;
   if (keep == Block::Keep::kOutputOnly && !recomputed_.att.defined())
-    recomputed_ = Block::make_activations(config_, B, T, tp_);
+    recomputed_ = Block::make_activations(config_, B, T, tp_, Block::Keep::kAll, ep_.size);
   if (keep == Block::Keep::kNoAttention && !recomputed_.att.defined())
     recomputed_.att = acts({kernels::attention_stash_elems(B, config_.n_head / tp_.size, T)});
   if (keep != Block::Keep::kAll &&
@@ -248,7 +259,7 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
     fail("activations for microbatches of {} x {} after others: recomputation shares one set", B,
          T);
   for (int l = 0; l < n_blocks; ++l) {
-    BlockActivations b = Block::make_activations(config_, B, T, tp_, keep);
+    BlockActivations b = Block::make_activations(config_, B, T, tp_, keep, ep_.size);
     if (keep == Block::Keep::kNoAttention) b.att = recomputed_.att;
     if (keep == Block::Keep::kOutputOnly) {
       Tensor out = b.out;
@@ -277,7 +288,7 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
   if (B * T == scratch_tokens_ && scratch_.datt.defined() &&
       scratch_.datt.numel() == kernels::attention_scratch_elems(B, config_.n_head / tp_.size, T))
     return;
-  scratch_ = Block::make_scratch(config_, B, T, tp_, *cp_);
+  scratch_ = Block::make_scratch(config_, B, T, tp_, *cp_, ep_.size);
   dres_ = Tensor::empty({B * T, config_.d_model}, DType::kF32, mem::Category::kWorkspace);
   scratch_tokens_ = B * T;
   if (mp_) {  // bf16: the largest GEMM input (C or F/t wide) and output gradient
@@ -290,12 +301,16 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
     const int64_t FCe = config_.mlp == MlpKind::kSwiGlu ? 2 * Fe : Fe;
     const int64_t widest =
         std::max({config_.qkv_dim() / tp_.size, C, config_.fc_dim() / tp_.size, FCe});
-    mp_->x = Tensor::empty({N * std::max(C, F)}, DType::kBF16, mem::Category::kWorkspace);
+    // With ep an expert's rows come from every ep rank: up to ep·N.
+    const int64_t Ne = N * ep_.size;
+    mp_->x = Tensor::empty({std::max(N * std::max(C, F), Ne * std::max(C, Fe))}, DType::kBF16,
+                           mem::Category::kWorkspace);
     // The LM head's [N, Vp/t] output gradient goes through it in chunks of at least
     // kMixedHeadRows rows: each chunk reads and writes the whole f32 d(wte), so tiny chunks
     // (N·widest / Vp rows: 62 for Model M) made its backward slower than f32.
     const int64_t head = std::min(N, kMixedHeadRows) * (config_.padded_vocab() / tp_.size);
-    mp_->dy = Tensor::empty({std::max(N * widest, head)}, DType::kBF16, mem::Category::kWorkspace);
+    mp_->dy = Tensor::empty({std::max({N * widest, Ne * std::max(C, FCe), head})}, DType::kBF16,
+                            mem::Category::kWorkspace);
   }
 }
 

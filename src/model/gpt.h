@@ -85,11 +85,14 @@ class Gpt {
   // slices (tp_shard_specs), each drawn from the global stream; the vocabulary is padded to
   // a multiple of lcm(128, t) (config.vocab_pad_multiple is set here).
   // parts: the stage this rank holds (pipeline parallelism); default the whole model.
+  // ep: this rank's expert-parallel group (size 1: none): the store then holds its E/ep
+  // experts of every MoE layer (ep_shard_specs), and the MoE layers exchange tokens over it.
   Gpt(const GptConfig& config, uint64_t seed, StoreOptions store = {},
-      parallel::tp::TpContext tp = {}, StageParts parts = {});
+      parallel::tp::TpContext tp = {}, StageParts parts = {}, parallel::ep::EpContext ep = {});
 
   const GptConfig& config() const { return config_; }
   const parallel::tp::TpContext& tp() const { return tp_; }
+  const parallel::ep::EpContext& ep() const { return ep_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
 
@@ -211,6 +214,7 @@ class Gpt {
   parallel::UnitHooks* hooks_ = nullptr;
   parallel::UnitHooks no_hooks_;
   parallel::tp::TpContext tp_;
+  parallel::ep::EpContext ep_;
   // --dtype bf16 (StoreOptions::bf16_copy): the GEMM workspaces, made with the scratch; on
   // the heap, so that the blocks' pointers to it survive moving the model. Null: f32.
   std::unique_ptr<MixedPrecision> mp_;

@@ -90,7 +90,7 @@ void Linear::backward(float* dx, const float* dy, const float* x, int64_t n) con
 }
 
 BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t T,
-                                         const parallel::tp::TpContext& tp, Keep keep) {
+                                         const parallel::tp::TpContext& tp, Keep keep, int ep) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
   const int64_t QKVl = c.qkv_dim() / tp.size, FCl = c.fc_dim() / tp.size;
   const int64_t Nl = tp.local_rows(N);  // rows of the residual / layer-norm region
@@ -111,7 +111,7 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
     a.fch = acts({N, FCl});
     a.fch_gelu = acts({N, F});
   }
-  if (c.moe.enabled()) a.moe = MoeLayer::make_activations(c, N);
+  if (c.moe.enabled()) a.moe = MoeLayer::make_activations(c, N, ep);
   return a;
 }
 
@@ -123,7 +123,7 @@ void Block::recompute_attention(BlockActivations& a, int64_t B, int64_t T, Block
 
 BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
                                  const parallel::tp::TpContext& tp,
-                                 const parallel::cp::CpContext& cp) {
+                                 const parallel::cp::CpContext& cp, int ep) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
   const int64_t QKVl = c.qkv_dim() / tp.size, FCl = c.fc_dim() / tp.size;
   BlockScratch s{
@@ -136,7 +136,7 @@ BlockScratch Block::make_scratch(const GptConfig& c, int64_t B, int64_t T,
       Tensor(),           Tensor(),
       Tensor(),           Tensor(),
       MoeScratch{}};
-  if (c.moe.enabled()) s.moe = MoeLayer::make_scratch(c, N);
+  if (c.moe.enabled()) s.moe = MoeLayer::make_scratch(c, N, ep);
   if (c.kv_heads() != c.n_head) {
     s.qkvx = scratch({N, 3 * Cl});
     s.dqkvx = scratch({N, 3 * Cl});

@@ -145,7 +145,7 @@ struct Block {
   enum class Keep : uint8_t { kAll, kNoAttention, kOutputOnly };
   static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T,
                                            const parallel::tp::TpContext& tp = {},
-                                           Keep keep = Keep::kAll);
+                                           Keep keep = Keep::kAll, int ep = 1);
   // A model with MoE layers gives every block's activations the MoE buffers, and the dense
   // MLP's only when it has dense blocks too (a pipeline slot serves any chunk).
   // Selective recomputation: the attention probabilities again, from the kept qkv.
@@ -153,7 +153,7 @@ struct Block {
   // T: the local sequence (T / cp with context parallelism).
   static BlockScratch make_scratch(const GptConfig& c, int64_t B, int64_t T,
                                    const parallel::tp::TpContext& tp = {},
-                                   const parallel::cp::CpContext& cp = {});
+                                   const parallel::cp::CpContext& cp = {}, int ep = 1);
 
   // x: [N, C] (with --sp this rank's [N/t, C] rows). `s` is needed with tensor parallelism.
   void forward(BlockActivations& a, const float* x, int64_t B, int64_t T,

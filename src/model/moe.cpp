@@ -32,9 +32,18 @@ void activation_backward(MlpKind mlp, float* dh, const float* h, const float* da
 }
 }  // namespace
 
-MoeActivations MoeLayer::make_activations(const GptConfig& c, int64_t n) {
+namespace {
+// Rows of the expert buffers: every kept assignment of this rank's n tokens, or with ep
+// what its experts can receive (parallel/expert.h).
+int64_t expert_rows(const GptConfig& c, int64_t n, int ep) {
+  const int64_t k = c.moe.top_k;
+  return ep > 1 ? parallel::ep::max_received_rows(ep, n, k, c.moe.n_experts, 0) : n * k;
+}
+}  // namespace
+
+MoeActivations MoeLayer::make_activations(const GptConfig& c, int64_t n, int ep) {
   const int64_t E = c.moe.n_experts, k = c.moe.top_k, C = c.d_model, F = c.expert_ff();
-  const int64_t FC = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
+  const int64_t FC = c.mlp == MlpKind::kSwiGlu ? 2 * F : F, R = expert_rows(c, n, ep);
   MoeActivations a;
   a.probs = acts({n, E});
   a.lse = acts({n});
@@ -42,9 +51,10 @@ MoeActivations MoeLayer::make_activations(const GptConfig& c, int64_t n) {
   a.expert = acts({n, k}, DType::kI32);
   a.slot = acts({n, k}, DType::kI32);
   a.order = acts({n * k}, DType::kI32);
-  a.h = acts({n * k, FC});
-  a.act = acts({n * k, F});
+  a.h = acts({R, FC});
+  a.act = acts({R, F});
   a.ys = acts({n * k, C});
+  if (ep > 1) a.xe = acts({R, C});
   if (c.moe.d_ff_shared > 0) {
     const int64_t Fs = c.moe.d_ff_shared, FCs = c.mlp == MlpKind::kSwiGlu ? 2 * Fs : Fs;
     a.shared_h = acts({n, FCs});
@@ -55,17 +65,21 @@ MoeActivations MoeLayer::make_activations(const GptConfig& c, int64_t n) {
   return a;
 }
 
-MoeScratch MoeLayer::make_scratch(const GptConfig& c, int64_t n) {
+MoeScratch MoeLayer::make_scratch(const GptConfig& c, int64_t n, int ep) {
   const int64_t E = c.moe.n_experts, k = c.moe.top_k, C = c.d_model, F = c.expert_ff();
-  const int64_t FC = c.mlp == MlpKind::kSwiGlu ? 2 * F : F;
+  const int64_t FC = c.mlp == MlpKind::kSwiGlu ? 2 * F : F, R = expert_rows(c, n, ep);
   MoeScratch s;
   s.logits = scratch({n, E});
   s.xs = scratch({n * k, C});
   s.dys = scratch({n * k, C});
-  s.dact = scratch({n * k, F});
-  s.dh = scratch({n * k, FC});
+  s.dact = scratch({R, F});
+  s.dh = scratch({R, FC});
   s.dgate = scratch({n, k});
   s.y = scratch({n, C});
+  if (ep > 1) {
+    s.xr = scratch({R, C});
+    s.ye = scratch({R, C});
+  }
   if (c.moe.d_ff_shared > 0) {
     const int64_t Fs = c.moe.d_ff_shared, FCs = c.mlp == MlpKind::kSwiGlu ? 2 * Fs : Fs;
     s.dshared_act = scratch({n, Fs});
@@ -101,9 +115,54 @@ void MoeLayer::mlp_forward(float* h, float* act, float* y, const float* x, int64
   gemm_forward(mp, y, act, w2, w2b, b2, rows, width, c);
 }
 
+void MoeLayer::experts_forward(const std::vector<int64_t>& rows_of, const float* x, float* h,
+                               float* act, float* y) const {
+  const int64_t C = c, FC = fc();
+  int64_t row0 = 0;
+  for (size_t e = 0; e < rows_of.size(); ++e) {
+    const int64_t rows = rows_of[e];
+    if (rows > 0) {
+      const int64_t le = static_cast<int64_t>(e), w1 = le * FC * C, w2 = le * C * f;
+      mlp_forward(h + row0 * FC, act + row0 * f, y + row0 * C, x + row0 * C, rows,
+                  mp ? nullptr : w_in->value.f32() + w1,
+                  mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
+                  b_in ? b_in->value.f32() + le * FC : nullptr,
+                  mp ? nullptr : w_out->value.f32() + w2,
+                  mp ? w_out->value_bf16.bf16p() + w2 : nullptr,
+                  b_out ? b_out->value.f32() + le * C : nullptr, f);
+    }
+    row0 += rows;
+  }
+}
+
+void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of, float* dy_dx, const float* x,
+                                const float* h, const float* act, MoeScratch& s) const {
+  const int64_t C = c, FC = fc();
+  int64_t row0 = 0;
+  for (size_t e = 0; e < rows_of.size(); ++e) {
+    const int64_t rows = rows_of[e];
+    if (rows > 0) {
+      const int64_t le = static_cast<int64_t>(e), w1 = le * FC * C, w2 = le * C * f;
+      gemm_backward(mp, s.dact.f32(), w_out->grad.f32() + w2,
+                    b_out ? b_out->grad.f32() + le * C : nullptr, dy_dx + row0 * C,
+                    act + row0 * f, mp ? nullptr : w_out->value.f32() + w2,
+                    mp ? w_out->value_bf16.bf16p() + w2 : nullptr, rows, f, C);
+      activation_backward(mlp, s.dh.f32(), h + row0 * FC, s.dact.f32(), rows, f);
+      gemm_backward(mp, nullptr, w_in->grad.f32() + w1, b_in ? b_in->grad.f32() + le * FC : nullptr,
+                    s.dh.f32(), x + row0 * C, nullptr,
+                    mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
+      // This expert's rows of d(y) were read above: d(x) takes their place.
+      gemm_backward(mp, dy_dx + row0 * C, nullptr, nullptr, s.dh.f32(), nullptr,
+                    mp ? nullptr : w_in->value.f32() + w1,
+                    mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
+    }
+    row0 += rows;
+  }
+}
+
 void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
                        MoeScratch& s) const {
-  const int64_t C = c, FC = fc(), k = top_k;
+  const int64_t C = c, k = top_k;
   Routing r = routing(a, n);
   {
     profile::Scope p("moe.router");
@@ -118,23 +177,26 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
     for (int64_t row = 0; row < r.kept; ++row)
       std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
   }
-  {
+  if (!ep.active()) {
     profile::Scope p("moe.experts");
-    int64_t row0 = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      const int64_t rows = a.counts[static_cast<size_t>(e)];
-      if (rows > 0) {
-        const int64_t w1 = e * FC * C, w2 = e * C * f;
-        mlp_forward(a.h.f32() + row0 * FC, a.act.f32() + row0 * f, a.ys.f32() + row0 * C,
-                    xs + row0 * C, rows, mp ? nullptr : w_in->value.f32() + w1,
-                    mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
-                    b_in ? b_in->value.f32() + e * FC : nullptr,
-                    mp ? nullptr : w_out->value.f32() + w2,
-                    mp ? w_out->value_bf16.bf16p() + w2 : nullptr,
-                    b_out ? b_out->value.f32() + e * C : nullptr, f);
-      }
-      row0 += rows;
+    experts_forward(a.counts, xs, a.h.f32(), a.act.f32(), a.ys.f32());
+  } else {
+    // Dispatch this rank's rows to their experts' ranks, run the local experts on what
+    // arrived, and return the outputs (parallel/expert.h).
+    parallel::ep::Exchange& xg = a.exchange;
+    {
+      profile::Scope p("moe.dispatch");
+      xg = parallel::ep::plan_exchange(ep, a.counts, experts);
+      parallel::ep::exchange_rows(ep, xg, xs, s.xr.f32(), C, false);
+      parallel::ep::to_expert_major(xg, s.xr.f32(), a.xe.f32(), C);
     }
+    {
+      profile::Scope p("moe.experts");
+      experts_forward(xg.expert_rows, a.xe.f32(), a.h.f32(), a.act.f32(), s.ye.f32());
+    }
+    profile::Scope p("moe.combine.exchange");
+    parallel::ep::to_source_major(xg, s.ye.f32(), s.xr.f32(), C);
+    parallel::ep::exchange_rows(ep, xg, s.xr.f32(), a.ys.f32(), C, true);
   }
   {
     profile::Scope p("moe.combine");
@@ -163,7 +225,7 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
 
 void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
                         const MoeActivations& a, MoeScratch& s, float loss_weight) const {
-  const int64_t C = c, FC = fc(), k = top_k;
+  const int64_t C = c, k = top_k;
   const Routing r = routing(a, n);
   float* dys = s.dys.f32();
   float* dgate = s.dgate.f32();
@@ -190,32 +252,29 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
       }
     }
   }
-  // The gathered inputs again (not kept: n·k·C floats per layer), for the weight gradients.
-  float* xs = s.xs.f32();
-  for (int64_t row = 0; row < r.kept; ++row)
-    std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
-  {
+  // d(expert outputs) -> d(expert inputs), in place in dys (row for row); the weight
+  // gradients added. Without ep the inputs are gathered again (not kept: n·k·C floats per
+  // layer); with ep the received rows were kept (gathering them again is an all-to-all).
+  if (!ep.active()) {
+    float* xs = s.xs.f32();
+    for (int64_t row = 0; row < r.kept; ++row)
+      std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
     profile::Scope p("moe.experts.bwd");
-    int64_t row0 = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      const int64_t rows = a.counts[static_cast<size_t>(e)];
-      if (rows > 0) {
-        const int64_t w1 = e * FC * C, w2 = e * C * f;
-        gemm_backward(mp, s.dact.f32(), w_out->grad.f32() + w2,
-                      b_out ? b_out->grad.f32() + e * C : nullptr, dys + row0 * C,
-                      a.act.f32() + row0 * f, mp ? nullptr : w_out->value.f32() + w2,
-                      mp ? w_out->value_bf16.bf16p() + w2 : nullptr, rows, f, C);
-        activation_backward(mlp, s.dh.f32(), a.h.f32() + row0 * FC, s.dact.f32(), rows, f);
-        // dxs overwrites this expert's rows of xs after they are read for dW_in.
-        gemm_backward(mp, nullptr, w_in->grad.f32() + w1,
-                      b_in ? b_in->grad.f32() + e * FC : nullptr, s.dh.f32(), xs + row0 * C,
-                      nullptr, mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
-        gemm_backward(mp, xs + row0 * C, nullptr, nullptr, s.dh.f32(), nullptr,
-                      mp ? nullptr : w_in->value.f32() + w1,
-                      mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
-      }
-      row0 += rows;
+    experts_backward(a.counts, dys, xs, a.h.f32(), a.act.f32(), s);
+  } else {
+    const parallel::ep::Exchange& xg = a.exchange;
+    {
+      profile::Scope p("moe.combine.exchange.bwd");
+      parallel::ep::exchange_rows(ep, xg, dys, s.xr.f32(), C, false);
+      parallel::ep::to_expert_major(xg, s.xr.f32(), s.ye.f32(), C);
     }
+    {
+      profile::Scope p("moe.experts.bwd");
+      experts_backward(xg.expert_rows, s.ye.f32(), a.xe.f32(), a.h.f32(), a.act.f32(), s);
+    }
+    profile::Scope p("moe.dispatch.bwd");
+    parallel::ep::to_source_major(xg, s.ye.f32(), s.xr.f32(), C);
+    parallel::ep::exchange_rows(ep, xg, s.xr.f32(), dys, C, true);
   }
   {
     profile::Scope p("moe.router.bwd");
@@ -233,7 +292,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
       for (int64_t j = 0; j < k; ++j) {
         const int32_t row = r.slot[t * k + j];
         if (row < 0) continue;
-        const float* src = xs + static_cast<int64_t>(row) * C;
+        const float* src = dys + static_cast<int64_t>(row) * C;
         for (int64_t i = 0; i < C; ++i) dxt[i] += src[i];
       }
     }

@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "model/moe_routing.h"
 #include "model/params.h"
+#include "parallel/expert.h"
 
 namespace mt::model {
 
@@ -45,15 +46,21 @@ struct MoeStats {
 
 // What an MoE layer keeps for backward (one microbatch of n tokens; rows of the expert
 // buffers: up to n·k, the kept assignments in expert order).
+//
+// With expert parallelism (ep ranks) the expert buffers h, act and xe hold the rows this
+// rank's E/ep experts received from every ep rank (at most R = ep·n·min(k, E/ep), expert-
+// major), and ys the outputs of this rank's own kept rows, returned by the combine.
 struct MoeActivations {
   Tensor probs, lse, gate;              // [n, E], [n], [n, k]
   Tensor expert, slot, order;           // i32: [n, k], [n, k], [n·k]
-  Tensor h;                             // [n·k, FC] the experts' first projection (gate | up)
-  Tensor act;                           // [n·k, F] its activation
+  Tensor h;                             // [rows, FC] the experts' first projection (gate | up)
+  Tensor act;                           // [rows, F] its activation
   Tensor ys;                            // [n·k, C] the experts' outputs, before the gates
+  Tensor xe;                            // ep: [R, C] the received rows (the experts' inputs)
   Tensor shared_h, shared_act;          // the shared expert's: [n, FCs], [n, Fs]
   std::vector<int64_t> counts, routed;  // [E]
   int64_t kept = 0;
+  parallel::ep::Exchange exchange;  // ep: who sent how many rows to which local expert
   BalanceLosses losses;
 };
 
@@ -67,6 +74,9 @@ struct MoeScratch {
   Tensor dgate;   // [n, k]
   Tensor y;       // [n, C] the layer's output, and the shared expert's / router's dx
   Tensor dshared_act, dshared_h;  // [n, Fs], [n, FCs]
+  // ep: [R, C] rows in source-major order (what the all-to-alls move), and [R, C] the
+  // experts' outputs (expert-major), then their output and input gradients.
+  Tensor xr, ye;
 };
 
 struct MoeLayer {
@@ -90,8 +100,12 @@ struct MoeLayer {
   int64_t fc() const { return mlp == MlpKind::kSwiGlu ? 2 * f : f; }
   int64_t fc_shared() const { return mlp == MlpKind::kSwiGlu ? 2 * f_shared : f_shared; }
 
-  static MoeActivations make_activations(const GptConfig& c, int64_t n);
-  static MoeScratch make_scratch(const GptConfig& c, int64_t n);
+  parallel::ep::EpContext ep;  // --ep: this rank holds experts [ep.rank·E/ep, +E/ep)
+
+  int64_t local_experts() const { return experts / ep.size; }
+  // ep: the number of ranks the experts are split over (1: all here).
+  static MoeActivations make_activations(const GptConfig& c, int64_t n, int ep = 1);
+  static MoeScratch make_scratch(const GptConfig& c, int64_t n, int ep = 1);
 
   // y [n, C] = the layer's output for x [n, C] (overwritten).
   void forward(MoeActivations& a, float* y, const float* x, int64_t n, MoeScratch& s) const;
@@ -103,6 +117,13 @@ struct MoeLayer {
 
  private:
   Routing routing(const MoeActivations& a, int64_t n) const;
+  // Each local expert's rows (rows_of[e], consecutive from row 0) through its MLP: x -> y,
+  // keeping h and act. Backward: dy_dx holds d(y) in and d(x) out (row for row); the weight
+  // gradients are added.
+  void experts_forward(const std::vector<int64_t>& rows_of, const float* x, float* h, float* act,
+                       float* y) const;
+  void experts_backward(const std::vector<int64_t>& rows_of, float* dy_dx, const float* x,
+                        const float* h, const float* act, MoeScratch& s) const;
   void mlp_forward(float* h, float* act, float* y, const float* x, int64_t rows, const float* w1,
                    const bf16* w1b, const float* b1, const float* w2, const bf16* w2b,
                    const float* b2, int64_t width) const;

@@ -85,7 +85,10 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
     add(h + "ln_2.weight", {d}, Init::kOnes, 0, TpSplit::kReplicated, l);
     if (norm_bias) add(h + "ln_2.bias", {d}, Init::kZeros, 0, TpSplit::kReplicated, l);
     if (c.moe.is_moe_layer(l)) {
+      const size_t first = s.size();
       add_moe(h, l);
+      for (size_t i = first; i < s.size(); ++i)
+        s[i].expert = s[i].name.find(".moe.experts.") != std::string::npos;
       continue;
     }
     // GELU: c_fc [F, C]; SwiGLU: gate | up stacked [2F, C] (gate_proj, up_proj), each half
@@ -180,10 +183,31 @@ std::vector<ParamSpec> tp_shard_specs(std::vector<ParamSpec> specs, int rank, in
   return specs;
 }
 
+std::vector<ParamSpec> ep_shard_specs(std::vector<ParamSpec> specs, int rank, int size) {
+  for (auto& s : specs) {
+    if (!s.expert) continue;
+    if (s.tp_split != TpSplit::kReplicated)
+      fail("{}: an expert tensor must be tp-replicated to split over ep", s.name);
+    if (s.global_shape.empty()) s.global_shape = s.shape;
+    if (s.shape[0] % size != 0)
+      fail("{}: its {} experts do not split over {} expert-parallel ranks (use an --ep that "
+           "divides {})",
+           s.name, s.shape[0], size, s.shape[0]);
+    s.shape[0] /= size;
+    s.ep_rank = rank;
+    s.ep_size = size;
+  }
+  return specs;
+}
+
 void for_each_tp_run(const ParamSpec& spec,
                      const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   const Shape& g = spec.full_shape();
   const int64_t n = shape_numel(spec.shape);
+  if (spec.expert && spec.ep_size > 1) {  // whole experts: one run (tp-replicated)
+    fn(0, spec.ep_rank * n, n);
+    return;
+  }
   if (spec.tp_size <= 1 || spec.tp_split == TpSplit::kReplicated) {
     fn(0, 0, n);
     return;

@@ -46,6 +46,11 @@ struct ParamSpec {
   // no TP). tp_rank of tp_size picks the slice by tp_split (tp_shard_specs).
   Shape global_shape;
   int tp_rank = 0, tp_size = 1;
+  // Expert parallelism (--ep): a routed expert tensor ([E, ...], dim 0 the expert) is split
+  // over the ep group by whole experts, ep rank r holding experts [r·E/ep, (r+1)·E/ep)
+  // (ep_shard_specs). Experts are tp-replicated, so the two splits never meet in one tensor.
+  bool expert = false;
+  int ep_rank = 0, ep_size = 1;
   const Shape& full_shape() const { return global_shape.empty() ? shape : global_shape; }
 };
 
@@ -144,6 +149,11 @@ void init_param_range(const ParamSpec& spec, uint64_t seed, int64_t first, int64
 // kReplicated: all of it), global_shape keeps the whole. Refuses a split that does not
 // divide (the layout is checked before, with a better message: Gpt's tp refusals).
 std::vector<ParamSpec> tp_shard_specs(std::vector<ParamSpec> specs, int rank, int size);
+// ---- expert parallelism -------------------------------------------------------------
+// The specs of ep rank `rank` of `size`: each routed expert tensor's shape becomes its
+// E/size experts (dim 0), global_shape keeps the whole; other specs are unchanged. Refuses
+// an expert count that does not divide.
+std::vector<ParamSpec> ep_shard_specs(std::vector<ParamSpec> specs, int rank, int size);
 // Calls fn(local_first, global_first, n) for each contiguous run of a (sharded) parameter:
 // local elements [local_first, +n) are global elements [global_first, +n).
 void for_each_tp_run(const ParamSpec& spec,

@@ -53,14 +53,19 @@ ReplicatedGradSync::ReplicatedGradSync(std::vector<std::pair<int64_t, int64_t>> 
 }
 
 void ReplicatedGradSync::sync(const TpContext& tp, float* grads) {
-  if (!tp.active() || ranges_.empty()) return;
+  if (!tp.active()) return;
+  sync(*tp.group, grads);
+}
+
+void ReplicatedGradSync::sync(comm::Group& group, float* grads) {
+  if (group.size() == 1 || ranges_.empty()) return;
   float* buf = packed_.f32();
   int64_t k = 0;
   for (auto [a, b] : ranges_) {
     kernels::copy(buf + k, grads + a, b - a);
     k += b - a;
   }
-  all_reduce(tp, buf, k);
+  group.all_reduce(comm::device_buf(buf, k));
   k = 0;
   for (auto [a, b] : ranges_) {
     kernels::copy(grads + a, buf + k, b - a);

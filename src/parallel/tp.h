@@ -56,6 +56,8 @@ class ReplicatedGradSync {
   // the flat buffer this rank's optimizer reads, whose gradients live at grads + (e - lo).
   ReplicatedGradSync(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t lo, int64_t hi);
   void sync(const TpContext& tp, float* grads);
+  // The same over any group (expert parallelism: the dense parameters' gradients over ep).
+  void sync(comm::Group& group, float* grads);
   int64_t elems() const { return packed_.numel(); }
 
  private:

@@ -20,7 +20,8 @@ namespace mt::train {
 
 namespace fs = std::filesystem;
 
-void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer) {
+void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer,
+                         int ep) {
   const OuterOptions d;
   if (o.sites < 0) fail("--sites {} must be at least 1 (or left out: synchronous dp)", o.sites);
   if (!o.on()) {
@@ -62,6 +63,11 @@ void check_outer_options(const OuterOptions& o, int dp, const std::string& devic
         "synchronised at its own inner step of the round) and the model's {} layers",
         o.fragments, o.every, n_layer);
   (void)parse_outer_compress(o.compress);
+  if (ep > 1)
+    fail(
+        "--sites {} with --ep {}: DiLoCo sites are not carved from expert-parallel ranks yet "
+        "(use --ep 1)",
+        o.sites, ep);
   if (device != "cpu")
     fail("--sites {} runs on the CPU so far (the outer step is host code): use --device cpu",
          o.sites);

@@ -45,6 +45,7 @@ struct OuterOptions {
 };
 
 // Refuses (exit 2) a combination that cannot run, naming the value and the fix.
-void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer);
+void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer,
+                         int ep);
 
 }  // namespace mt::train

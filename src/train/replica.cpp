@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "kernels/kernels.h"
 
 namespace mt::train {
@@ -44,14 +45,14 @@ class Bf16Refresh : public parallel::UnitHooks {
 
 Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfig& adamw,
                  const ReplicaOptions& ro, comm::Group& dp_group, parallel::tp::TpContext tp_ctx,
-                 model::StageParts parts)
+                 model::StageParts parts, parallel::ep::EpContext ep_ctx, comm::Group* ep_grads_group)
     : dp(dp_group),
       options(ro),
       zero(ro.zero),
       gpt(config, seed,
           model::StoreOptions{dp_group.size(), ro.zero < 3, ro.zero < 2 || ro.pipelined, ro.bf16,
                               ro.zero < 3},
-          tp_ctx, std::move(parts)),
+          tp_ctx, std::move(parts), ep_ctx),
       layout(flat_layout(gpt)),
       shard(dp_group.rank(), dp_group.size(), layout.padded_elems) {
   model::ParamStore& ps = gpt.params();
@@ -117,7 +118,8 @@ Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfi
     const bool replicated_elsewhere =
         tp.active() && tp.rank != 0 && p.spec.tp_split == model::TpSplit::kReplicated;
     const bool tied_copy = ro.skip_tied_copy_in_norm && gpt.wte() == &p;
-    if (replicated_elsewhere || tied_copy) uncounted.push_back(range_of(p));
+    const bool dense_elsewhere = ep_ctx.active() && ep_ctx.rank != 0 && !p.spec.expert;
+    if (replicated_elsewhere || tied_copy || dense_elsewhere) uncounted.push_back(range_of(p));
   }
   std::sort(uncounted.begin(), uncounted.end());
   if (tp_ctx.sp) {  // layer norms, wpe: their gradients are sums over one sequence shard
@@ -125,6 +127,20 @@ Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfi
     for (int i : gpt.sequence_parallel_params())
       partial.push_back(range_of(ps.params()[static_cast<size_t>(i)]));
     tp_sync = std::make_unique<parallel::tp::ReplicatedGradSync>(partial, opt_lo, opt_hi);
+  }
+  if (ep_ctx.active()) {
+    if (!ep_grads_group) fail("expert parallelism needs the group of the dense gradients");
+    ep_grads = ep_grads_group;
+    std::vector<std::pair<int64_t, int64_t>> dense;
+    for (const auto& p : ps.params()) {
+      if (p.spec.expert) continue;
+      const auto r = range_of(p);
+      if (!dense.empty() && dense.back().second == r.first)
+        dense.back().second = r.second;  // neighbours merge: fewer, longer copies
+      else
+        dense.push_back(r);
+    }
+    ep_sync = std::make_unique<parallel::tp::ReplicatedGradSync>(dense, opt_lo, opt_hi);
   }
 }
 
@@ -158,6 +174,7 @@ void Replica::end_backward() {
   if (buckets) buckets->finish();
   if (grads) grads->finish();
   if (tp_sync) tp_sync->sync(gpt.tp(), opt_grads());  // --sp: sum the partial sums over tp
+  if (ep_sync) ep_sync->sync(*ep_grads, opt_grads());  // --ep: dense gradients over the ep ranks
   if (values) values->drop_prefetches();              // the values change next
 }
 

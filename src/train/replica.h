@@ -50,9 +50,16 @@ struct ReplicaOptions {
 parallel::FlatLayout flat_layout(const model::Gpt& gpt);
 
 struct Replica {
+  // Expert parallelism (ep_ctx active): dp_group is the expert-data-parallel group (the
+  // ranks holding the same experts: dp / ep, x cp), over which gradients are reduced and
+  // ZeRO shards as usual; the ep ranks are data parallel for every other (dense) parameter,
+  // whose gradients are then also summed over `ep_grads` (the ep ranks, a group of its own
+  // so that the ep group counts only the tokens' all-to-alls), like the tp-replicated ones
+  // over tp. Dense parameters count in the norm on ep rank 0 only.
   Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfig& adamw,
           const ReplicaOptions& ro, comm::Group& dp_group, parallel::tp::TpContext tp_ctx = {},
-          model::StageParts parts = {});
+          model::StageParts parts = {}, parallel::ep::EpContext ep_ctx = {},
+          comm::Group* ep_grads = nullptr);
 
   // Squared norm of this rank's owned gradients: each element of the padded flat buffer is
   // owned by exactly one dp rank; a tp-replicated parameter counts on tp rank 0 only, the
@@ -92,6 +99,9 @@ struct Replica {
   // other than 0, the last stage's tied wte copy. Sorted, disjoint.
   std::vector<std::pair<int64_t, int64_t>> uncounted;
   std::unique_ptr<parallel::tp::ReplicatedGradSync> tp_sync;
+  // --ep: the dense parameters' gradients summed over the ep ranks.
+  comm::Group* ep_grads = nullptr;
+  std::unique_ptr<parallel::tp::ReplicatedGradSync> ep_sync;
   // ZeRO-3 with bf16: the bf16 copies of the gathered units (one slot per f32 slot, as
   // large as the GEMM weights of the largest unit it serves), and the hook that converts a
   // unit's gathered values into them.

@@ -166,6 +166,32 @@ void check_context_parallel(const TrainOptions& o) {
 
 }  // namespace
 
+namespace {
+// --ep: the experts split over ep of the dp ranks (folded: the world is pp x dp x cp x tp).
+void check_expert_parallel(const TrainOptions& o) {
+  if (o.ep < 1) fail("--ep {} must be at least 1", o.ep);
+  if (o.ep == 1) return;
+  if (!o.model.moe.enabled())
+    fail(
+        "--ep {}: model {} has no experts to split (expert parallelism needs an MoE model: "
+        "--model mixtral-tiny, or --moe-experts N)",
+        o.ep, o.model.name);
+  if (o.dp % o.ep != 0)
+    fail(
+        "--ep {} must divide --dp {}: the expert-parallel ranks are carved from the data-"
+        "parallel ones (use --dp {}, or an --ep that divides {})",
+        o.ep, o.dp, (o.dp / o.ep + 1) * o.ep, o.dp);
+  if (!o.checkpoint_dir.empty() || !o.resume.empty())
+    fail(
+        "--ep {} with checkpoints: an expert-parallel run does not write or read checkpoints "
+        "yet (drop --checkpoint-dir / --resume, or train with --ep 1)",
+        o.ep);
+  if (o.model.moe.n_experts % o.ep != 0)
+    fail("--ep {}: the {} experts do not split over {} ranks (use an --ep that divides {})", o.ep,
+         o.model.moe.n_experts, o.ep, o.model.moe.n_experts);
+}
+}  // namespace
+
 void TrainOptions::validate() const {
   model.validate();
   if (batch < 1) fail("--batch {} must be at least 1", batch);
@@ -180,12 +206,13 @@ void TrainOptions::validate() const {
         "mixtral-tiny, or --moe-experts N)");
   if (microbatch < 0) fail("--microbatch {} must be at least 1", microbatch);
   if (dp < 1) fail("--dp {} must be at least 1", dp);
+  check_expert_parallel(*this);
   if (pipeline.pp < 1) fail("--pp {} must be at least 1", pipeline.pp);
   model::check_tp(model, tp, sp);  // tensor parallelism: refusals naming the valid --tp
   check_context_parallel(*this);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
-  check_outer_options(outer, dp, device, model.n_layer);
+  check_outer_options(outer, dp, device, model.n_layer, ep);
   check_batch_split(*this);
   check_run_numbers(*this);
   if (pipeline.exchanges != "auto" && pipeline.exchanges != "batched" &&
@@ -301,7 +328,7 @@ int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
 }
 
 // The mesh: --mesh-order names pp, dp, cp and tp, slowest first (cp left out: just before
-// tp); ep has size 1 here.
+// tp; ep left out: just after dp).
 comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
   std::vector<std::string> order;
   std::string name;
@@ -310,9 +337,10 @@ comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
       name += ch;
       continue;
     }
-    if (name != "pp" && name != "dp" && name != "cp" && name != "tp")
-      fail("--mesh-order '{}': '{}' is not pp, dp, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
-           o.mesh_order, name);
+    if (name != "pp" && name != "dp" && name != "ep" && name != "cp" && name != "tp")
+      fail(
+          "--mesh-order '{}': '{}' is not pp, dp, ep, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
+          o.mesh_order, name);
     order.push_back(name);
     name.clear();
   }
@@ -322,9 +350,14 @@ comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
     fail("--mesh-order '{}' must name pp, dp, cp and tp once each (e.g. pp,dp,cp,tp)",
          o.mesh_order);
   if (!names.count("cp")) order.insert(std::find(order.begin(), order.end(), "tp"), "cp");
-  order.insert(order.begin(), "ep");
-  return comm::MeshShape({{"pp", o.pipeline.pp}, {"dp", o.dp}, {"cp", o.cp}, {"tp", o.tp}}, world,
-                         order);
+  if (!names.count("ep")) order.insert(std::find(order.begin(), order.end(), "dp") + 1, "ep");
+  // ep is carved from dp: the mesh's dp is what is left of it (the experts' data parallelism).
+  return comm::MeshShape({{"pp", o.pipeline.pp},
+                          {"dp", o.dp / o.ep},
+                          {"ep", o.ep},
+                          {"cp", o.cp},
+                          {"tp", o.tp}},
+                         world, order);
 }
 
 // Mean loss over the first `batches` global batches of the held-out split; each rank
@@ -352,7 +385,7 @@ float evaluate(Replica& r, int d, int D, model::Activations* acts, PipelineStage
     scalars->all_reduce(comm::Buf(&s, 1));
     sum = s;
   }
-  // Over dp x cp of the job (each cp rank's loss a mean over its rows).
+  // D data-parallel ranks x cp (each cp rank's loss a mean over its rows).
   return static_cast<float>(sum / static_cast<double>(batches * n_micro * D * r.gpt.cp().size));
 }
 
@@ -400,6 +433,32 @@ std::unique_ptr<model::Gpt> gather_tp_shards(const model::Gpt& gpt, comm::Group&
   return whole;
 }
 
+// Expert parallelism: the rank's (stage, tp-sharded) model with all its experts, as an
+// ep = 1 Gpt: each expert tensor all-gathered over ep (the shards are whole experts in rank
+// order, so the gathered buffer is the tensor). Collective over `ep`; the model on ep rank
+// 0, null elsewhere.
+std::unique_ptr<model::Gpt> gather_ep_shards(const model::Gpt& gpt, comm::Group& ep,
+                                             const model::GptConfig& config, uint64_t seed) {
+  std::unique_ptr<model::Gpt> whole;
+  if (ep.rank() == 0)
+    whole = std::make_unique<model::Gpt>(config, seed, model::StoreOptions{}, gpt.tp(), gpt.parts());
+  const auto& mine = gpt.params().params();
+  std::vector<float> gathered;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const model::Param& prm = mine[i];
+    if (!prm.spec.expert) {
+      if (whole) whole->params().params()[i].value.copy_from(prm.value);
+      continue;
+    }
+    const int64_t n = prm.value.numel();
+    gathered.resize(static_cast<size_t>(n * ep.size()));
+    ep.all_gather(comm::Buf(const_cast<float*>(prm.value.f32()), n),
+                  comm::Buf(gathered.data(), n * ep.size()));
+    if (whole) std::copy_n(gathered.begin(), n * ep.size(), whole->params().params()[i].value.f32());
+  }
+  return whole;
+}
+
 // The whole model on world rank 0, for export, when it is spread over tp or pp ranks:
 // ZeRO-3 shards gathered over dp (every rank), tp shards over the tp group of dp rank 0,
 // and the pipeline stages of that replica sent to the first stage, parameter by parameter
@@ -411,14 +470,19 @@ std::unique_ptr<model::Gpt> gather_whole_model(Replica& rep, comm::Group& tp_gro
                                                const parallel::pp::Partition* part) {
   rep.materialize_full();
   if (rep.dp.rank() != 0) return nullptr;
-  std::unique_ptr<model::Gpt> stage;
+  std::unique_ptr<model::Gpt> experts, stage;
   model::Gpt* mine = &rep.gpt;
+  if (rep.gpt.ep().active()) {  // the ep group of a replica's first rank: all have dp rank 0
+    experts = gather_ep_shards(rep.gpt, *rep.gpt.ep().group, o.model, o.seed);
+    if (!experts) return nullptr;
+    mine = experts.get();
+  }
   if (o.tp > 1) {
-    stage = gather_tp_shards(rep.gpt, tp_group, o.model, o.seed);
+    stage = gather_tp_shards(*mine, tp_group, o.model, o.seed);
     mine = stage.get();
   }
   if (tp_group.rank() != 0) return nullptr;
-  if (o.pipeline.pp == 1) return stage;
+  if (o.pipeline.pp == 1) return stage ? std::move(stage) : std::move(experts);
   const int p = ppg.rank();
   if (p != 0) {
     for (const model::Param& prm : mine->params().params())
@@ -501,6 +565,8 @@ nlohmann::json run_header(const TrainOptions& o, int threads, comm::Group& world
             {"tp", o.tp},
             {"pp", o.pipeline.pp},
             {"sp", o.sp},
+            {"cp", o.cp},
+            {"ep", o.ep},
             {"zero", o.zero},
             {"schedule", o.pipeline.pp > 1 ? o.pipeline.schedule : ""},
             {"virtual_stages", o.pipeline.virtual_stages},
@@ -561,13 +627,22 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   profile::enable(o.profile);  // per thread: each rank's own
   profile::reset();
   comm::DeviceMesh mesh(world, make_mesh_shape(o, world.size()));
-  comm::Group& dp = mesh.group("dp");
+  // The data-parallel ranks (each its own samples): dp, or with --ep the mesh's dp x ep.
+  comm::Group& dp = o.ep > 1 ? mesh.group({"dp", "ep"}) : mesh.group("dp");
   comm::Group& tp_group = mesh.group("tp");
   comm::Group& ppg = mesh.group("pp");
   comm::Group& cpg = mesh.group("cp");
+  comm::Group& epg = mesh.group("ep");
   // Gradients are reduced (and ZeRO shards) over dp x cp: the cp ranks of a replica hold the
-  // same parameters and each computes their gradient from its part of the sequences.
-  comm::Group& job_grads_group = o.cp > 1 ? mesh.group({"dp", "cp"}) : dp;
+  // same parameters and each computes their gradient from its part of the sequences. With
+  // --ep that is the ranks holding the same experts (the mesh's dp = dp / ep); the dense
+  // parameters' gradients are summed over the ep ranks too, on a group of their own.
+  comm::Group& job_grads_group =
+      o.cp > 1 ? mesh.group({"dp", "cp"}) : (o.ep > 1 ? mesh.group("dp") : dp);
+  std::unique_ptr<comm::Group> ep_grads;
+  if (world.size() > 1)  // collective over the world: every rank splits
+    ep_grads = world.split(o.ep > 1 ? mesh.shape().group_index({"ep"}, world.rank()) : -1,
+                           epg.rank(), "ep_grads");
   // DiLoCo (--sites): gradients and ZeRO stay inside a site (train/outer_optimizer.h).
   std::unique_ptr<Sites> sites;
   if (o.outer.on())
@@ -615,7 +690,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   ro.bf16 = o.dtype == "bf16";
   Replica rep(o.model, o.seed, o.adamw, ro, grads_group,
               o.tp > 1 ? parallel::tp::TpContext::of(tp_group, o.sp) : parallel::tp::TpContext{},
-              P > 1 ? stage_parts(*sh.schedule, *sh.partition, p) : model::StageParts{});
+              P > 1 ? stage_parts(*sh.schedule, *sh.partition, p) : model::StageParts{},
+              o.ep > 1 ? parallel::ep::EpContext::of(epg) : parallel::ep::EpContext{},
+              ep_grads.get());
   rep.gpt.set_recompute(model::parse_recompute(o.recompute));
   std::unique_ptr<OuterOptimizer> outer;
   if (sites) outer = std::make_unique<OuterOptimizer>(o.outer, rep, *sites, world.rank());
@@ -666,6 +743,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                                 : "");
     if (CP > 1)
       layout += fmt::format(", cp {} ({} exchange, causal load-balanced split)", CP, o.cp_comm);
+    if (o.ep > 1)
+      layout += fmt::format(", ep {} ({} of the {} experts per rank, carved from dp)", o.ep,
+                            o.model.moe.n_experts / o.ep, o.model.moe.n_experts);
     if (o.tp > 1)
       layout += fmt::format(", tp {}{}", o.tp, o.sp ? " with sequence parallelism" : "");
     if (P > 1)
@@ -736,13 +816,18 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   // This rank's byte counters over each mesh dimension; a step's traffic is the difference.
   // dp: the gradient traffic (over dp x cp with context parallelism); cp: the attention's.
   struct Bytes {
-    int64_t dp, dp_sent, tp, pp, cp, outer;
+    int64_t dp, dp_sent, tp, pp, cp, ep, outer;
   };
   auto bytes_now = [&] {
-    return Bytes{
-        bytes_of(grads_group), grads_group.recorder().bytes_of_group(grads_group.name()).sent_bytes,
-        bytes_of(tp_group),    bytes_of(ppg),
-        bytes_of(cpg),         sites ? sites->outer_recv_bytes() : 0};
+    const bool e = o.ep > 1 && ep_grads;
+    return Bytes{bytes_of(grads_group) + (e ? bytes_of(*ep_grads) : 0),
+                 grads_group.recorder().bytes_of_group(grads_group.name()).sent_bytes +
+                     (e ? ep_grads->recorder().bytes_of_group(ep_grads->name()).sent_bytes : 0),
+                 bytes_of(tp_group),
+                 bytes_of(ppg),
+                 bytes_of(cpg),
+                 bytes_of(epg),
+                 sites ? sites->outer_recv_bytes() : 0};
   };
   // Each site's loss gradient is the mean over its own sequences (S / (B T); 1 / (B T)).
   const float grad_scale = outer_grad_scale(o.outer, B * T);
@@ -833,13 +918,14 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     rec.step_tp_recv_bytes.push_back(now.tp - before.tp);
     rec.step_pp_recv_bytes.push_back(now.pp - before.pp);
     rec.step_cp_recv_bytes.push_back(now.cp - before.cp);
+    rec.step_ep_recv_bytes.push_back(now.ep - before.ep);
     rec.step_outer_recv_bytes.push_back(now.outer - before.outer);
     // One gather per step: each rank's peak bytes, bytes per dimension and compute time
     // (ns): the worst peak and the job's sums, exact.
-    const std::vector<int64_t> ranks =
-        gather_int64(scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp,
-                               now.tp - before.tp, now.pp - before.pp, now.cp - before.cp,
-                               static_cast<int64_t>(compute * 1e9), now.outer - before.outer});
+    const std::vector<int64_t> ranks = gather_int64(
+        scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp, now.tp - before.tp,
+                  now.pp - before.pp, now.cp - before.cp, now.ep - before.ep,
+                  static_cast<int64_t>(compute * 1e9), now.outer - before.outer});
     before = now;
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
@@ -857,23 +943,24 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
     r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
-    int64_t job[6] = {};  // dp, tp, pp, cp bytes, compute ns, outer bytes: sums over ranks
-    for (size_t k = 0; k < ranks.size(); k += 7) {
+    int64_t job[7] = {};  // dp, tp, pp, cp, ep bytes, compute ns, outer bytes: sums over ranks
+    for (size_t k = 0; k < ranks.size(); k += 8) {
       if (ranks[k] > r.peak_bytes) {
         r.peak_bytes = ranks[k];
-        r.worst_rank = static_cast<int>(k / 7);
+        r.worst_rank = static_cast<int>(k / 8);
       }
-      for (int i = 0; i < 6; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
+      for (int i = 0; i < 7; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
     }
     r.comm_bytes = rec.step_recv_bytes.back();
     r.dp_bytes = static_cast<double>(job[0]);
     r.tp_bytes = static_cast<double>(job[1]);
     r.pp_bytes = static_cast<double>(job[2]);
     r.cp_bytes = static_cast<double>(job[3]);
-    r.outer_bytes = static_cast<double>(job[5]);
+    r.ep_bytes = static_cast<double>(job[4]);
+    r.outer_bytes = static_cast<double>(job[6]);
     r.outer_step = outer_step;
     if (P > 1)
-      r.bubble = std::max(0.0, 1 - static_cast<double>(job[4]) * 1e-9 / (world.size() * dt));
+      r.bubble = std::max(0.0, 1 - static_cast<double>(job[5]) * 1e-9 / (world.size() * dt));
     steps.push_back(r);
 
     nlohmann::json row = {{"step", r.step},
@@ -891,6 +978,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                           {"pp_bytes", r.pp_bytes}};
     row["tokens"] = r.step * B * T;  // trained on so far (the x axis of loss vs tokens)
     if (CP > 1) row["cp_bytes"] = r.cp_bytes;
+    if (o.ep > 1) row["ep_bytes"] = r.ep_bytes;
     if (sites) {
       row["outer_bytes"] = r.outer_bytes;
       row["outer_step"] = r.outer_step;
@@ -924,20 +1012,22 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     }
     if (metrics) metrics->write(row);
     if (tensorboard) {
-      for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes",
-                              "outer_bytes", "bubble", "moe_aux_loss", "moe_z_loss"})
+      for (const char* key :
+           {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_bytes", "time_s",
+            "dp_bytes", "tp_bytes", "pp_bytes", "cp_bytes", "ep_bytes", "outer_bytes", "bubble",
+            "moe_aux_loss", "moe_z_loss"})
         if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
       tensorboard->flush();
     }
     if (talk) {
       std::string text = fmt::format(
           "step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-          "peak {} (rank {}) | comm dp {} tp {} pp {}{}{} | {:.0f} ms",
+          "peak {} (rank {}) | comm dp {} tp {} pp {}{}{}{} | {:.0f} ms",
           r.step, o.steps, r.loss, r.lr, r.grad_norm, r.tokens_per_s, 100 * r.mfu,
           obs::human_bytes(static_cast<double>(r.peak_bytes)), r.worst_rank,
           obs::human_bytes(r.dp_bytes), obs::human_bytes(r.tp_bytes), obs::human_bytes(r.pp_bytes),
           CP > 1 ? " cp " + obs::human_bytes(r.cp_bytes) : "",
+          o.ep > 1 ? " ep " + obs::human_bytes(r.ep_bytes) : "",
           P > 1 ? fmt::format(" | bubble {:.0f}%", 100 * r.bubble) : "", 1000 * dt);
       if (moe) text += moe_progress(*moe);
       if (sites)
@@ -1013,8 +1103,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                         obs::human_bytes(static_cast<double>(all[worst * w + c])));
       const auto at = mesh.shape().coords(static_cast<int>(worst));
       progress.line(
-          fmt::format("peak memory: worst rank {} (pp {} dp {}{} tp {}) {}: {}", worst, at.at("pp"),
-                      at.at("dp"), CP > 1 ? fmt::format(" cp {}", at.at("cp")) : "", at.at("tp"),
+          fmt::format("peak memory: worst rank {} (pp {} dp {}{}{} tp {}) {}: {}", worst,
+                      at.at("pp"), at.at("dp"), o.ep > 1 ? fmt::format(" ep {}", at.at("ep")) : "",
+                      CP > 1 ? fmt::format(" cp {}", at.at("cp")) : "", at.at("tp"),
                       obs::human_bytes(static_cast<double>(all[worst * w + w - 1])), cats));
     }
   }
@@ -1033,7 +1124,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   // dimension, summed over the ranks (tp's is 0 where tp sits inside hosts).
   if (hosts.hosts() > 1 && scalars) {
     const std::vector<std::pair<std::string, comm::Group*>> dims = {
-        {"tp", &tp_group}, {"cp", &cpg}, {"pp", &ppg}, {"dp", &grads_group}};
+        {"tp", &tp_group}, {"cp", &cpg}, {"ep", &epg}, {"pp", &ppg}, {"dp", &grads_group}};
     std::vector<float> kib;
     for (const auto& [dim, g] : dims)
       kib.push_back(comm::spans_hosts(*g, hosts) ? static_cast<float>(bytes_of(*g)) / 1024.0f
@@ -1072,7 +1163,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   }
   if (!o.export_path.empty() && stopped_at == 0) {  // a stopped run has not finished
     std::unique_ptr<model::Gpt> whole;
-    if (o.tp > 1 || P > 1)
+    if (o.tp > 1 || P > 1 || o.ep > 1)
       whole = gather_whole_model(rep, tp_group, ppg, o, sh.schedule, sh.partition);
     if (lead && device::on_cuda()) whole = host_copy(rep.gpt, o);  // export reads the host
     if (lead) {

@@ -28,6 +28,10 @@ struct TrainOptions {
   // the attention gets the keys and values of the other ranks (docs/context_parallel.md).
   int cp = 1;
   std::string cp_comm = "ring";
+  // Expert parallelism: the routed experts of every MoE layer split over ep ranks carved
+  // from dp (Megatron-Core's parallel folding: ep divides dp, the world is unchanged; the
+  // experts' gradients are reduced over dp / ep, the dense ones over dp; docs/moe.md).
+  int ep = 1;
   int zero = 0;                  // ZeRO stage: 0 DDP, 1 optimizer state, 2 + gradients, 3 + params
   double bucket_mb = 25;         // DDP / ZeRO-1 gradient bucket (MiB, PyTorch DDP's default)
   std::string backend = "auto";  // auto (mpi under mpirun, else local), local, mpi, nccl
@@ -79,7 +83,8 @@ struct TrainOptions {
   PipelineOptions pipeline;        // --pp > 1: train/pipeline_stage.h
   // The mesh's dimensions, slowest to fastest: tp fastest keeps a tp group's ranks on
   // neighbouring ranks (one host under mpirun's default mapping), pp slowest.
-  // pp, dp, cp and tp (cp may be left out: it then goes just before tp).
+  // pp, dp, cp and tp (cp may be left out: it then goes just before tp); ep may be named
+  // too (left out: just after dp, so that an ep group is dp's nearest ranks).
   std::string mesh_order = "pp,dp,cp,tp";
   std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
   // Mixture of experts: capacity and balancing losses (model/moe.h; docs/moe.md).
@@ -126,12 +131,13 @@ struct StepRecord {
   double time_s = 0;
   int64_t comm_bytes = 0;  // bytes rank 0 received over the dp group in this step
   // Bytes received in this step by all ranks together, per mesh dimension (dp: the gradient
-  // traffic, over dp x cp with context parallelism; cp: the attention's exchanges).
-  double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0, cp_bytes = 0;
-  double outer_bytes = 0;   // --sites: DiLoCo's outer exchange, over the cross-site groups
-  bool outer_step = false;  // --sites: the step ended with an outer step
+  // traffic, over dp x cp with context parallelism, and with --ep the dense gradients'
+  // sums over the ep ranks; cp: the attention's exchanges; ep: the MoE token all-to-alls).
+  double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0, cp_bytes = 0, ep_bytes = 0;
   double bubble = 0;        // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
   bool skipped = false;     // the loss or gradient norm was not finite: no update
+  double outer_bytes = 0;   // --sites: DiLoCo's outer exchange, over the cross-site groups
+  bool outer_step = false;  // --sites: the step ended with an outer step
 };
 
 // What each rank saw (the local backend fills every rank's; under mpirun only this
@@ -143,7 +149,8 @@ struct RankRecord {
   std::vector<int64_t> step_tp_recv_bytes;                // over the tp group, per step
   std::vector<int64_t> step_pp_recv_bytes;                // over the pp group, per step
   std::vector<int64_t> step_cp_recv_bytes;                // over the cp group, per step
-  std::vector<int64_t> step_outer_recv_bytes;  // --sites: over the cross-site group, per step
+  std::vector<int64_t> step_ep_recv_bytes;                // over the ep group, per step
+  std::vector<int64_t> step_outer_recv_bytes;             // --sites: the cross-site group's
   std::vector<float> final_params;  // this rank's flat values (keep_final_params; TP shards,
                                     // the pipeline stage's parameters)
   int64_t allocations_after_first_step = 0;

@@ -81,6 +81,28 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivBf16,
                          ::testing::Values(L{1, 2, 1, 0, "1f1b", 1, true}, L{2, 2, 2, 3}),
                          [](const auto& info) { return test::name_of(info.param); });
 
+// Expert parallelism: the experts split over ep ranks carved from dp, tokens exchanged by
+// all-to-all. Each rank routes its own microbatch as the dp layout does, so the routing is
+// the same as the single rank's while no choice flips; the same tolerances hold.
+L with_ep(L l, int ep) {
+  l.ep = ep;
+  return l;
+}
+class MoeEquivEp : public ::testing::TestWithParam<L> {};
+TEST_P(MoeEquivEp, F32MatchesTheSingleRank) { check(GetParam(), kF32); }
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivEp,
+                         ::testing::Values(with_ep(L{2, 1, 1, 0}, 2), with_ep(L{4, 1, 1, 0}, 4),
+                                           with_ep(L{4, 1, 1, 1}, 2), with_ep(L{4, 1, 1, 3}, 2),
+                                           with_ep(L{2, 2, 2, 1, "1f1b", 1, true}, 2),
+                                           with_ep(L{2, 1, 2, 0, "zb1"}, 2)),
+                         [](const auto& info) { return test::name_of(info.param); });
+
+class MoeEquivEpBf16 : public ::testing::TestWithParam<L> {};
+TEST_P(MoeEquivEpBf16, MatchesTheBf16SingleRank) { check(GetParam(), kBf16); }
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivEpBf16,
+                         ::testing::Values(with_ep(L{2, 2, 1, 2, "1f1b", 1, true}, 2)),
+                         [](const auto& info) { return test::name_of(info.param); });
+
 // A checkpoint of an MoE run records the experts in its index (a dense model's index would
 // be another model): resumed in its own layout it continues bitwise; in another (dp 2 ZeRO-1
 // saved, tp 2 + sp resumed) within the layout tolerance of the loss.

@@ -21,6 +21,7 @@ struct Layout3d {
   int virtual_stages = 1;
   bool sp = false;
   int microbatches = 0;  // per replica; 0: 4 with pp > 1
+  int ep = 1;            // expert-parallel ranks, carved from dp (MoE models)
 };
 
 inline std::string name_of(const Layout3d& l) {
@@ -29,6 +30,7 @@ inline std::string name_of(const Layout3d& l) {
   if (l.pp > 1)
     n += "_" + l.schedule + (l.virtual_stages > 1 ? "_v" + std::to_string(l.virtual_stages) : "");
   if (l.sp) n += "_sp";
+  if (l.ep > 1) n += "_ep" + std::to_string(l.ep);
   return n;
 }
 
@@ -52,6 +54,7 @@ inline train::TrainOptions options3d(const Layout3d& l, int64_t steps) {
   o.backend = "local";
   o.bucket_mb = 0.25;
   o.dp = l.dp;
+  o.ep = l.ep;
   o.tp = l.tp;
   o.sp = l.sp;
   o.zero = l.zero;

@@ -1,0 +1,99 @@
+#include "parallel/expert.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mt::parallel::ep {
+
+int64_t Exchange::source_major_lo(int s, int64_t e) const {
+  int64_t lo = 0;
+  for (int r = 0; r < s; ++r) lo += recv_rows[static_cast<size_t>(r)];
+  for (int64_t j = 0; j < e; ++j) lo += table[static_cast<size_t>(s * local_experts + j)];
+  return lo;
+}
+
+int64_t Exchange::expert_major_lo(int s, int64_t e) const {
+  int64_t lo = 0;
+  for (int64_t j = 0; j < e; ++j) lo += expert_rows[static_cast<size_t>(j)];
+  for (int r = 0; r < s; ++r) lo += table[static_cast<size_t>(r * local_experts + e)];
+  return lo;
+}
+
+Exchange plan_exchange(const EpContext& ep, const std::vector<int64_t>& counts, int64_t experts) {
+  const int n = ep.size;
+  if (experts % n != 0)
+    fail("{} experts do not split over {} expert-parallel ranks (use an --ep that divides {})",
+         experts, n, experts);
+  Exchange x;
+  x.ranks = n;
+  x.local_experts = experts / n;
+  const int64_t El = x.local_experts;
+  std::vector<int32_t> mine(static_cast<size_t>(experts)), theirs(mine.size());
+  x.send_rows.assign(static_cast<size_t>(n), 0);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t c = counts[static_cast<size_t>(e)];
+    mine[static_cast<size_t>(e)] = static_cast<int32_t>(c);
+    x.send_rows[static_cast<size_t>(e / El)] += c;
+  }
+  ep.group->all_to_all(comm::Buf(mine.data(), experts, DType::kI32),
+                       comm::Buf(theirs.data(), experts, DType::kI32));
+  x.table.assign(theirs.begin(), theirs.end());
+  x.recv_rows.assign(static_cast<size_t>(n), 0);
+  x.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int s = 0; s < n; ++s)
+    for (int64_t e = 0; e < El; ++e) {
+      const int64_t c = x.table[static_cast<size_t>(s * El + e)];
+      x.recv_rows[static_cast<size_t>(s)] += c;
+      x.expert_rows[static_cast<size_t>(e)] += c;
+      x.received += c;
+    }
+  return x;
+}
+
+int64_t max_received_rows(int ranks, int64_t n, int64_t top_k, int64_t experts, int64_t capacity) {
+  const int64_t El = experts / ranks;
+  const int64_t dropless = ranks * n * std::min(top_k, El);
+  return capacity > 0 ? std::min(dropless, ranks * El * capacity) : dropless;
+}
+
+void exchange_rows(const EpContext& ep, const Exchange& x, const float* send, float* recv,
+                   int64_t width, bool reverse) {
+  std::vector<int64_t> out(static_cast<size_t>(x.ranks)), in(out.size());
+  int64_t n_out = 0, n_in = 0;
+  for (size_t r = 0; r < out.size(); ++r) {
+    out[r] = (reverse ? x.recv_rows[r] : x.send_rows[r]) * width;
+    in[r] = (reverse ? x.send_rows[r] : x.recv_rows[r]) * width;
+    n_out += out[r];
+    n_in += in[r];
+  }
+  ep.group->all_to_all_v(comm::Buf(const_cast<float*>(send), n_out), comm::Buf(recv, n_in), out,
+                         in);
+}
+
+namespace {
+void permute(const Exchange& x, const float* from, float* to, int64_t width, bool to_expert) {
+  for (int s = 0; s < x.ranks; ++s)
+    for (int64_t e = 0; e < x.local_experts; ++e) {
+      const int64_t rows = x.table[static_cast<size_t>(s * x.local_experts + e)];
+      if (rows == 0) continue;
+      const int64_t a = x.source_major_lo(s, e), b = x.expert_major_lo(s, e);
+      const int64_t src = to_expert ? a : b, dst = to_expert ? b : a;
+      std::memcpy(to + dst * width, from + src * width,
+                  static_cast<size_t>(rows * width) * sizeof(float));
+    }
+}
+}  // namespace
+
+void to_expert_major(const Exchange& x, const float* source_major, float* expert_major,
+                     int64_t width) {
+  permute(x, source_major, expert_major, width, true);
+}
+
+void to_source_major(const Exchange& x, const float* expert_major, float* source_major,
+                     int64_t width) {
+  permute(x, expert_major, source_major, width, false);
+}
+
+}  // namespace mt::parallel::ep
