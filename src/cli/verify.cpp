@@ -80,6 +80,12 @@ void print_table(std::FILE* out, const train::TrainOptions& layout,
                r.params.update_rel, r.params.update_name, r.tol.update_rel);
   else if (r.params.compared)
     fmt::print(out, "updates not compared: the initial weights come from --init-from\n");
+  if (r.routing_records > 0)
+    fmt::print(out,
+               "routing: the oracle replayed the layout's routing decisions ({} microbatch x "
+               "MoE layer records), so both trained the same model\n",
+               r.routing_records);
+  if (!r.routing_note.empty()) fmt::print(out, "routing: {}\n", r.routing_note);
   fmt::print(out,
              "worst: loss {:.2e} relative (tolerance {:.0e}), grad norm {:.2e} relative ({:.0e}), "
              "parameters {} absolute ({})\n",
@@ -114,6 +120,7 @@ nlohmann::json to_json(const train::TrainOptions& layout, const train::VerifyRep
           {"dp", layout.dp},
           {"tp", layout.tp},
           {"cp", layout.cp},
+          {"ep", layout.ep},
           {"pp", layout.pipeline.pp},
           {"zero", layout.zero},
           {"sp", layout.sp},

@@ -37,9 +37,10 @@ std::vector<ParamSpec> rank_specs(const GptConfig& c, const parallel::tp::TpCont
   }
   if (ep.size > 1) {
     if (!c.moe.enabled())
-      fail("--ep {}: model {} has no experts to split (expert parallelism needs an MoE model, "
-           "e.g. --model mixtral-tiny, or --moe-experts N)",
-           ep.size, c.name);
+      fail(
+          "--ep {}: model {} has no experts to split (expert parallelism needs an MoE model, "
+          "e.g. --model mixtral-tiny, or --moe-experts N)",
+          ep.size, c.name);
     specs = ep_shard_specs(std::move(specs), ep.rank, ep.size);
   }
   return specs;
@@ -128,6 +129,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed, StoreOptions store, parallel::t
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     if (!params_.find(h + "ln_1.weight")) continue;
     Block b;
+    b.layer = l;
     b.n_head = config_.n_head;
     b.n_kv_head = config_.kv_heads();
     b.mlp = config_.mlp;
@@ -377,6 +379,12 @@ void Gpt::embed_forward(Activations& a) {
     kernels::add_position_embedding(a.encoded.f32(), wpe_->value.f32(), row0, Nl, T, C);
 }
 
+void Gpt::set_replay(BlockActivations& b, const Activations& a, int k) const {
+  const Block& blk = blocks_[static_cast<size_t>(k)];
+  if (!blk.is_moe) return;
+  b.moe.replay = {tape_, tape_record_, a.routing_sample, blk.layer};
+}
+
 void Gpt::blocks_forward(Activations& a, int k0, int n) {
   ensure_scratch(a.B, a.T);
   a.n_blocks = n;
@@ -384,6 +392,7 @@ void Gpt::blocks_forward(Activations& a, int k0, int n) {
   for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
     const int k = k0 + static_cast<int>(i);
     hooks().before_forward(block_unit(k));
+    set_replay(a.blocks[i], a, k);
     blocks_[static_cast<size_t>(k)].forward(a.blocks[i], x, a.B, a.T, &scratch_);
     x = a.blocks[i].out.f32();
   }
@@ -484,6 +493,7 @@ void Gpt::blocks_backward(Activations& a, int k0, int n, float* dres, BackwardPa
     a.blocks[si].moe_loss_weight = a.dloss * static_cast<float>(a.B * a.T);
     if (recompute_ == Recompute::kFull) {  // the block's forward again, into the shared set
       profile::Scope p("recompute.fwd");
+      set_replay(a.blocks[si], a, k);
       b.forward(a.blocks[si], x, a.B, a.T, &scratch_);
     } else if (recompute_ == Recompute::kSelective) {
       b.recompute_attention(a.blocks[si], a.B, a.T, scratch_);

@@ -73,6 +73,9 @@ struct Activations {
   // The step's dloss (set by whoever runs backward: Gpt::backward, a pipeline stage): the
   // MoE layers weigh their balancing losses with it.
   float dloss = 0;
+  // The first sample of the microbatch (the global sample index), the key of its routing in
+  // a routing tape (model/routing_tape.h); -1: not recorded or replayed (validation).
+  int64_t routing_sample = -1;
 };
 
 // The model's units, in forward order, are what data parallelism gathers and reduces
@@ -140,6 +143,12 @@ class Gpt {
   const MoeOptions& moe_options() const { return *moe_options_; }
   const std::vector<int>& moe_layers() const { return moe_layers_; }
   const std::vector<MoeStats>& moe_stats() const { return *moe_stats_; }
+  // Routing replay (model/routing_tape.h): every MoE layer records its decisions into
+  // `tape` (record) or takes them from it, for microbatches with a routing_sample.
+  void set_routing_tape(RoutingTape* tape, bool record) {
+    tape_ = tape;
+    tape_record_ = record;
+  }
   void reset_moe_stats() {
     for (MoeStats& s : *moe_stats_) s.reset(config_.moe.n_experts);
   }
@@ -222,6 +231,10 @@ class Gpt {
   std::unique_ptr<MoeOptions> moe_options_;
   std::unique_ptr<std::vector<MoeStats>> moe_stats_;
   std::vector<int> moe_layers_;
+  RoutingTape* tape_ = nullptr;
+  bool tape_record_ = false;
+  // Points an MoE block's activations at the tape before its forward.
+  void set_replay(BlockActivations& b, const Activations& a, int k) const;
 };
 
 // Training FLOPs per token (forward + backward, no recomputation): see docs/flops.md.

@@ -130,6 +130,7 @@ struct Block {
   // same tokens on every layout.
   bool is_moe = false;
   MoeLayer moe;
+  int layer = -1;                    // the global block index
   const RopeTables* rope = nullptr;  // rotary positions on q and k; null: none (GPT-2)
   parallel::tp::TpContext tp;
   // Context parallelism: the sequence split over the cp group (parallel/context.h); the

@@ -123,13 +123,12 @@ void MoeLayer::experts_forward(const std::vector<int64_t>& rows_of, const float*
     const int64_t rows = rows_of[e];
     if (rows > 0) {
       const int64_t le = static_cast<int64_t>(e), w1 = le * FC * C, w2 = le * C * f;
-      mlp_forward(h + row0 * FC, act + row0 * f, y + row0 * C, x + row0 * C, rows,
-                  mp ? nullptr : w_in->value.f32() + w1,
-                  mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
-                  b_in ? b_in->value.f32() + le * FC : nullptr,
-                  mp ? nullptr : w_out->value.f32() + w2,
-                  mp ? w_out->value_bf16.bf16p() + w2 : nullptr,
-                  b_out ? b_out->value.f32() + le * C : nullptr, f);
+      mlp_forward(
+          h + row0 * FC, act + row0 * f, y + row0 * C, x + row0 * C, rows,
+          mp ? nullptr : w_in->value.f32() + w1, mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
+          b_in ? b_in->value.f32() + le * FC : nullptr, mp ? nullptr : w_out->value.f32() + w2,
+          mp ? w_out->value_bf16.bf16p() + w2 : nullptr,
+          b_out ? b_out->value.f32() + le * C : nullptr, f);
     }
     row0 += rows;
   }
@@ -144,13 +143,13 @@ void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of, float* dy_d
     if (rows > 0) {
       const int64_t le = static_cast<int64_t>(e), w1 = le * FC * C, w2 = le * C * f;
       gemm_backward(mp, s.dact.f32(), w_out->grad.f32() + w2,
-                    b_out ? b_out->grad.f32() + le * C : nullptr, dy_dx + row0 * C,
-                    act + row0 * f, mp ? nullptr : w_out->value.f32() + w2,
+                    b_out ? b_out->grad.f32() + le * C : nullptr, dy_dx + row0 * C, act + row0 * f,
+                    mp ? nullptr : w_out->value.f32() + w2,
                     mp ? w_out->value_bf16.bf16p() + w2 : nullptr, rows, f, C);
       activation_backward(mlp, s.dh.f32(), h + row0 * FC, s.dact.f32(), rows, f);
       gemm_backward(mp, nullptr, w_in->grad.f32() + w1, b_in ? b_in->grad.f32() + le * FC : nullptr,
-                    s.dh.f32(), x + row0 * C, nullptr,
-                    mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
+                    s.dh.f32(), x + row0 * C, nullptr, mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
+                    rows, C, FC);
       // This expert's rows of d(y) were read above: d(x) takes their place.
       gemm_backward(mp, dy_dx + row0 * C, nullptr, nullptr, s.dh.f32(), nullptr,
                     mp ? nullptr : w_in->value.f32() + w1,
@@ -167,7 +166,15 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
   {
     profile::Scope p("moe.router");
     kernels::linear_forward(s.logits.f32(), x, router->value.f32(), nullptr, n, C, experts);
-    route(r, s.logits.f32(), {order, options ? options->capacity_factor : 0.0, selection_bias});
+    RouteOptions ro{order, options ? options->capacity_factor : 0.0, selection_bias};
+    const RoutingReplay& rp = a.replay;
+    if (rp.active() && !rp.record) {  // the recorded choices, this layer's own gates
+      const RoutingTape::Entry& e = rp.tape->find(rp.sample, rp.layer, n * k);
+      ro.forced_expert = e.expert.data();
+      ro.forced_dropped = e.dropped.data();
+    }
+    route(r, s.logits.f32(), ro);
+    if (rp.active() && rp.record) rp.tape->record(rp.sample, rp.layer, r.expert, r.slot, n * k);
     a.kept = r.kept;
     a.losses = balance_losses(r);
   }

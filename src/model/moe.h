@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "model/moe_routing.h"
 #include "model/params.h"
+#include "model/routing_tape.h"
 #include "parallel/expert.h"
 
 namespace mt::model {
@@ -62,6 +63,7 @@ struct MoeActivations {
   int64_t kept = 0;
   parallel::ep::Exchange exchange;  // ep: who sent how many rows to which local expert
   BalanceLosses losses;
+  RoutingReplay replay;  // set by the model before each forward (verify's routing replay)
 };
 
 // Scratch shared by the MoE layers of a rank.

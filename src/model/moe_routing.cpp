@@ -29,7 +29,15 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
     // Top k by selection score (the probability, plus the balancing bias), best first; a tie
     // goes to the lower expert index. k passes over e experts: k and e are small.
     int32_t* sel = r.expert + t * k;
-    for (int64_t j = 0; j < k; ++j) {
+    if (o.forced_expert) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t f = o.forced_expert[t * k + j];
+        if (f < 0 || f >= e)
+          fail("routing replay: expert {} of token {} is not one of {}", f, t, e);
+        sel[j] = f;
+      }
+    }
+    for (int64_t j = 0; j < k && !o.forced_expert; ++j) {
       int32_t best = -1;
       float best_score = 0;
       for (int64_t i = 0; i < e; ++i) {
@@ -68,9 +76,11 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
   routed.assign(static_cast<size_t>(e), 0);
   for (int64_t a = 0; a < n * k; ++a) ++routed[static_cast<size_t>(r.expert[a])];
   const int64_t cap = expert_capacity(o.capacity_factor, n, k, e);
-  for (int64_t a = 0; a < n * k; ++a) r.slot[a] = 0;  // 0: kept, -1: dropped (for now)
+  for (int64_t a = 0; a < n * k; ++a)  // 0: kept, -1: dropped (for now)
+    r.slot[a] = o.forced_dropped && o.forced_dropped[a] ? -1 : 0;
   bool any_over = false;
-  for (int64_t i = 0; i < e; ++i) any_over |= routed[static_cast<size_t>(i)] > cap;
+  for (int64_t i = 0; i < e && !o.forced_dropped; ++i)
+    any_over |= routed[static_cast<size_t>(i)] > cap;
   if (any_over) {
     std::vector<int32_t> mine;
     for (int64_t i = 0; i < e; ++i) {

@@ -34,6 +34,11 @@ struct RouteOptions {
   // DeepSeek-V3's auxiliary-loss-free balancing: added to the probabilities for choosing
   // the experts only, never to the combine weights. Null: none.
   const float* selection_bias = nullptr;
+  // Routing replay (model/routing_tape.h): the chosen experts [n·k] and which assignments
+  // the capacity dropped [n·k] (1: dropped) taken as given instead of decided here; the
+  // combine weights still come from these logits. Null: decide.
+  const int32_t* forced_expert = nullptr;
+  const uint8_t* forced_dropped = nullptr;
 };
 
 // Tokens one expert may take: ceil(capacity_factor · n · k / e), or n·k when dropless.

@@ -190,9 +190,10 @@ std::vector<ParamSpec> ep_shard_specs(std::vector<ParamSpec> specs, int rank, in
       fail("{}: an expert tensor must be tp-replicated to split over ep", s.name);
     if (s.global_shape.empty()) s.global_shape = s.shape;
     if (s.shape[0] % size != 0)
-      fail("{}: its {} experts do not split over {} expert-parallel ranks (use an --ep that "
-           "divides {})",
-           s.name, s.shape[0], size, s.shape[0]);
+      fail(
+          "{}: its {} experts do not split over {} expert-parallel ranks (use an --ep that "
+          "divides {})",
+          s.name, s.shape[0], size, s.shape[0]);
     s.shape[0] /= size;
     s.ep_rank = rank;
     s.ep_size = size;

@@ -33,11 +33,11 @@ struct EpContext {
 // One microbatch's exchange in one MoE layer, from the counts of both sides.
 struct Exchange {
   int ranks = 1;
-  int64_t local_experts = 0;        // E / ep
-  std::vector<int64_t> send_rows;   // [ep]: rows sent to each rank
-  std::vector<int64_t> recv_rows;   // [ep]: rows received from each rank
-  std::vector<int64_t> table;       // [ep][E/ep]: rows from source s for local expert e
-  std::vector<int64_t> expert_rows; // [E/ep]: rows of each local expert (sum over sources)
+  int64_t local_experts = 0;         // E / ep
+  std::vector<int64_t> send_rows;    // [ep]: rows sent to each rank
+  std::vector<int64_t> recv_rows;    // [ep]: rows received from each rank
+  std::vector<int64_t> table;        // [ep][E/ep]: rows from source s for local expert e
+  std::vector<int64_t> expert_rows;  // [E/ep]: rows of each local expert (sum over sources)
   int64_t received = 0;
 
   // Rows [lo, lo + n) of source s's block for local expert e, in source-major and in

@@ -1,6 +1,7 @@
 #include "parallel/tp.h"
 
 #include <algorithm>
+
 #include "core/profile.h"
 #include "kernels/kernels.h"
 

@@ -353,12 +353,30 @@ int64_t write_shard(const fs::path& path, std::vector<PieceData>& pieces,
 }
 
 json piece_json(const Piece& p) {
-  return {{"tensor", p.tensor},
-          {"file", p.file},
-          {"tp", {p.tp_rank, p.tp_size}},
-          {"local", {p.local_lo, p.local_hi}},
-          {"offsets", {p.offset_bytes[0], p.offset_bytes[1], p.offset_bytes[2]}},
-          {"crc32c", {p.crc[0], p.crc[1], p.crc[2]}}};
+  json j = {{"tensor", p.tensor},
+            {"file", p.file},
+            {"tp", {p.tp_rank, p.tp_size}},
+            {"local", {p.local_lo, p.local_hi}},
+            {"offsets", {p.offset_bytes[0], p.offset_bytes[1], p.offset_bytes[2]}},
+            {"crc32c", {p.crc[0], p.crc[1], p.crc[2]}}};
+  if (p.ep_size > 1) j["ep"] = {p.ep_rank, p.ep_size};  // experts [r·E/ep, (r+1)·E/ep)
+  return j;
+}
+
+// A piece's slice of its tensor as a spec: the tensor's global spec split as the saving
+// rank held it (tp, then ep for an expert tensor).
+model::ParamSpec piece_spec(const Piece& pc, const TensorInfo& ti) {
+  model::ParamSpec s;
+  s.name = pc.tensor;
+  s.shape = ti.shape;
+  s.tp_split = ti.tp_split;
+  s.row_blocks = ti.row_blocks;
+  if (pc.tp_size > 1) s = model::tp_shard_specs({s}, pc.tp_rank, pc.tp_size)[0];
+  if (pc.ep_size > 1) {
+    s.expert = true;
+    s = model::ep_shard_specs({s}, pc.ep_rank, pc.ep_size)[0];
+  }
+  return s;
 }
 
 // The index of a checkpoint: trainer state, model, layout, tensors, files and pieces.
@@ -517,6 +535,8 @@ std::vector<PieceData> replica_pieces(Replica& rep, const OptimizerArrays& array
     d.meta.tensor = p.spec.name;
     d.meta.tp_rank = p.spec.tp_rank;
     d.meta.tp_size = p.spec.tp_size;
+    d.meta.ep_rank = p.spec.ep_rank;
+    d.meta.ep_size = p.spec.ep_size;
     d.meta.local_lo = a - p.offset_elems;
     d.meta.local_hi = b - p.offset_elems;
     for (int k = 0; k < kArrays; ++k) d.src[k] = src[k] + (a - lo);
@@ -544,6 +564,7 @@ json layout_json(const TrainOptions& o) {
   return {{"dp", o.dp},
           {"cp", o.cp},
           {"cp_comm", o.cp_comm},
+          {"ep", o.ep},
           {"tp", o.tp},
           {"pp", o.pipeline.pp},
           {"zero", o.zero},
@@ -714,6 +735,11 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
       pc.tp_size = static_cast<int>(integer(p.at("tp").at(1), "a piece's tp size", 1, kMaxInt));
       pc.tp_rank =
           static_cast<int>(integer(p.at("tp").at(0), "a piece's tp rank", 0, pc.tp_size - 1));
+      if (p.contains("ep")) {
+        pc.ep_size = static_cast<int>(integer(p.at("ep").at(1), "a piece's ep size", 1, kMaxInt));
+        pc.ep_rank =
+            static_cast<int>(integer(p.at("ep").at(0), "a piece's ep rank", 0, pc.ep_size - 1));
+      }
       pc.local_lo = integer(p.at("local").at(0), "a piece's first element", 0, kMax);
       pc.local_hi = integer(p.at("local").at(1), "a piece's end element", pc.local_lo + 1, kMax);
       for (int k = 0; k < kArrays; ++k) {
@@ -812,17 +838,11 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
   std::vector<Extent> extents;
   for (const Piece& pc : idx.pieces) {
     model::ParamSpec s;
-    s.name = pc.tensor;
-    s.shape = idx.tensors.at(pc.tensor).shape;
-    s.tp_split = idx.tensors.at(pc.tensor).tp_split;
-    s.row_blocks = idx.tensors.at(pc.tensor).row_blocks;
-    if (pc.tp_size > 1) {
-      try {
-        s = model::tp_shard_specs({s}, pc.tp_rank, pc.tp_size)[0];
-      } catch (const Error& e) {
-        fail("{}: a piece of '{}' is of tp rank {} of {}: {}", damaged, pc.tensor, pc.tp_rank,
-             pc.tp_size, e.what());
-      }
+    try {
+      s = piece_spec(pc, idx.tensors.at(pc.tensor));
+    } catch (const Error& e) {
+      fail("{}: a piece of '{}' is of tp rank {} of {}, ep rank {} of {}: {}", damaged, pc.tensor,
+           pc.tp_rank, pc.tp_size, pc.ep_rank, pc.ep_size, e.what());
     }
     const int64_t slice = shape_numel(s.shape);
     if (pc.local_hi > slice)
@@ -879,13 +899,7 @@ void load_targets(const Index& idx, const std::vector<Target>& targets) {
     const Piece& pc = idx.pieces[pi];
     auto it = runs.find(pc.tensor);
     if (it == runs.end()) continue;
-    const TensorInfo& ti = idx.tensors.at(pc.tensor);
-    model::ParamSpec s;
-    s.name = pc.tensor;
-    s.shape = ti.shape;
-    s.tp_split = ti.tp_split;
-    s.row_blocks = ti.row_blocks;
-    if (pc.tp_size > 1) s = model::tp_shard_specs({s}, pc.tp_rank, pc.tp_size)[0];
+    const model::ParamSpec s = piece_spec(pc, idx.tensors.at(pc.tensor));
     if (pc.local_lo < 0 || pc.local_hi > shape_numel(s.shape) || pc.local_lo >= pc.local_hi)
       fail("checkpoint '{}': a piece of '{}' claims elements [{}, {}) of a {}-element slice",
            idx.dir, pc.tensor, pc.local_lo, pc.local_hi, shape_numel(s.shape));
@@ -1122,6 +1136,10 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
           pc.file = fi;
           pc.tp_rank = p.at("tp").at(0);
           pc.tp_size = p.at("tp").at(1);
+          if (p.contains("ep")) {
+            pc.ep_rank = p.at("ep").at(0);
+            pc.ep_size = p.at("ep").at(1);
+          }
           pc.local_lo = p.at("local").at(0);
           pc.local_hi = p.at("local").at(1);
           for (int k = 0; k < kArrays; ++k) {

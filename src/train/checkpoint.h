@@ -43,6 +43,7 @@ struct Piece {
   std::string tensor;
   int file = 0;  // index into Index::files
   int tp_rank = 0, tp_size = 1;
+  int ep_rank = 0, ep_size = 1;               // an expert tensor's ep slice (--ep)
   int64_t local_lo = 0, local_hi = 0;         // tp-local elements of the tensor
   int64_t offset_bytes[kArrays] = {0, 0, 0};  // absolute, in the file
   uint32_t crc[kArrays] = {0, 0, 0};

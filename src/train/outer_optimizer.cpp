@@ -283,6 +283,7 @@ enum Field {
   kRounds,
   kMomentum,
   kCrc,
+  kFragments,
   kHeaderWords
 };
 

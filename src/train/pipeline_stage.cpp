@@ -172,6 +172,7 @@ void PipelineStage::sent(const pp::Action& a, const comm::WorkPtr& w) {
 }
 
 void PipelineStage::fill_batch(Slot& s, int mb) {
+  s.acts.routing_sample = first_sample_ + mb * B_;
   data_->fill(first_sample_ + mb * B_, B_, s.acts.tokens.data(), s.acts.targets.data(),
               gpt_.local_positions());
 }
@@ -211,6 +212,7 @@ double PipelineStage::forward_only(comm::Group& pp_group, const SequenceSampler&
   // (pp > 1), so each send meets the receive its neighbour is already waiting in.
   constexpr int kEvalTag = 1 << 20;
   Slot& s = acquire(-2, -2);
+  s.acts.routing_sample = -1;  // validation routes on its own (no tape)
   double sum = 0;
   for (int mb = 0; mb < microbatches; ++mb)
     for (int ch : chunks_) {

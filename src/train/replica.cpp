@@ -45,7 +45,8 @@ class Bf16Refresh : public parallel::UnitHooks {
 
 Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfig& adamw,
                  const ReplicaOptions& ro, comm::Group& dp_group, parallel::tp::TpContext tp_ctx,
-                 model::StageParts parts, parallel::ep::EpContext ep_ctx, comm::Group* ep_grads_group)
+                 model::StageParts parts, parallel::ep::EpContext ep_ctx,
+                 comm::Group* ep_grads_group)
     : dp(dp_group),
       options(ro),
       zero(ro.zero),
@@ -173,9 +174,9 @@ void Replica::begin_microbatch(bool last) {
 void Replica::end_backward() {
   if (buckets) buckets->finish();
   if (grads) grads->finish();
-  if (tp_sync) tp_sync->sync(gpt.tp(), opt_grads());  // --sp: sum the partial sums over tp
+  if (tp_sync) tp_sync->sync(gpt.tp(), opt_grads());   // --sp: sum the partial sums over tp
   if (ep_sync) ep_sync->sync(*ep_grads, opt_grads());  // --ep: dense gradients over the ep ranks
-  if (values) values->drop_prefetches();              // the values change next
+  if (values) values->drop_prefetches();               // the values change next
 }
 
 float* Replica::owned_grads() {

@@ -181,11 +181,6 @@ void check_expert_parallel(const TrainOptions& o) {
         "--ep {} must divide --dp {}: the expert-parallel ranks are carved from the data-"
         "parallel ones (use --dp {}, or an --ep that divides {})",
         o.ep, o.dp, (o.dp / o.ep + 1) * o.ep, o.dp);
-  if (!o.checkpoint_dir.empty() || !o.resume.empty())
-    fail(
-        "--ep {} with checkpoints: an expert-parallel run does not write or read checkpoints "
-        "yet (drop --checkpoint-dir / --resume, or train with --ep 1)",
-        o.ep);
   if (o.model.moe.n_experts % o.ep != 0)
     fail("--ep {}: the {} experts do not split over {} ranks (use an --ep that divides {})", o.ep,
          o.model.moe.n_experts, o.ep, o.model.moe.n_experts);
@@ -338,9 +333,8 @@ comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
       continue;
     }
     if (name != "pp" && name != "dp" && name != "ep" && name != "cp" && name != "tp")
-      fail(
-          "--mesh-order '{}': '{}' is not pp, dp, ep, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
-          o.mesh_order, name);
+      fail("--mesh-order '{}': '{}' is not pp, dp, ep, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
+           o.mesh_order, name);
     order.push_back(name);
     name.clear();
   }
@@ -352,12 +346,9 @@ comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
   if (!names.count("cp")) order.insert(std::find(order.begin(), order.end(), "tp"), "cp");
   if (!names.count("ep")) order.insert(std::find(order.begin(), order.end(), "dp") + 1, "ep");
   // ep is carved from dp: the mesh's dp is what is left of it (the experts' data parallelism).
-  return comm::MeshShape({{"pp", o.pipeline.pp},
-                          {"dp", o.dp / o.ep},
-                          {"ep", o.ep},
-                          {"cp", o.cp},
-                          {"tp", o.tp}},
-                         world, order);
+  return comm::MeshShape(
+      {{"pp", o.pipeline.pp}, {"dp", o.dp / o.ep}, {"ep", o.ep}, {"cp", o.cp}, {"tp", o.tp}}, world,
+      order);
 }
 
 // Mean loss over the first `batches` global batches of the held-out split; each rank
@@ -374,6 +365,7 @@ float evaluate(Replica& r, int d, int D, model::Activations* acts, PipelineStage
           stage->forward_only(ppg, val, first_sample(k, B, d, D, 0, mb), static_cast<int>(n_micro));
       continue;
     }
+    acts->routing_sample = -1;  // validation routes on its own (no tape)
     for (int64_t m = 0; m < n_micro; ++m) {
       val.fill(first_sample(k, B, d, D, m, mb), mb, in.data(), tgt.data(), r.gpt.local_positions());
       sum += r.gpt.forward(*acts, in.data(), tgt.data());
@@ -441,7 +433,8 @@ std::unique_ptr<model::Gpt> gather_ep_shards(const model::Gpt& gpt, comm::Group&
                                              const model::GptConfig& config, uint64_t seed) {
   std::unique_ptr<model::Gpt> whole;
   if (ep.rank() == 0)
-    whole = std::make_unique<model::Gpt>(config, seed, model::StoreOptions{}, gpt.tp(), gpt.parts());
+    whole =
+        std::make_unique<model::Gpt>(config, seed, model::StoreOptions{}, gpt.tp(), gpt.parts());
   const auto& mine = gpt.params().params();
   std::vector<float> gathered;
   for (size_t i = 0; i < mine.size(); ++i) {
@@ -454,7 +447,8 @@ std::unique_ptr<model::Gpt> gather_ep_shards(const model::Gpt& gpt, comm::Group&
     gathered.resize(static_cast<size_t>(n * ep.size()));
     ep.all_gather(comm::Buf(const_cast<float*>(prm.value.f32()), n),
                   comm::Buf(gathered.data(), n * ep.size()));
-    if (whole) std::copy_n(gathered.begin(), n * ep.size(), whole->params().params()[i].value.f32());
+    if (whole)
+      std::copy_n(gathered.begin(), n * ep.size(), whole->params().params()[i].value.f32());
   }
   return whole;
 }
@@ -697,6 +691,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   std::unique_ptr<OuterOptimizer> outer;
   if (sites) outer = std::make_unique<OuterOptimizer>(o.outer, rep, *sites, world.rank());
   rep.gpt.set_moe_options(o.moe);
+  if (o.routing_tape) rep.gpt.set_routing_tape(o.routing_tape.get(), o.record_routing);
   if (CP > 1)
     rep.gpt.set_context_parallel(
         parallel::cp::CpContext::of(cpg, parallel::cp::parse_cp_comm(o.cp_comm)));
@@ -854,7 +849,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     } else {
       for (int64_t m = 0; m < n_micro; ++m) {
         rep.begin_microbatch(m == n_micro - 1);
-        data.train->fill(first_sample(step, B, d, D, m, mb), mb, inputs.data(), targets.data(),
+        acts.routing_sample = first_sample(step, B, d, D, m, mb);
+        data.train->fill(acts.routing_sample, mb, inputs.data(), targets.data(),
                          rep.gpt.local_positions());
         loss_sum += rep.gpt.forward(acts, inputs.data(), targets.data());
         rep.gpt.backward(acts, grad_scale);
@@ -922,10 +918,11 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     rec.step_outer_recv_bytes.push_back(now.outer - before.outer);
     // One gather per step: each rank's peak bytes, bytes per dimension and compute time
     // (ns): the worst peak and the job's sums, exact.
-    const std::vector<int64_t> ranks = gather_int64(
-        scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp, now.tp - before.tp,
-                  now.pp - before.pp, now.cp - before.cp, now.ep - before.ep,
-                  static_cast<int64_t>(compute * 1e9), now.outer - before.outer});
+    const std::vector<int64_t> ranks =
+        gather_int64(scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp,
+                               now.tp - before.tp, now.pp - before.pp, now.cp - before.cp,
+                               now.ep - before.ep, static_cast<int64_t>(compute * 1e9),
+                               now.outer - before.outer});
     before = now;
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
@@ -1012,10 +1009,10 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     }
     if (metrics) metrics->write(row);
     if (tensorboard) {
-      for (const char* key :
-           {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_bytes", "time_s",
-            "dp_bytes", "tp_bytes", "pp_bytes", "cp_bytes", "ep_bytes", "outer_bytes", "bubble",
-            "moe_aux_loss", "moe_z_loss"})
+      for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
+                              "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes",
+                              "cp_bytes", "ep_bytes", "outer_bytes", "bubble", "moe_aux_loss",
+                              "moe_z_loss"})
         if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
       tensorboard->flush();
     }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,10 @@ struct TrainOptions {
   std::string recompute = "none";  // none, selective, full (model/gpt.h Recompute)
   // Mixture of experts: capacity and balancing losses (model/moe.h; docs/moe.md).
   model::MoeOptions moe;
+  // Routing replay (model/routing_tape.h; verify sets it, no flag): every MoE layer records
+  // its routing decisions into the tape (record_routing) or replays them from it.
+  std::shared_ptr<model::RoutingTape> routing_tape;
+  bool record_routing = false;
   // DiLoCo: dp split into sites that synchronise every H steps (train/outer_optimizer.h).
   OuterOptions outer;
   // Checkpoints (train/checkpoint.h, docs/checkpoints.md).

@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <string_view>
 
 #include "core/error.h"
 #include "model/gpt.h"
+#include "model/routing_tape.h"
 #include "train/hf_export.h"
 
 namespace mt::train {
@@ -98,6 +100,7 @@ TrainOptions oracle_options(const TrainOptions& layout) {
   o.tp = 1;
   o.sp = false;
   o.cp = 1;
+  o.ep = 1;
   o.zero = 0;
   o.pipeline = PipelineOptions{};
   o.microbatch = layout.microbatch_size();  // each forward sees the same sequences
@@ -113,7 +116,9 @@ std::string describe_layout(const TrainOptions& o) {
     parts.push_back(
         fmt::format("pp {} ({}, {} microbatches)", o.pipeline.pp, o.pipeline.schedule, m));
   }
-  if (o.dp > 1) parts.push_back(fmt::format("dp {} (ZeRO-{})", o.dp, o.zero));
+  if (o.dp > 1)
+    parts.push_back(fmt::format("dp {} (ZeRO-{}{})", o.dp, o.zero,
+                                o.ep > 1 ? fmt::format(", experts over ep {}", o.ep) : ""));
   if (o.cp > 1) parts.push_back(fmt::format("cp {} ({})", o.cp, o.cp_comm));
   if (o.tp > 1) parts.push_back(fmt::format("tp {}{}", o.tp, o.sp ? " (sp)" : ""));
   std::string s = parts.empty() ? "1 rank" : parts[0];
@@ -219,6 +224,19 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   const bool layout_exports = layout.export_supported();
   TrainOptions layout_exporting = layout;
   if (layout_exports) layout_exporting.export_path = layout_path;
+  // MoE: the oracle replays the layout's routing, so that both train the same model (a
+  // routing choice flips on the last bit of a router probability; model/routing_tape.h).
+  // Under mpirun the layout's decisions stay in its processes: no replay.
+  auto tape = std::make_shared<model::RoutingTape>();
+  const bool replay = layout.model.moe.enabled() && mpi_rank < 0;
+  if (replay) {
+    layout_exporting.routing_tape = tape;
+    layout_exporting.record_routing = true;
+  } else if (layout.model.moe.enabled()) {
+    report.routing_note =
+        "no routing replay under mpirun: a routing choice that flips on rounding makes the "
+        "layout another model from that step on";
+  }
   const TrainResult b = run_training(layout_exporting);
   if (mpi_rank > 0) {  // (rank 0 wrote the export, and compares)
     report.lead = false;
@@ -226,6 +244,11 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   }
   TrainOptions oracle_exporting = oracle;
   if (layout_exports) oracle_exporting.export_path = oracle_path;
+  if (replay) {
+    oracle_exporting.routing_tape = tape;
+    oracle_exporting.record_routing = false;
+    report.routing_records = tape->size();
+  }
   const TrainResult a = run_training(oracle_exporting);
   report.steps = compare_steps(a, b);
   if (layout_exports) {

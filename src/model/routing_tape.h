@@ -1,0 +1,46 @@
+// Routing replay (docs/moe.md, "verify"): a router's top-k choice and the capacity's drops are
+// discrete, so two layouts whose weights differ in the last bit can route a token near a tie
+// differently and from then on train different models. To compare a layout with the single
+// rank as the same model, `verify` records every routing decision of the layout (the chosen
+// experts and the dropped assignments of each MoE layer, keyed by the microbatch's first
+// sample and the layer) and the oracle replays them: its combine weights, losses and
+// gradients are still its own arithmetic, only the choices are the layout's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace mt::model {
+
+class RoutingTape {
+ public:
+  struct Entry {
+    std::vector<int32_t> expert;   // [n·k]
+    std::vector<uint8_t> dropped;  // [n·k] 1: dropped by the capacity
+  };
+  // The decisions of layer `layer` for the microbatch whose first sample is `sample`
+  // (n tokens, k each; slot < 0: dropped). Several ranks may record the same microbatch
+  // (tp ranks route alike): the first record stays, a different one is an error.
+  void record(int64_t sample, int layer, const int32_t* expert, const int32_t* slot, int64_t nk);
+  // The record, or an error naming the key when there is none.
+  const Entry& find(int64_t sample, int layer, int64_t nk) const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<int64_t, int>, Entry> entries_;
+};
+
+// Where one microbatch's MoE layer stands with a tape (set by the model before each forward).
+struct RoutingReplay {
+  RoutingTape* tape = nullptr;
+  bool record = false;  // true: record the decisions; false: replay them
+  int64_t sample = -1;  // the microbatch's first sample; -1: neither (e.g. validation)
+  int layer = -1;
+  bool active() const { return tape && sample >= 0; }
+};
+
+}  // namespace mt::model

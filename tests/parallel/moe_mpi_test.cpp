@@ -1,0 +1,51 @@
+// Under mpirun (-np 8, see tests/CMakeLists.txt): the MoE tests' model with expert
+// parallelism on the mpi backend, ep 4 carved from dp 8 with ZeRO-1, and ep 2 x tp 2 (+ sp)
+// x pp 2 with ZeRO-3, trains the same model as the single rank (computed on rank 0 with the
+// local backend). Tolerances as in moe_equiv_test.cpp (equiv_check.h's f32 ones).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "comm/launch.h"
+#include "moe_test_util.h"
+
+namespace mt::train {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  return s ? std::atoi(s) : fallback;
+}
+
+TEST(MoeMpi, ExpertParallelLayoutsMatchTheSingleRank) {
+  ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
+  ASSERT_EQ(env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
+  const int rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+  test::Layout3d folded{8, 1, 1, 1};
+  folded.ep = 4;
+  test::Layout3d composed{2, 2, 2, 3, "1f1b", 1, true};
+  composed.ep = 2;
+  for (const test::Layout3d& l : {folded, composed}) {
+    TrainOptions o = test::moe_options(l, 10, "f32", {});
+    o.backend = "mpi";
+    o.export_path = test::dir3d() / "moe_layout.safetensors";
+    const TrainResult r = run_training(o);
+    if (rank != 0) continue;
+    TrainOptions ref_opts = test::moe_options({}, 10, "f32", {});
+    ref_opts.export_path = test::dir3d() / "moe_oracle.safetensors";
+    const TrainResult ref = run_training(ref_opts);
+    ASSERT_EQ(r.steps.size(), ref.steps.size());
+    for (size_t i = 0; i < r.steps.size(); ++i)
+      EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, 5e-5)
+          << test::name_of(l) << " step " << i + 1;
+    const double pd = test::max_weight_diff(o.export_path, ref_opts.export_path, nullptr);
+    EXPECT_LT(pd, 5e-5) << test::name_of(l);
+    EXPECT_GT(r.steps.back().ep_bytes, 0) << "the tokens went over the ep groups";
+    std::printf("mpi moe %s: max |weight diff| %.2e, ep bytes/step %.0f\n",
+                test::name_of(l).c_str(), pd, r.steps.back().ep_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace mt::train
