@@ -2,7 +2,8 @@
 // restarts from the round's checkpoint (each site's parameters and AdamW state, the outer
 // parameters, momentum and the inner step within the round) and ends bitwise like the
 // uninterrupted run; a checkpoint of another site count, or of synchronous training, is
-// refused with the settings that resume it.
+// refused with the settings that resume it; under mpirun the sites train what rank threads
+// train.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -112,6 +113,32 @@ TEST(DilocoFault, AnotherSiteCountIsRefused) {
       s.string() + " --resume auto");
   EXPECT_NE(into.exit_code, 0) << into.output;
   EXPECT_NE(into.output.find("saved by synchronous training"), std::string::npos) << into.output;
+}
+
+// Under mpirun (one process per rank, the mpi backend: its group splits, all-to-all and
+// all-gather) the sites train bitwise what rank threads train, with the same outer bytes.
+TEST(DilocoFault, UnderMpirunEqualsRankThreads) {
+  ASSERT_EQ(run_command("command -v mpirun").exit_code, 0) << "no mpirun: run scripts/setup.sh";
+  const std::string run =
+      "train --model tiny --n-layer 2 --seq 32 --batch 8 --steps 6 --threads 1 "
+      "--peak-gflops 100 --zero 1 --sites 2 --outer-every 2 "
+      "--outer-compress int8 --data " +
+      data() + " --metrics ";
+  const std::string a = (dir() / "mpi.jsonl").string(), b = (dir() / "threads.jsonl").string();
+  const RunResult m = run_command(mpirun(4) + " " + MT_BINARY + " " + run + a);
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  const RunResult t = run_meshtrain(run + b + " --dp 4 --backend local");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  auto column = [](const std::string& path, const char* key) {
+    std::ifstream in(path);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) out.push_back(nlohmann::json::parse(line).at(key).dump());
+    return out;
+  };
+  EXPECT_EQ(column(a, "loss"), column(b, "loss"));
+  EXPECT_EQ(column(a, "outer_bytes"), column(b, "outer_bytes"));
+  EXPECT_EQ(column(a, "loss").size(), 6u);
 }
 
 }  // namespace
