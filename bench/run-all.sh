@@ -53,6 +53,7 @@ own moe-balance "$root/bench/moe-balance" "$MT"
 # Expert parallelism's two benchmarks take at least 5 repetitions (issue 25).
 REPS=$((REPS < 5 ? 5 : REPS)) rec moe-ep -- "$root/bench/moe-ep" "$build"
 REPS=$((REPS < 5 ? 5 : REPS)) rec moe-a2a -- "$root/bench/moe-a2a" "$MT"
+own diloco "$root/bench/diloco/quality" "$MT"
 own long_context "$root/bench/long-context" "$build"
 if [ "$(id -u)" = 0 ]; then own multihost "$root/bench/multihost" "$build"; fi  # netns: root
 run "$root/bench/collect"

@@ -11,19 +11,73 @@ namespace mt::cli {
 
 namespace {
 
-const std::vector<std::string> kConfigKeys = {
-    "model",        "n_layer",     "n_head",         "d_model",      "d_ff",
-    "vocab",        "n_kv_head",   "rope_theta",     "seq",          "bias",
-    "tied",         "batch",       "microbatch",     "steps",        "lr",
-    "min_lr_ratio", "warmup",      "weight_decay",   "grad_clip",    "seed",
-    "data",         "val_data",    "eval_every",     "eval_batches", "threads",
-    "dp",           "zero",        "bucket_mb",      "backend",      "tp",
-    "sp",           "mesh_order",  "recompute",      "dtype",        "device",
-    "comm_timeout", "pp",          "microbatches",   "schedule",     "virtual_stages",
-    "pp_exchanges", "pp_layers",   "attention",      "data_format",  "shuffle",
-    "cp",           "cp_comm",     "skip_nonfinite", "moe_experts",  "moe_top_k",
-    "moe_every",    "moe_ff",      "moe_shared_ff",  "moe_router",   "moe_capacity_factor",
-    "moe_aux_loss", "moe_balance", "moe_bias_rate",  "moe_z_loss",   "ep"};
+const std::vector<std::string> kConfigKeys = {"model",
+                                              "n_layer",
+                                              "n_head",
+                                              "d_model",
+                                              "d_ff",
+                                              "vocab",
+                                              "n_kv_head",
+                                              "rope_theta",
+                                              "seq",
+                                              "bias",
+                                              "tied",
+                                              "batch",
+                                              "microbatch",
+                                              "steps",
+                                              "lr",
+                                              "min_lr_ratio",
+                                              "warmup",
+                                              "weight_decay",
+                                              "grad_clip",
+                                              "seed",
+                                              "data",
+                                              "val_data",
+                                              "eval_every",
+                                              "eval_batches",
+                                              "threads",
+                                              "dp",
+                                              "zero",
+                                              "bucket_mb",
+                                              "backend",
+                                              "tp",
+                                              "sp",
+                                              "mesh_order",
+                                              "recompute",
+                                              "dtype",
+                                              "device",
+                                              "comm_timeout",
+                                              "pp",
+                                              "microbatches",
+                                              "schedule",
+                                              "virtual_stages",
+                                              "pp_exchanges",
+                                              "pp_layers",
+                                              "attention",
+                                              "data_format",
+                                              "shuffle",
+                                              "cp",
+                                              "cp_comm",
+                                              "skip_nonfinite",
+                                              "moe_experts",
+                                              "moe_top_k",
+                                              "moe_every",
+                                              "moe_ff",
+                                              "moe_shared_ff",
+                                              "moe_router",
+                                              "moe_capacity_factor",
+                                              "moe_aux_loss",
+                                              "moe_balance",
+                                              "moe_bias_rate",
+                                              "moe_z_loss",
+                                              "ep",
+                                              "sites",
+                                              "outer_every",
+                                              "outer_optimizer",
+                                              "outer_lr",
+                                              "outer_momentum",
+                                              "outer_compress",
+                                              "outer_fragments"};
 
 }  // namespace
 
@@ -164,12 +218,7 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--moe-z-loss", moe_z_loss,
                  "coefficient of ST-MoE's router z-loss, mean of logsumexp(logits)^2 (default 0; "
                  "ST-MoE 0.001)");
-  cmd.add_option("--moe-balance", moe_balance,
-                 "none (default), or bias: DeepSeek-V3's auxiliary-loss-free balancing, a "
-                 "per-expert bias on the router's choice moved by --moe-bias-rate after each step "
-                 "towards the mean load");
-  cmd.add_option("--moe-bias-rate", moe_bias_rate,
-                 "how far --moe-balance bias moves a bias per step (default 0.001, DeepSeek-V3's)");
+  const std::vector<std::string> kConfigKeys = {};
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));
@@ -246,6 +295,13 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     o.moe.balance_bias = balance == "bias";
     take_config(j, "moe_bias_rate", o.moe.bias_rate, moe_bias_rate);
     take_config(j, "moe_z_loss", o.moe.z_loss, moe_z_loss);
+    take_config(j, "sites", o.outer.sites, sites);
+    take_config(j, "outer_every", o.outer.every, outer_every);
+    take_config(j, "outer_optimizer", o.outer.optimizer, outer_optimizer);
+    take_config(j, "outer_lr", o.outer.lr, outer_lr);
+    take_config(j, "outer_momentum", o.outer.momentum, outer_momentum);
+    take_config(j, "outer_compress", o.outer.compress, outer_compress);
+    take_config(j, "outer_fragments", o.outer.fragments, outer_fragments);
     take_config(j, "pp", o.pipeline.pp, pp);
     take_config(j, "microbatches", o.pipeline.microbatches, microbatches);
     take_config(j, "schedule", o.pipeline.schedule, schedule);

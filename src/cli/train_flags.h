@@ -31,6 +31,12 @@ struct TrainFlags {
   std::optional<int> pp, microbatches, virtual_stages;
   std::optional<std::string> schedule, pp_exchanges, pp_layers;
   bool sp = false;
+  // DiLoCo (docs/diloco.md): --sites, --outer-every, --outer-optimizer, --outer-lr,
+  // --outer-momentum, --outer-compress, --outer-fragments.
+  std::optional<int> sites, outer_fragments;
+  std::optional<int64_t> outer_every;
+  std::optional<std::string> outer_optimizer, outer_compress;
+  std::optional<float> outer_lr, outer_momentum;
 
   // Registers the flags above on `cmd` (not --metrics, --export, --trace, --profile,
   // --peak-gflops or the checkpoint flags: those are the train command's own).

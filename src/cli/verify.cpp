@@ -145,6 +145,12 @@ void run(const VerifyFlags& f) {
   layout.steps = 20;  // verify's default (a flag or the config file wins)
   // A train config serves as is: its outputs and checkpoint fields are not verify's.
   f.run.apply_to(layout, f.run.config_json(train_command_config_keys()));
+  if (layout.outer.on())
+    fail(
+        "verify compares a layout against synchronous single-rank training, which --sites {} "
+        "(DiLoCo) does not equal by design: verify the layout inside a site without --sites "
+        "(docs/diloco.md says what DiLoCo's own tests check)",
+        layout.outer.sites);
   const train::TrainOptions oracle = train::oracle_options(layout);
   train::VerifyTolerances tol = f.tol;
   if (layout.dtype == "bf16") {  // bf16 defaults, unless given (docs/verify.md)

@@ -33,6 +33,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "train/json_read.h"
 #include "train/nonfinite.h"
+#include "train/outer_optimizer.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
 #include "train/resume_changes.h"
@@ -1072,7 +1073,8 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
   const bool lead = rank == 0;
   OptimizerArrays arrays(rep);
   arrays.pull();
-  std::vector<PieceData> pieces = replica_pieces(rep, arrays);
+  std::vector<PieceData> pieces;
+  if (!g.extension || g.extension->saves_model()) pieces = replica_pieces(rep, arrays);
   // Nothing non-finite is written: every rank checks what it would write, and all refuse
   // alike (the lowest such rank's finding), before anything is made on disk.
   std::string bad;
@@ -1117,6 +1119,7 @@ void save(const TrainOptions& o, const RankGroups& g, Replica& rep, int64_t step
       for (const PieceData& p : pieces) pj.push_back(piece_json(p.meta));
       mine = {{"name", file}, {"bytes", bytes}, {"rank", rank}, {"pieces", pj}};
     }
+    if (g.extension) g.extension->save(tmp.string(), step);
     maybe_fault("save-shards", step, rank);
     const std::vector<std::string> all = gather_strings(g.world, mine.dump());
     if (lead) {
@@ -1269,6 +1272,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
     const double t0 = now_s();
     int64_t bytes = 0;
     try {
+      if (const std::string why = outer_resume_refusal(cands[i], o); !why.empty()) fail("{}", why);
       const Index idx = read_index(cands[i], &o.model);
       if (idx.batch > 0 && idx.batch != o.batch)
         fail(
@@ -1281,6 +1285,7 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
       for (const Target& t : targets) bytes += (t.hi - t.lo) * 4 * kArrays;
       load_targets(idx, targets);
       arrays.push();
+      if (g.extension) g.extension->load(cands[i], idx.step);
       step = idx.step;
       adam_steps = idx.adam_steps;
       if (nonfinite_in_row) *nonfinite_in_row = idx.nonfinite_in_row;
@@ -1422,6 +1427,7 @@ std::string divisors_text(int64_t n) {
 }  // namespace
 
 void check_resumable(const Index& idx, const TrainOptions& target) {
+  if (const std::string why = outer_resume_refusal(idx.dir, target); !why.empty()) fail("{}", why);
   TrainOptions o = target;
   o.model = idx.config;
   if (idx.batch > 0) {

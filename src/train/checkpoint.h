@@ -109,11 +109,24 @@ std::vector<std::string> verify(const Index& idx);
 
 // --- in the training loop (collective over `world`) ---------------------------------
 
+// State a run keeps beside the model, saved into and restored from the same checkpoint
+// directory by every rank for itself (no collectives): DiLoCo's outer state
+// (train/outer_optimizer.h).
+struct Extension {
+  virtual ~Extension() = default;
+  // Whether this rank's model goes into the checkpoint's pieces (false: another rank's
+  // pieces stand for it, and the extension saves what differs).
+  virtual bool saves_model() const = 0;
+  virtual void save(const std::string& tmp_dir, int64_t step) = 0;  // before the index
+  virtual void load(const std::string& dir, int64_t step) = 0;      // after the model
+};
+
 struct RankGroups {
   comm::Group& world;
   comm::Group& dp;
   comm::Group& tp;
   comm::Group& pp;
+  Extension* extension = nullptr;
 };
 
 // Saves step `step` (steps done) into o.checkpoint_dir; every rank calls it. Refuses (a run

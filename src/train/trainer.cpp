@@ -41,6 +41,7 @@
 #include "train/init_from.h"
 #include "train/moe_report.h"
 #include "train/nonfinite.h"
+#include "train/outer_optimizer.h"
 #include "train/output_paths.h"
 #include "train/pipeline_stage.h"
 #include "train/replica.h"
@@ -211,6 +212,7 @@ void TrainOptions::validate() const {
   check_context_parallel(*this);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
+  check_outer_options(outer, dp, device, model.n_layer, ep);
   check_batch_split(*this);
   check_run_numbers(*this);
   if (pipeline.exchanges != "auto" && pipeline.exchanges != "batched" &&
@@ -634,12 +636,18 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   // same parameters and each computes their gradient from its part of the sequences. With
   // --ep that is the ranks holding the same experts (the mesh's dp = dp / ep); the dense
   // parameters' gradients are summed over the ep ranks too, on a group of their own.
-  comm::Group& grads_group =
+  comm::Group& job_grads_group =
       o.cp > 1 ? mesh.group({"dp", "cp"}) : (o.ep > 1 ? mesh.group("dp") : dp);
   std::unique_ptr<comm::Group> ep_grads;
   if (world.size() > 1)  // collective over the world: every rank splits
     ep_grads = world.split(o.ep > 1 ? mesh.shape().group_index({"ep"}, world.rank()) : -1,
                            epg.rank(), "ep_grads");
+  // DiLoCo (--sites): gradients and ZeRO stay inside a site (train/outer_optimizer.h).
+  std::unique_ptr<Sites> sites;
+  if (o.outer.on())
+    sites = std::make_unique<Sites>(job_grads_group, o.outer.sites, dp.rank(), dp.size(),
+                                    o.cp > 1 ? mesh.group("cp").rank() : 0, o.cp);
+  comm::Group& grads_group = sites ? sites->inner() : job_grads_group;
   const int D = dp.size(), d = dp.rank(), P = ppg.size(), p = ppg.rank(), CP = cpg.size();
   const bool lead = world.rank() == 0;
   // Scalars (loss, norm, peak bytes) travel on their own group so that the byte counters
@@ -685,6 +693,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
               o.ep > 1 ? parallel::ep::EpContext::of(epg) : parallel::ep::EpContext{},
               ep_grads.get());
   rep.gpt.set_recompute(model::parse_recompute(o.recompute));
+  std::unique_ptr<OuterOptimizer> outer;
+  if (sites) outer = std::make_unique<OuterOptimizer>(o.outer, rep, *sites, world.rank());
   rep.gpt.set_moe_options(o.moe);
   if (o.routing_tape) rep.gpt.set_routing_tape(o.routing_tape.get(), o.record_routing);
   if (CP > 1)
@@ -723,6 +733,14 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                     ro.bf16 ? " (bf16 GEMMs, f32 master weights)" : "",
                     o.fused_attention() ? ", flash attention" : ", naive attention", D, o.zero,
                     world.backend_kind());
+    if (sites)
+      layout += fmt::format(
+          " in {} DiLoCo sites of {} (outer step every {} inner steps: {}, lr {}{}, {} exchange{})",
+          sites->count(), D / sites->count(), o.outer.every, o.outer.optimizer, o.outer.lr,
+          o.outer.optimizer == "nesterov" ? fmt::format(", momentum {}", o.outer.momentum) : "",
+          o.outer.compress == "none" ? std::string("f32") : o.outer.compress,
+          o.outer.fragments > 1 ? fmt::format(", streaming in {} fragments", o.outer.fragments)
+                                : "");
     if (CP > 1)
       layout += fmt::format(", cp {} ({} exchange, causal load-balanced split)", CP, o.cp_comm);
     if (o.ep > 1)
@@ -759,7 +777,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   }
 
   // Checkpoints: restore (--resume), then save every --checkpoint-every steps.
-  const ckpt::RankGroups groups{world, grads_group, tp_group, ppg};
+  const ckpt::RankGroups groups{world, grads_group, tp_group, ppg, outer.get()};
   int64_t start_in_row = 0;  // non-finite steps skipped in a row up to the checkpoint
   const int64_t start_step = ckpt::resume(o, groups, rep, talk, &start_in_row);
   // Not into a failure seen before (every rank reads the marker: all refuse alike).
@@ -769,6 +787,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     init_from_weights(rep, *sh.init, o.model);
     if (talk) progress.line(fmt::format("initialised from {}", o.init_from));
   }
+  if (outer) outer->begin();  // a round from the parameters as they are now
   // A resumed run continues the metrics file: the rows of the steps up to the checkpoint
   // stay, those after it (trained again now) go.
   std::unique_ptr<obs::MetricsWriter> metrics;
@@ -797,7 +816,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   // This rank's byte counters over each mesh dimension; a step's traffic is the difference.
   // dp: the gradient traffic (over dp x cp with context parallelism); cp: the attention's.
   struct Bytes {
-    int64_t dp, dp_sent, tp, pp, cp, ep;
+    int64_t dp, dp_sent, tp, pp, cp, ep, outer;
   };
   auto bytes_now = [&] {
     const bool e = o.ep > 1 && ep_grads;
@@ -807,8 +826,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                  bytes_of(tp_group),
                  bytes_of(ppg),
                  bytes_of(cpg),
-                 bytes_of(epg)};
+                 bytes_of(epg),
+                 sites ? sites->outer_recv_bytes() : 0};
   };
+  // Each site's loss gradient is the mean over its own sequences (S / (B T); 1 / (B T)).
+  const float grad_scale = outer_grad_scale(o.outer, B * T);
+  std::vector<float> scalar_buf(4 + (sites ? static_cast<size_t>(sites->count()) : 0));
   Bytes before = bytes_now();
   NonFiniteGuard guard(o.skip_nonfinite, start_in_row);
   int64_t newest_saved = start_step;  // 0: none (from scratch, nothing saved yet)
@@ -819,8 +842,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     rep.begin_step();
     double loss_sum = 0, compute = 0;
     if (stage) {
-      stage->begin_step(data.train.get(), first_sample(step, B, d, D, 0, mb),
-                        1.0f / static_cast<float>(B * T));
+      stage->begin_step(data.train.get(), first_sample(step, B, d, D, 0, mb), grad_scale);
       exec->run(*stage);
       loss_sum = stage->loss_sum();
       for (const parallel::pp::ExecEvent& e : exec->events()) {
@@ -836,7 +858,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
         data.train->fill(acts.routing_sample, mb, inputs.data(), targets.data(),
                          rep.gpt.local_positions());
         loss_sum += rep.gpt.forward(acts, inputs.data(), targets.data());
-        rep.gpt.backward(acts, 1.0f / static_cast<float>(B * T));
+        rep.gpt.backward(acts, grad_scale);
       }
     }
     rep.end_backward();
@@ -849,15 +871,23 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     const bool bad_here = !std::isfinite(loss_sum) || !std::isfinite(norm_sq);
     double sums[4] = {loss_sum, norm_sq, bad_here ? 1.0 : 0.0,
                       StopSignals::requested() != 0 ? 1.0 : 0.0};
+    // --sites: each site clips by its own norm; the squared norms travel one slot per site.
+    double site_norm_sq = norm_sq;
     if (scalars) {
-      float f[4];
+      float* f = scalar_buf.data();
       for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(sums[i]);
-      scalars->all_reduce(comm::Buf(f, 4));
+      if (sites) {
+        std::fill(f + 4, f + scalar_buf.size(), 0.0f);
+        f[4 + sites->site()] = static_cast<float>(norm_sq);
+      }
+      scalars->all_reduce(comm::Buf(f, static_cast<int64_t>(scalar_buf.size())));
       for (int i = 0; i < 4; ++i) sums[i] = f[i];
+      if (sites) site_norm_sq = f[4 + sites->site()];
     }
     // Each cp rank's loss is the mean over its rows: the sequences' mean is their mean.
     const float loss = static_cast<float>(sums[0] / static_cast<double>(n_micro * D * CP));
     const double norm = std::sqrt(sums[1]);
+    const double clip_norm = sites ? std::sqrt(site_norm_sq) : norm;
     const bool nonfinite = sums[2] > 0 || !std::isfinite(loss) || !std::isfinite(norm);
     const bool stop_asked = sums[3] > 0;
     // Mixture of experts: the step's routing counters of every MoE layer, the job's sums
@@ -877,11 +907,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     const bool give_up = guard.record(nonfinite);
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
     if (!nonfinite) {  // a non-finite step changes nothing: no clipping, no update
-      if (o.grad_clip > 0 && norm > o.grad_clip)
-        kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (norm + 1e-6)),
+      if (o.grad_clip > 0 && clip_norm > o.grad_clip)
+        kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (clip_norm + 1e-6)),
                        rep.opt_elems());
       rep.optimizer_step(lr);
     }
+    const bool outer_step = outer && outer->after_inner_step(step + 1, o.steps);
     device::synchronize();  // a GPU's step ends when its kernels have
     const double dt = now_s() - t0;
     // Bytes this rank received in the step over each mesh dimension (the optimizer's
@@ -893,12 +924,14 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     rec.step_pp_recv_bytes.push_back(now.pp - before.pp);
     rec.step_cp_recv_bytes.push_back(now.cp - before.cp);
     rec.step_ep_recv_bytes.push_back(now.ep - before.ep);
+    rec.step_outer_recv_bytes.push_back(now.outer - before.outer);
     // One gather per step: each rank's peak bytes, bytes per dimension and compute time
     // (ns): the worst peak and the job's sums, exact.
     const std::vector<int64_t> ranks =
         gather_int64(scalars, {tracker.snapshot().total_peak_bytes, now.dp - before.dp,
                                now.tp - before.tp, now.pp - before.pp, now.cp - before.cp,
-                               now.ep - before.ep, static_cast<int64_t>(compute * 1e9)});
+                               now.ep - before.ep, static_cast<int64_t>(compute * 1e9),
+                               now.outer - before.outer});
     before = now;
     if (step == start_step) {
       allocations_after_step1 = tracker.snapshot().allocations;
@@ -916,13 +949,13 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
     r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
-    int64_t job[6] = {};  // dp, tp, pp, cp, ep bytes, compute ns: sums over ranks
-    for (size_t k = 0; k < ranks.size(); k += 7) {
+    int64_t job[7] = {};  // dp, tp, pp, cp, ep bytes, compute ns, outer bytes: sums over ranks
+    for (size_t k = 0; k < ranks.size(); k += 8) {
       if (ranks[k] > r.peak_bytes) {
         r.peak_bytes = ranks[k];
-        r.worst_rank = static_cast<int>(k / 7);
+        r.worst_rank = static_cast<int>(k / 8);
       }
-      for (int i = 0; i < 6; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
+      for (int i = 0; i < 7; ++i) job[i] += ranks[k + 1 + static_cast<size_t>(i)];
     }
     r.comm_bytes = rec.step_recv_bytes.back();
     r.dp_bytes = static_cast<double>(job[0]);
@@ -930,6 +963,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     r.pp_bytes = static_cast<double>(job[2]);
     r.cp_bytes = static_cast<double>(job[3]);
     r.ep_bytes = static_cast<double>(job[4]);
+    r.outer_bytes = static_cast<double>(job[6]);
+    r.outer_step = outer_step;
     if (P > 1)
       r.bubble = std::max(0.0, 1 - static_cast<double>(job[5]) * 1e-9 / (world.size() * dt));
     steps.push_back(r);
@@ -950,6 +985,10 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     row["tokens"] = r.step * B * T;  // trained on so far (the x axis of loss vs tokens)
     if (CP > 1) row["cp_bytes"] = r.cp_bytes;
     if (o.ep > 1) row["ep_bytes"] = r.ep_bytes;
+    if (sites) {
+      row["outer_bytes"] = r.outer_bytes;
+      row["outer_step"] = r.outer_step;
+    }
     if (P > 1) row["bubble"] = r.bubble;
     if (moe) {
       row["moe"] = moe_json(*moe);
@@ -981,7 +1020,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     if (tensorboard) {
       for (const char* key : {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu",
                               "peak_bytes", "time_s", "dp_bytes", "tp_bytes", "pp_bytes",
-                              "cp_bytes", "ep_bytes", "bubble", "moe_aux_loss", "moe_z_loss"})
+                              "cp_bytes", "ep_bytes", "outer_bytes", "bubble", "moe_aux_loss",
+                              "moe_z_loss"})
         if (row.contains(key)) tensorboard->scalar(key, row[key].get<double>(), r.step);
       tensorboard->flush();
     }
@@ -996,6 +1036,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
           o.ep > 1 ? " ep " + obs::human_bytes(r.ep_bytes) : "",
           P > 1 ? fmt::format(" | bubble {:.0f}%", 100 * r.bubble) : "", 1000 * dt);
       if (moe) text += moe_progress(*moe);
+      if (sites)
+        text += fmt::format(" | outer {}{}", obs::human_bytes(r.outer_bytes),
+                            r.outer_step ? " (outer step)" : "");
       if (row.contains("val_loss"))
         text += fmt::format(" | val loss {:.4f}", row["val_loss"].get<float>());
       if (nonfinite)

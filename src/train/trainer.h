@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/moe.h"
 #include "train/optimizer.h"
+#include "train/outer_options.h"
 #include "train/pipeline_options.h"
 
 namespace mt::train {
@@ -93,6 +94,8 @@ struct TrainOptions {
   // its routing decisions into the tape (record_routing) or replays them from it.
   std::shared_ptr<model::RoutingTape> routing_tape;
   bool record_routing = false;
+  // DiLoCo: dp split into sites that synchronise every H steps (train/outer_optimizer.h).
+  OuterOptions outer;
   // Checkpoints (train/checkpoint.h, docs/checkpoints.md).
   std::string checkpoint_dir;    // "": none
   int64_t checkpoint_every = 0;  // save every N steps (and after the last); 0: after the last
@@ -136,8 +139,10 @@ struct StepRecord {
   // traffic, over dp x cp with context parallelism, and with --ep the dense gradients'
   // sums over the ep ranks; cp: the attention's exchanges; ep: the MoE token all-to-alls).
   double dp_bytes = 0, tp_bytes = 0, pp_bytes = 0, cp_bytes = 0, ep_bytes = 0;
-  double bubble = 0;     // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
-  bool skipped = false;  // the loss or gradient norm was not finite: no update
+  double bubble = 0;        // --pp > 1: 1 - (compute time of all ranks) / (ranks x step time)
+  bool skipped = false;     // the loss or gradient norm was not finite: no update
+  double outer_bytes = 0;   // --sites: DiLoCo's outer exchange, over the cross-site groups
+  bool outer_step = false;  // --sites: the step ended with an outer step
 };
 
 // What each rank saw (the local backend fills every rank's; under mpirun only this
@@ -150,6 +155,7 @@ struct RankRecord {
   std::vector<int64_t> step_pp_recv_bytes;                // over the pp group, per step
   std::vector<int64_t> step_cp_recv_bytes;                // over the cp group, per step
   std::vector<int64_t> step_ep_recv_bytes;                // over the ep group, per step
+  std::vector<int64_t> step_outer_recv_bytes;             // --sites: the cross-site group's
   std::vector<float> final_params;  // this rank's flat values (keep_final_params; TP shards,
                                     // the pipeline stage's parameters)
   int64_t allocations_after_first_step = 0;

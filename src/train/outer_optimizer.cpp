@@ -1,0 +1,427 @@
+#include "train/outer_optimizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "core/write_file.h"
+#include "train/replica.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+namespace fs = std::filesystem;
+
+void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer,
+                         int ep) {
+  const OuterOptions d;
+  if (o.sites < 0) fail("--sites {} must be at least 1 (or left out: synchronous dp)", o.sites);
+  if (!o.on()) {
+    if (o.every != d.every || o.optimizer != d.optimizer || o.lr != d.lr ||
+        o.momentum != d.momentum || o.compress != d.compress || o.fragments != d.fragments)
+      fail(
+          "--outer-every, --outer-optimizer, --outer-lr, --outer-momentum, --outer-compress and "
+          "--outer-fragments "
+          "configure DiLoCo's outer step: add --sites S (S sites of --dp / S ranks each)");
+    return;
+  }
+  if (dp % o.sites != 0) {
+    std::string divisors;
+    for (int k = 1; k <= dp; ++k)
+      if (dp % k == 0) divisors += fmt::format("{}{}", divisors.empty() ? "" : ", ", k);
+    fail(
+        "--sites {} does not divide --dp {}: each site takes dp / sites of the data-parallel "
+        "ranks (use --sites {}, or a --dp that is a multiple of {})",
+        o.sites, dp, divisors, o.sites);
+  }
+  if (o.every < 1)
+    fail("--outer-every {} must be at least 1 (inner steps per outer round; DiLoCo uses 500)",
+         o.every);
+  if (o.optimizer != "nesterov" && o.optimizer != "average")
+    fail(
+        "--outer-optimizer '{}' is not an outer optimizer (choose nesterov: SGD with Nesterov "
+        "momentum, DiLoCo's; or average: plain averaging)",
+        o.optimizer);
+  if (!(o.lr > 0) || !std::isfinite(o.lr))
+    fail("--outer-lr {} must be a positive number (DiLoCo: 0.7; average: 1)", o.lr);
+  if (!(o.momentum >= 0 && o.momentum < 1))
+    fail("--outer-momentum {} must be in [0, 1) (DiLoCo: 0.9)", o.momentum);
+  if (o.optimizer == "average" && o.momentum != d.momentum)
+    fail("--outer-momentum {} has no effect with --outer-optimizer average (use nesterov)",
+         o.momentum);
+  if (o.fragments < 1 || o.fragments > o.every || o.fragments > n_layer)
+    fail(
+        "--outer-fragments {} must be between 1 and both --outer-every {} (each fragment is "
+        "synchronised at its own inner step of the round) and the model's {} layers",
+        o.fragments, o.every, n_layer);
+  (void)parse_outer_compress(o.compress);
+  if (ep > 1)
+    fail(
+        "--sites {} with --ep {}: DiLoCo sites are not carved from expert-parallel ranks yet "
+        "(use --ep 1)",
+        o.sites, ep);
+  if (device != "cpu")
+    fail("--sites {} runs on the CPU so far (the outer step is host code): use --device cpu",
+         o.sites);
+}
+
+float outer_grad_scale(const OuterOptions& o, int64_t batch_tokens) {
+  return static_cast<float>(o.site_count()) / static_cast<float>(batch_tokens);
+}
+
+Sites::Sites(comm::Group& replica, int sites, int dp_rank, int dp_size, int cp_rank, int cp_size)
+    : count_(sites) {
+  const int per_site = dp_size / sites;
+  site_ = dp_rank / per_site;
+  const int position = (dp_rank % per_site) * cp_size + cp_rank;
+  inner_ = replica.split(site_, position, fmt::format("{}/site[{}]", replica.name(), site_));
+  cross_ = replica.split(position, site_, fmt::format("{}/outer[{}]", replica.name(), position));
+}
+
+int64_t Sites::outer_recv_bytes() {
+  return cross_->recorder().bytes_of_group(cross_->name()).recv_bytes;
+}
+
+OuterOptimizer::OuterOptimizer(const OuterOptions& o, Replica& rep, Sites& sites, int world_rank)
+    : opts_(o),
+      compress_(parse_outer_compress(o.compress)),
+      rep_(rep),
+      sites_(sites),
+      world_rank_(world_rank),
+      lo_(rep.shard.lo()),
+      n_(rep.shard.shard_elems) {
+  // Fragment p: the units (embedding, blocks, head) [p·U/F, (p+1)·U/F) of the rank's model
+  // (its pipeline stage), cut to the shard [lo, lo + n); the padding goes with the last unit.
+  const parallel::FlatLayout& L = rep.layout;
+  const int F = opts_.fragments, U = L.num_units();
+  segs_.resize(static_cast<size_t>(F));
+  frag_elems_.assign(static_cast<size_t>(F), 0);
+  for (int u = 0; u < U; ++u) {
+    const int p = std::min(F - 1, static_cast<int>(static_cast<int64_t>(u) * F / U));
+    const int64_t a = std::max(L.unit_lo(u), lo_) - lo_;
+    const int64_t b = std::min(L.unit_hi(u), lo_ + n_) - lo_;
+    if (b <= a) continue;
+    auto& segs = segs_[static_cast<size_t>(p)];
+    if (!segs.empty() && segs.back().second == a)
+      segs.back().second = b;
+    else
+      segs.emplace_back(a, b);
+    frag_elems_[static_cast<size_t>(p)] += b - a;
+  }
+  const int64_t most =
+      std::max<int64_t>(1, *std::max_element(frag_elems_.begin(), frag_elems_.end()));
+  const auto cat = mem::Category::kOptimizer;
+  outer_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
+  if (opts_.optimizer == "nesterov")
+    momentum_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
+  const int S = sites.count();
+  const auto comm = mem::Category::kCommunication;
+  if (compress_ == OuterCompress::kNone) {
+    buf_ = Tensor::zeros({most}, DType::kF32, comm);
+  } else {
+    // Site j reduces chunk j: chunks of whole blocks, so that both encodings' blocks are the
+    // same blocks of the (packed) fragment.
+    const int64_t chunk = chunk_of(most);
+    const int64_t words = outer_encoded_words(compress_, chunk);
+    buf_ = Tensor::zeros({chunk * S}, DType::kF32, comm);
+    send_words_ = Tensor::zeros({words * S}, DType::kI32, comm);
+    recv_words_ = Tensor::zeros({words * S}, DType::kI32, comm);
+    mine_ = Tensor::zeros({chunk}, DType::kF32, comm);
+  }
+  if (opts_.observer) before_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
+}
+
+int64_t OuterOptimizer::chunk_of(int64_t elems) const {
+  const int S = sites_.count();
+  const int64_t c = std::max<int64_t>(1, (elems + S - 1) / S);
+  return (c + kOuterBlock - 1) / kOuterBlock * kOuterBlock;
+}
+
+float* OuterOptimizer::site_values() {
+  if (rep_.values) return rep_.values->shard_values().f32();
+  return rep_.gpt.params().flat_values().f32() + lo_;
+}
+
+void OuterOptimizer::begin() {
+  if (loaded_) return;
+  std::copy_n(site_values(), n_, outer_.f32());
+  if (momentum_.defined()) std::fill_n(momentum_.f32(), n_, 0.0f);
+  round_step_ = 0;
+}
+
+int64_t OuterOptimizer::fragment_offset(int p) const {
+  return (static_cast<int64_t>(p) + 1) * opts_.every / opts_.fragments;
+}
+
+bool OuterOptimizer::after_inner_step(int64_t done, int64_t total) {
+  ++round_step_;
+  bool stepped = false;
+  for (int p = 0; p < opts_.fragments; ++p) {
+    const int64_t off = fragment_offset(p);
+    if (done < total && (done < off || (done - off) % opts_.every != 0)) continue;
+    step_fragment(p);
+    stepped = true;
+    if (p == opts_.fragments - 1) round_step_ = 0;
+  }
+  if (stepped) publish();
+  return stepped;
+}
+
+void OuterOptimizer::step_fragment(int p) {
+  comm::Group& cross = sites_.cross();
+  const int S = cross.size();
+  const auto& segs = segs_[static_cast<size_t>(p)];
+  const int64_t np = frag_elems_[static_cast<size_t>(p)];
+  float* theta = site_values();
+  float* outer = outer_.f32();
+  float* d = buf_.f32();  // the fragment packed: the mean pseudo-gradient (or parameters)
+  // fn(i, k) for each element i of the fragment (shard-relative) at packed index k.
+  auto each = [&segs](auto&& fn) {
+    int64_t k = 0;
+    for (const auto& [a, b] : segs)
+      for (int64_t i = a; i < b; ++i) fn(i, k++);
+  };
+  if (before_.defined()) std::copy_n(outer, n_, before_.f32());
+  const bool average = opts_.optimizer == "average";
+  const float lr = opts_.lr, mu = opts_.momentum;
+  if (compress_ == OuterCompress::kNone && average) {
+    // Parameter averaging: the sites' parameters summed exactly as they are.
+    each([&](int64_t i, int64_t k) { d[k] = theta[i]; });
+    cross.all_reduce(comm::Buf(d, np));
+    each([&](int64_t i, int64_t k) {
+      const float mean = d[k] / static_cast<float>(S);
+      outer[i] = lr == 1.0f ? mean : outer[i] + lr * (mean - outer[i]);
+    });
+  } else {
+    each([&](int64_t i, int64_t k) { d[k] = outer[i] - theta[i]; });
+    if (compress_ == OuterCompress::kNone) {
+      cross.all_reduce(comm::Buf(d, np));
+      for (int64_t k = 0; k < np; ++k) d[k] /= static_cast<float>(S);
+    } else {
+      exchange_compressed(np);
+    }
+    if (average) {
+      each([&](int64_t i, int64_t k) { outer[i] -= lr * d[k]; });
+    } else {
+      float* m = momentum_.f32();
+      each([&](int64_t i, int64_t k) {
+        m[i] = mu * m[i] + d[k];
+        outer[i] -= lr * (d[k] + mu * m[i]);
+      });
+    }
+  }
+  ++rounds_;
+  if (opts_.observer)
+    opts_.observer({rounds_, p, sites_.site(), sites_.position(), lo_, n_, &segs, before_.f32(),
+                    theta, outer});
+  each([&](int64_t i, int64_t) { theta[i] = outer[i]; });
+}
+
+// Reduce-scatter then all-gather, both on encoded data: site j sums chunk j of every site's
+// pseudo-gradient (decoded, in site order, so every site gets the same bits), encodes the
+// mean and sends it to all: 2 (S - 1) / S encoded fragments per rank, the ring all-reduce's
+// volume at the encoding's width. In: buf_[0, np) this site's; out: the mean.
+void OuterOptimizer::exchange_compressed(int64_t np) {
+  comm::Group& cross = sites_.cross();
+  const int S = cross.size();
+  const int64_t chunk = chunk_of(np), words = outer_encoded_words(compress_, chunk);
+  float* d = buf_.f32();
+  std::fill(d + np, d + chunk * S, 0.0f);
+  int32_t* send = send_words_.data<int32_t>();
+  int32_t* recv = recv_words_.data<int32_t>();
+  for (int j = 0; j < S; ++j) outer_encode(compress_, d + j * chunk, chunk, send + j * words);
+  cross.all_to_all(comm::Buf(send, words * S, DType::kI32),
+                   comm::Buf(recv, words * S, DType::kI32));
+  float* mine = mine_.f32();
+  std::fill_n(mine, chunk, 0.0f);
+  for (int j = 0; j < S; ++j) {
+    outer_decode(compress_, recv + j * words, chunk, d);  // d as scratch
+    for (int64_t i = 0; i < chunk; ++i) mine[i] += d[i];
+  }
+  for (int64_t i = 0; i < chunk; ++i) mine[i] /= static_cast<float>(S);
+  outer_encode(compress_, mine, chunk, send);
+  cross.all_gather(comm::Buf(send, words, DType::kI32), comm::Buf(recv, words * S, DType::kI32));
+  for (int j = 0; j < S; ++j) outer_decode(compress_, recv + j * words, chunk, d + j * chunk);
+}
+
+void OuterOptimizer::publish() {
+  if (!rep_.values && rep_.dp.size() > 1) {  // every rank of the site holds every value
+    Tensor& v = rep_.gpt.params().flat_values();
+    rep_.dp.all_gather(comm::device_buf(v.f32() + lo_, n_), comm::Buf(v));
+  }
+  if (rep_.options.bf16 && !rep_.values) rep_.gpt.params().refresh_bf16();
+}
+
+// ---- checkpoints --------------------------------------------------------------------------
+//
+// outer-rank-NNNNN.bin: a header of kHeaderWords int64 values, then f32 arrays: the outer
+// parameters and (nesterov) momentum of [lo, lo + n), and this rank's site model state of its
+// optimizer range [opt_lo, opt_hi): master values, AdamW m and v. outer.json (world rank 0):
+// the settings a resume must keep.
+
+namespace {
+constexpr int64_t kMagic = 0x4f434f4c49440001;  // "DILOCO" + version 1
+enum Field {
+  kMagicF,
+  kSites,
+  kEvery,
+  kSite,
+  kPosition,
+  kLo,
+  kN,
+  kOptLo,
+  kOptHi,
+  kRound,
+  kRounds,
+  kMomentum,
+  kCrc,
+  kFragments,
+  kHeaderWords
+};
+
+std::string rank_file(const std::string& dir, int rank) {
+  return (fs::path(dir) / fmt::format("outer-rank-{:05}.bin", rank)).string();
+}
+}  // namespace
+
+void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
+  const int64_t opt_n = rep_.opt_elems();
+  std::vector<std::pair<const float*, int64_t>> arrays = {{outer_.f32(), n_}};
+  if (momentum_.defined()) arrays.emplace_back(momentum_.f32(), n_);
+  arrays.emplace_back(rep_.opt_values(), opt_n);
+  arrays.emplace_back(rep_.opt->m().f32(), opt_n);
+  arrays.emplace_back(rep_.opt->v().f32(), opt_n);
+  uint32_t crc = 0;
+  for (const auto& [p, n] : arrays) crc = ckpt::crc32c(p, static_cast<size_t>(n) * 4, crc);
+  std::vector<int64_t> header(kHeaderWords);
+  header[kMagicF] = kMagic;
+  header[kSites] = sites_.count();
+  header[kEvery] = opts_.every;
+  header[kSite] = sites_.site();
+  header[kPosition] = sites_.position();
+  header[kLo] = lo_;
+  header[kN] = n_;
+  header[kOptLo] = rep_.opt_lo;
+  header[kOptHi] = rep_.opt_hi;
+  header[kRound] = round_step_;
+  header[kRounds] = rounds_;
+  header[kMomentum] = momentum_.defined() ? 1 : 0;
+  header[kCrc] = crc;
+  header[kFragments] = opts_.fragments;
+  std::vector<io::Chunk> chunks = {{header.data(), header.size() * 8}};
+  for (const auto& [p, n] : arrays) chunks.push_back({p, static_cast<size_t>(n) * 4});
+  io::write_file(rank_file(tmp_dir, world_rank_), chunks);
+  if (world_rank_ == 0) {
+    const nlohmann::json j = {{"format", "meshtrain-diloco"},
+                              {"sites", sites_.count()},
+                              {"every", opts_.every},
+                              {"fragments", opts_.fragments},
+                              {"optimizer", opts_.optimizer},
+                              {"dp", rep_.dp.size() * sites_.count()},
+                              {"step", step},
+                              {"round_step", round_step_}};
+    io::write_file((fs::path(tmp_dir) / "outer.json").string(), j.dump(1) + "\n");
+  }
+}
+
+void OuterOptimizer::load(const std::string& dir, int64_t /*step*/) {
+  const std::string path = rank_file(dir, world_rank_);
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    fail("checkpoint '{}': the DiLoCo state of rank {} ({}) is missing", dir, world_rank_, path);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  std::vector<int64_t> h(kHeaderWords);
+  if (bytes.size() < h.size() * 8) fail("'{}' is damaged: truncated header", path);
+  std::memcpy(h.data(), bytes.data(), h.size() * 8);
+  const int64_t opt_n = rep_.opt_elems();
+  const int64_t want_momentum = momentum_.defined() ? 1 : 0;
+  if (h[kMagicF] != kMagic) fail("'{}' is not a meshtrain DiLoCo state file", path);
+  if (h[kSites] != sites_.count() || h[kSite] != sites_.site() ||
+      h[kPosition] != sites_.position() || h[kLo] != lo_ || h[kN] != n_ ||
+      h[kOptLo] != rep_.opt_lo || h[kOptHi] != rep_.opt_hi || h[kMomentum] != want_momentum ||
+      h[kFragments] != opts_.fragments)
+    fail(
+        "'{}' holds site {} position {} elements [{}, {}) of --sites {} ({} momentum), but this "
+        "rank is site {} position {} with [{}, {}) of --sites {}: resume with the layout that "
+        "saved it (same --sites, --dp, --tp, --pp, --cp, --zero, --outer-optimizer and "
+        "--outer-fragments)",
+        path, h[kSite], h[kPosition], h[kLo], h[kLo] + h[kN], h[kSites],
+        h[kMomentum] ? "with" : "no", sites_.site(), sites_.position(), lo_, lo_ + n_,
+        sites_.count());
+  const int64_t floats = (1 + want_momentum) * n_ + 3 * opt_n;
+  if (static_cast<int64_t>(bytes.size()) != kHeaderWords * 8 + floats * 4)
+    fail("'{}' is damaged: {} bytes, expected {}", path, bytes.size(),
+         kHeaderWords * 8 + floats * 4);
+  const char* p = bytes.data() + kHeaderWords * 8;
+  if (ckpt::crc32c(p, static_cast<size_t>(floats) * 4) != static_cast<uint32_t>(h[kCrc]))
+    fail("'{}' is damaged: its checksum does not match", path);
+  auto take = [&](float* dst, int64_t n) {
+    std::memcpy(dst, p, static_cast<size_t>(n) * 4);
+    p += n * 4;
+  };
+  take(outer_.f32(), n_);
+  if (momentum_.defined()) take(momentum_.f32(), n_);
+  take(rep_.opt_values(), opt_n);
+  take(rep_.opt->m().f32(), opt_n);
+  take(rep_.opt->v().f32(), opt_n);
+  round_step_ = h[kRound];
+  rounds_ = h[kRounds];
+  loaded_ = true;
+}
+
+std::string outer_resume_refusal(const std::string& dir, const TrainOptions& o) {
+  const fs::path file = fs::path(dir) / "outer.json";
+  const OuterOptions& w = o.outer;
+  if (!fs::exists(file)) {
+    if (!w.on()) return "";
+    return fmt::format(
+        "checkpoint '{}' was saved by synchronous training (no DiLoCo state): --sites {} cannot "
+        "resume it (leave --sites out to resume it, or start the DiLoCo run in another "
+        "--checkpoint-dir)",
+        dir, w.sites);
+  }
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    j = nlohmann::json::parse(in);
+    (void)j.at("sites").get<int>();
+    (void)j.at("every").get<int64_t>();
+    (void)j.at("dp").get<int>();
+    (void)j.at("optimizer").get<std::string>();
+  } catch (const std::exception& e) {
+    return fmt::format("checkpoint '{}': outer.json is damaged ({})", dir, e.what());
+  }
+  const int sites = j["sites"];
+  const int64_t every = j["every"];
+  const int dp = j["dp"];
+  const std::string opt = j["optimizer"];
+  const int fragments = j.value("fragments", 1);
+  const std::string keep =
+      fmt::format("--dp {} --sites {} --outer-every {} --outer-optimizer {}{}", dp, sites, every,
+                  opt, fragments > 1 ? fmt::format(" --outer-fragments {}", fragments) : "");
+  if (!w.on())
+    return fmt::format(
+        "checkpoint '{}' holds the DiLoCo state of {} sites (each site's parameters and AdamW "
+        "state, the outer parameters and momentum): it resumes only with {} (another site "
+        "count, or synchronous training, cannot continue it)",
+        dir, sites, keep);
+  if (w.sites != sites || o.dp != dp || w.every != every || w.optimizer != opt ||
+      w.fragments != fragments)
+    return fmt::format(
+        "checkpoint '{}' holds the DiLoCo state of {} and this run asks for --dp {} --sites {} "
+        "--outer-every {} --outer-optimizer {} --outer-fragments {}: resharding to another site "
+        "count or dp is not supported (resume with {}, or start a new run in another "
+        "--checkpoint-dir)",
+        dir, keep, o.dp, w.sites, w.every, w.optimizer, w.fragments, keep);
+  return "";
+}
+
+}  // namespace mt::train

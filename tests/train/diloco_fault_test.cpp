@@ -1,0 +1,145 @@
+// DiLoCo's checkpoints (docs/diloco.md): a run that fails in the middle of an outer round
+// restarts from the round's checkpoint (each site's parameters and AdamW state, the outer
+// parameters, momentum and the inner step within the round) and ends bitwise like the
+// uninterrupted run; a checkpoint of another site count, or of synchronous training, is
+// refused with the settings that resume it; under mpirun the sites train what rank threads
+// train.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace mt::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path& dir() {
+  static const fs::path d = scratch_dir("diloco-fault");
+  return d;
+}
+
+const std::string& data() {
+  static const std::string p = demo_tokens(dir());
+  return p;
+}
+
+// 10 steps of a 2-layer tiny model in 2 sites of 2 ranks (ZeRO-1 inside each), an outer
+// step every 4 inner steps, a checkpoint every 3 (mid-round: after inner step 3 of round 1,
+// step 2 of round 2, ...).
+std::string flags(const fs::path& c, const std::string& name) {
+  return "train --model tiny --n-layer 2 --seq 32 --data " + data() +
+         " --steps 10 --batch 8 --threads 1 --peak-gflops 100 --dp 4 --zero 1 --sites 2 "
+         "--outer-every 4 --backend local --checkpoint-dir " +
+         c.string() + " --checkpoint-every 3 --keep 0 --metrics " +
+         (dir() / (name + ".jsonl")).string() + " --export " +
+         (dir() / (name + ".safetensors")).string();
+}
+
+std::vector<std::string> losses(const std::string& name) {
+  std::ifstream in(dir() / (name + ".jsonl"));
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line).at("loss").dump());
+  return out;
+}
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(DilocoFault, FailureMidRoundResumesBitwise) {
+  const RunResult clean = run_meshtrain(flags(dir() / "clean", "clean"));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  EXPECT_NE(clean.output.find("2 DiLoCo sites of 2"), std::string::npos) << clean.output;
+  // A rank fails at step 5 (once): the job restarts from step 3, mid-round (round step 3 of 4).
+  const std::string once = (dir() / "once").string();
+  const RunResult r =
+      run_command("MESHTRAIN_FAULT=throw@step:5:3:" + once + " " + MT_BINARY + " " +
+                  flags(dir() / "restart", "restart") + " --resume auto --max-restarts 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting from the newest checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from checkpoint"), std::string::npos) << r.output;
+  std::ifstream outer(dir() / "restart" / "step-00000003" / "outer.json");
+  ASSERT_TRUE(outer.good());
+  EXPECT_EQ(nlohmann::json::parse(outer).at("round_step"), 3);
+  EXPECT_EQ(losses("restart"), losses("clean"));
+  ASSERT_EQ(losses("clean").size(), 10u);
+  const std::string a = bytes_of(dir() / "clean.safetensors");
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, bytes_of(dir() / "restart.safetensors"));
+}
+
+TEST(DilocoFault, AnotherSiteCountIsRefused) {
+  const fs::path c = dir() / "refuse";
+  ASSERT_EQ(run_meshtrain(flags(c, "refuse")).exit_code, 0);
+  const std::string base = "train --model tiny --n-layer 2 --seq 32 --data " + data() +
+                           " --steps 12 --batch 8 --threads 1 --peak-gflops 100 --zero 1 "
+                           "--backend local --checkpoint-dir " +
+                           c.string() + " --resume " + (c / "step-00000010").string();
+  const RunResult other = run_meshtrain(base + " --dp 4 --sites 4 --outer-every 4");
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("resharding to another site count or dp is not supported"),
+            std::string::npos)
+      << other.output;
+  EXPECT_NE(other.output.find("--dp 4 --sites 2 --outer-every 4"), std::string::npos)
+      << other.output;
+  const RunResult sync = run_meshtrain(base + " --dp 4");
+  EXPECT_EQ(sync.exit_code, 2) << sync.output;
+  EXPECT_NE(sync.output.find("holds the DiLoCo state of 2 sites"), std::string::npos)
+      << sync.output;
+  // `reshard` refuses it too.
+  const RunResult rs = run_meshtrain("reshard " + (c / "step-00000010").string() + " --out " +
+                                     (dir() / "resharded").string() + " --dp 2");
+  EXPECT_EQ(rs.exit_code, 2) << rs.output;
+  EXPECT_NE(rs.output.find("DiLoCo state"), std::string::npos) << rs.output;
+  // A synchronous run's checkpoint is not resumed by --sites.
+  const fs::path s = dir() / "sync";
+  ASSERT_EQ(run_meshtrain("train --model tiny --n-layer 2 --seq 32 --data " + data() +
+                          " --steps 2 --batch 8 --threads 1 --peak-gflops 100 --dp 2 --backend "
+                          "local --checkpoint-dir " +
+                          s.string())
+                .exit_code,
+            0);
+  const RunResult into = run_meshtrain(
+      "train --model tiny --n-layer 2 --seq 32 --data " + data() +
+      " --steps 4 --batch 8 --threads 1 --peak-gflops 100 --dp 2 --sites 2 --backend local "
+      "--checkpoint-dir " +
+      s.string() + " --resume auto");
+  EXPECT_NE(into.exit_code, 0) << into.output;
+  EXPECT_NE(into.output.find("saved by synchronous training"), std::string::npos) << into.output;
+}
+
+// Under mpirun (one process per rank, the mpi backend: its group splits, all-to-all and
+// all-gather) the sites train bitwise what rank threads train, with the same outer bytes.
+TEST(DilocoFault, UnderMpirunEqualsRankThreads) {
+  ASSERT_EQ(run_command("command -v mpirun").exit_code, 0) << "no mpirun: run scripts/setup.sh";
+  const std::string run =
+      "train --model tiny --n-layer 2 --seq 32 --batch 8 --steps 6 --threads 1 "
+      "--peak-gflops 100 --zero 1 --sites 2 --outer-every 2 "
+      "--outer-compress int8 --data " +
+      data() + " --metrics ";
+  const std::string a = (dir() / "mpi.jsonl").string(), b = (dir() / "threads.jsonl").string();
+  const RunResult m = run_command(mpirun(4) + " " + MT_BINARY + " " + run + a);
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  const RunResult t = run_meshtrain(run + b + " --dp 4 --backend local");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  auto column = [](const std::string& path, const char* key) {
+    std::ifstream in(path);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) out.push_back(nlohmann::json::parse(line).at(key).dump());
+    return out;
+  };
+  EXPECT_EQ(column(a, "loss"), column(b, "loss"));
+  EXPECT_EQ(column(a, "outer_bytes"), column(b, "outer_bytes"));
+  EXPECT_EQ(column(a, "loss").size(), 6u);
+}
+
+}  // namespace
+}  // namespace mt::test
