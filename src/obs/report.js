@@ -60,7 +60,7 @@
       `, vocab ${m.vocab}, seq ${m.seq}, ${si(m.params, "")} params` : "(not recorded)";
     // cp: the header's, or what the world holds beyond dp × tp × pp (world = pp dp cp tp).
     const cp = l.cp || (l.world && l.dp * l.tp * l.pp ? Math.round(l.world / (l.dp * l.tp * l.pp)) : 1);
-    const layout = h.layout ? `dp ${l.dp} × tp ${l.tp}${l.sp ? " (sp)" : ""} × pp ${l.pp}` +
+    const layout = h.layout ? `dp ${l.dp}${l.ep > 1 ? ` (experts over ep ${l.ep})` : ""} × tp ${l.tp}${l.sp ? " (sp)" : ""} × pp ${l.pp}` +
       (cp > 1 ? ` × cp ${cp}` : "") + (l.pp > 1 ? ` (${l.schedule}, ${l.microbatches} microbatches)` : "") +
       `, ZeRO-${l.zero}, ${l.dtype}, recompute ${l.recompute}; batch ${h.batch} × ${m.seq}` : "(not recorded)";
     const machine = h.machine ? `${mc.host}: ${mc.cpu}, ${mc.cores} cores, ${mc.threads_per_rank} thread(s)/rank, ` +

@@ -842,8 +842,10 @@ Index read_index(const std::string& dir, const model::GptConfig* expect) {
     try {
       s = piece_spec(pc, idx.tensors.at(pc.tensor));
     } catch (const Error& e) {
-      fail("{}: a piece of '{}' is of tp rank {} of {}, ep rank {} of {}: {}", damaged, pc.tensor,
-           pc.tp_rank, pc.tp_size, pc.ep_rank, pc.ep_size, e.what());
+      fail("{}: a piece of '{}' is of tp rank {} of {}{}: {}", damaged, pc.tensor, pc.tp_rank,
+           pc.tp_size,
+           pc.ep_size > 1 ? fmt::format(", ep rank {} of {}", pc.ep_rank, pc.ep_size) : "",
+           e.what());
     }
     const int64_t slice = shape_numel(s.shape);
     if (pc.local_hi > slice)
