@@ -81,6 +81,8 @@ const std::vector<std::string> kConfigKeys = {"model",
 
 }  // namespace
 
+const std::vector<std::string>& train_config_keys() { return kConfigKeys; }
+
 const std::vector<std::string>& train_command_config_keys() {
   static const std::vector<std::string> keys = {
       "metrics",          "export", "trace",  "peak_gflops",  "profile",   "checkpoint_dir",
@@ -218,7 +220,32 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--moe-z-loss", moe_z_loss,
                  "coefficient of ST-MoE's router z-loss, mean of logsumexp(logits)^2 (default 0; "
                  "ST-MoE 0.001)");
-  const std::vector<std::string> kConfigKeys = {};
+  cmd.add_option("--moe-balance", moe_balance,
+                 "none (default), or bias: DeepSeek-V3's auxiliary-loss-free balancing, a "
+                 "per-expert bias on the router's choice moved by --moe-bias-rate after each step "
+                 "towards the mean load");
+  cmd.add_option("--moe-bias-rate", moe_bias_rate,
+                 "how far --moe-balance bias moves a bias per step (default 0.001, DeepSeek-V3's)");
+  const train::OuterOptions od;
+  cmd.add_option("--sites", sites,
+                 "DiLoCo: split --dp into S sites that each take --outer-every inner steps on "
+                 "their own, then average their parameter change over the links between sites "
+                 "(docs/diloco.md; default: off, synchronous dp)");
+  cmd.add_option("--outer-every", outer_every,
+                 fmt::format("--sites: inner steps per outer round, H (default {})", od.every));
+  cmd.add_option("--outer-optimizer", outer_optimizer,
+                 "--sites: nesterov (SGD with Nesterov momentum on the mean pseudo-gradient, "
+                 "DiLoCo's; the default) or average (plain averaging)");
+  cmd.add_option("--outer-lr", outer_lr,
+                 fmt::format("--sites: outer learning rate (default {})", od.lr));
+  cmd.add_option("--outer-momentum", outer_momentum,
+                 fmt::format("--sites: outer Nesterov momentum (default {})", od.momentum));
+  cmd.add_option("--outer-compress", outer_compress,
+                 "--sites: the outer exchange as none (f32, the default), bf16, or int8 (8-bit "
+                 "with an f32 scale per 128 elements)");
+  cmd.add_option("--outer-fragments", outer_fragments,
+                 "--sites: streaming DiLoCo, the layers in F fragments each synchronised at its "
+                 "own inner step of the round (1/F of the bytes at a time; default 1)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));

@@ -58,5 +58,7 @@ void infer_dp_under_mpirun(train::TrainOptions& o, bool dp_given);
 // export, trace, checkpoint_dir, ...), which `train` reads and `verify` accepts and ignores,
 // so that one config file serves both.
 const std::vector<std::string>& train_command_config_keys();
+// The config file's keys of the run (each also a flag: "moe_aux_loss" is --moe-aux-loss).
+const std::vector<std::string>& train_config_keys();
 
 }  // namespace mt::cli

@@ -3,7 +3,10 @@
 // refusal is exit code 2, before any step, naming the value and the fix.
 #include <gtest/gtest.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/train_flags.h"
@@ -46,6 +49,22 @@ class TrainInput : public ::testing::Test {
 };
 std::filesystem::path* TrainInput::dir_ = nullptr;
 std::string* TrainInput::data_ = nullptr;
+
+// Every config key is also a flag (a merge once dropped --sites and --moe-balance from the
+// flags while their config keys stayed).
+TEST(TrainFlagsKeys, EveryConfigKeyIsAFlag) {
+  CLI::App app;
+  cli::TrainFlags flags;
+  flags.add_to(app);
+  const std::map<std::string, std::string> named_otherwise = {
+      {"bias", "--no-bias"}, {"tied", "--untied"}, {"shuffle", "--no-shuffle"}};
+  for (const std::string& key : cli::train_config_keys()) {
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (named_otherwise.count(key)) flag = named_otherwise.at(key);
+    EXPECT_NE(app.get_option_no_throw(flag), nullptr) << "config key '" << key << "': no " << flag;
+  }
+}
 
 TEST_F(TrainInput, RefusesNumbersOutOfRange) {
   expect_refused(run("--steps 3 --min-lr-ratio -1"), "--min-lr-ratio -1 must be in [0, 1]");

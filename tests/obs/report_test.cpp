@@ -58,7 +58,7 @@ class Report : public ::testing::Test {
         "--data " +
         data + " --metrics " + path("moe.jsonl"));
     ASSERT_EQ(moe.exit_code, 0) << moe.output;
-    write_moe_with_tokens();
+    write_moe_without_tokens();
     // The prediction of the pp run's layout (stdout alone: run_command adds 2>&1 outside).
     std::string sim = "(";
     sim += MT_BINARY;
@@ -71,20 +71,13 @@ class Report : public ::testing::Test {
     ASSERT_EQ(s.exit_code, 0) << s.output;
   }
   static std::string path(const std::string& name) { return (*dir_ / name).string(); }
-  // The metrics hold each MoE layer's fewest and most tokens per expert, not every expert's
-  // count. A fixture for the page's heat map of tokens per expert (drawn when the layers
-  // carry a "tokens" list, a field proposed in docs/report.md): the MoE run's rows, each
-  // layer given 8 counts that run from its tokens_min to its tokens_max. The numbers are made
-  // here; only the page's handling of them is under test.
-  static void write_moe_with_tokens() {
-    std::ofstream out(path("moe-tokens.jsonl"));
+  // The metrics hold each MoE layer's count per expert ("tokens"); metrics written before
+  // that field hold only the fewest and most, and the page draws the CV per layer and step
+  // instead. A fixture for that older form: the MoE run's rows without "tokens".
+  static void write_moe_without_tokens() {
+    std::ofstream out(path("moe-old.jsonl"));
     for (json row : rows_of(path("moe.jsonl"))) {
-      for (json& l : row["moe"]["layers"]) {
-        const double lo = l["tokens_min"], hi = l["tokens_max"];
-        json tokens = json::array();
-        for (int e = 0; e < 8; ++e) tokens.push_back(lo + (hi - lo) * ((e * 3) % 8) / 7);
-        l["tokens"] = tokens;
-      }
+      for (json& l : row["moe"]["layers"]) l.erase("tokens");
       out << row.dump() << "\n";
     }
   }
@@ -268,10 +261,10 @@ TEST_F(Report, RendersEachKindInChromium) {
       {"plan", path("pp.jsonl") + " --label 'pp 2 x dp 2' --plan " + path("sim.json"),
        with({"memory-0", "bytes-0", "plan-step-time", "plan-bubble", "plan-memory"})},
       {"moe", path("moe.jsonl") + " --label mixtral-tiny",
-       with({"memory-0", "moe-imbalance-0", "moe-tokens-0", "moe-dropped-0", "moe-aux-0",
-             "moe-z-0"})},
-      {"moe-tokens", path("moe-tokens.jsonl") + " --label 'mixtral-tiny (tokens: a fixture)'",
        with({"memory-0", "moe-experts-0", "moe-cv-0", "moe-tokens-0", "moe-dropped-0", "moe-aux-0",
+             "moe-z-0"})},
+      {"moe-no-tokens", path("moe-old.jsonl") + " --label 'mixtral-tiny (metrics without tokens)'",
+       with({"memory-0", "moe-imbalance-0", "moe-tokens-0", "moe-dropped-0", "moe-aux-0",
              "moe-z-0"})},
       {"cp", path("cp.jsonl") + " --label 'dp 2 x cp 2'", with({"memory-0", "bytes-0"})},
       {"plan-html", kPlanArgs, {"ranked-memory", "ranked-time"}, true}};
@@ -327,13 +320,13 @@ TEST_F(Report, RendersEachKindInChromium) {
       EXPECT_NE(dom.output.find("dp 2 \u00d7 tp 1 \u00d7 pp 1 \u00d7 cp 2"), std::string::npos)
           << dom.output.substr(0, 4000);
     }
-    if (k.name == "moe") {  // the heat map: 4 layers x 10 steps of CV
-      expect_cells_are_the_metrics(check["charts"]["moe-imbalance-0"]["cells"],
-                                   rows_of(path("moe.jsonl")), false);
-    }
-    if (k.name == "moe-tokens") {  // the heat map: 4 layers x 8 experts of mean tokens
+    if (k.name == "moe") {  // the heat map: 4 layers x 8 experts of mean tokens
       expect_cells_are_the_metrics(check["charts"]["moe-experts-0"]["cells"],
-                                   rows_of(path("moe-tokens.jsonl")), true);
+                                   rows_of(path("moe.jsonl")), true);
+    }
+    if (k.name == "moe-no-tokens") {  // the heat map: 4 layers x 10 steps of CV
+      expect_cells_are_the_metrics(check["charts"]["moe-imbalance-0"]["cells"],
+                                   rows_of(path("moe-old.jsonl")), false);
     }
     const int height = check["height"].get<int>() + 16;
     const std::string png = (shots / ("report-" + k.name + ".png")).string();
