@@ -641,7 +641,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   std::unique_ptr<comm::Group> ep_grads;
   if (world.size() > 1)  // collective over the world: every rank splits
     ep_grads = world.split(o.ep > 1 ? mesh.shape().group_index({"ep"}, world.rank()) : -1,
-                           epg.rank(), "ep_grads");
+                           epg.rank(), "ep_grads[" + epg.name().substr(3));
   // DiLoCo (--sites): gradients and ZeRO stay inside a site (train/outer_optimizer.h).
   std::unique_ptr<Sites> sites;
   if (o.outer.on())

@@ -80,7 +80,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivEp,
                          ::testing::Values(with_ep(L{2, 1, 1, 0}, 2), with_ep(L{4, 1, 1, 0}, 4),
                                            with_ep(L{4, 1, 1, 1}, 2), with_ep(L{4, 1, 1, 3}, 2),
                                            with_ep(L{2, 2, 2, 1, "1f1b", 1, true}, 2),
-                                           with_ep(L{2, 1, 2, 0, "zb1"}, 2)),
+                                           with_ep(L{2, 1, 2, 0, "zb1"}, 2),
+                                           with_ep(L{2, 1, 2, 1, "interleaved", 2}, 2)),
                          [](const auto& info) { return test::name_of(info.param); });
 
 // --moe-balance bias: every rank moves the biases alike from the job's counts, so the layouts
@@ -104,6 +105,19 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivCp,
                          ::testing::Values(with_cp(L{}, 2), with_cp(with_ep(L{2, 1, 1, 1}, 2), 2),
                                            with_cp(L{1, 2, 1, 0, "1f1b", 1, true}, 2)),
                          [](const auto& info) { return test::name_of(info.param); });
+
+// Recomputation with ep: full recomputation runs each MoE layer's forward, and so its two
+// all-to-alls, again in backward (every ep rank at the same point); selective keeps it.
+TEST(MoeEquivEpRecompute, FullAndSelectiveMatchTheSingleRank) {
+  for (const char* rc : {"full", "selective"}) {
+    test::check_equiv("moe_f32_c0.000000", with_ep(L{2, 1, 1, 1}, 2), kF32,
+                      [&](const test::Layout3d& x) {
+                        TrainOptions o = moe_options(x, kF32, {});
+                        if (x.ep > 1) o.recompute = rc;  // the oracle: as always
+                        return o;
+                      });
+  }
+}
 
 class MoeEquivEpBf16 : public ::testing::TestWithParam<L> {};
 TEST_P(MoeEquivEpBf16, MatchesTheBf16SingleRank) { check(GetParam(), kBf16); }
