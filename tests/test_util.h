@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -15,6 +16,12 @@
 #include "train/token_file.h"
 
 namespace mt::test {
+
+// An integer from the environment (mpirun's OMPI_COMM_WORLD_SIZE / _RANK), or `fallback`.
+inline int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  return s ? std::atoi(s) : fallback;
+}
 
 inline std::filesystem::path scratch_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() /

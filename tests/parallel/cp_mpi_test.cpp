@@ -14,11 +14,6 @@
 namespace mt::train {
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  return s ? std::atoi(s) : fallback;
-}
-
 struct MpiCp {
   test::Layout3d l;
   std::string comm;
@@ -46,8 +41,8 @@ TrainOptions options(const test::Layout3d& l, bool llama) {
 
 TEST(CpMpi, Dp2Cp2Tp2MatchesTheSingleRank) {
   ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
-  ASSERT_EQ(env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
-  const int rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+  ASSERT_EQ(test::env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
+  const int rank = test::env_int("OMPI_COMM_WORLD_RANK", 0);
   for (const MpiCp& c : {mpi_cp("ring", 1, false, true), mpi_cp("a2a", 3, true, true),
                          mpi_cp("all-gather", 0, false, false)}) {
     const std::string name = (c.llama ? "llama_" : "gpt_") + c.comm + "_" + test::name_of(c.l);

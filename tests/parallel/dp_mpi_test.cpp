@@ -11,14 +11,10 @@
 namespace mt::train {
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  return s ? std::atoi(s) : fallback;
-}
-
 TEST(DpMpi, Zero0And3MatchTheSingleRank) {
   ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
-  const int N = env_int("OMPI_COMM_WORLD_SIZE", 1), rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+  const int N = test::env_int("OMPI_COMM_WORLD_SIZE", 1),
+            rank = test::env_int("OMPI_COMM_WORLD_RANK", 0);
   ASSERT_GE(N, 2);
   ASSERT_EQ(8 % N, 0) << "the batch of 8 must divide over " << N << " ranks";
   for (int zero : {0, 3}) {

@@ -13,11 +13,6 @@
 namespace mt::train {
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  return s ? std::atoi(s) : fallback;
-}
-
 TrainOptions llama(const test::Layout3d& l) {
   TrainOptions o = test::options3d(l, 10);
   test::make_llama3d(o.model);
@@ -26,8 +21,8 @@ TrainOptions llama(const test::Layout3d& l) {
 
 TEST(LlamaMpi, Dp2Tp2Pp2MatchesTheSingleRank) {
   ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
-  ASSERT_EQ(env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
-  const int rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+  ASSERT_EQ(test::env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
+  const int rank = test::env_int("OMPI_COMM_WORLD_RANK", 0);
   for (const test::Layout3d& l :
        {test::Layout3d{2, 2, 2, 1}, test::Layout3d{2, 2, 2, 3, "interleaved", 2, true}}) {
     TrainOptions o = llama(l);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "equiv_check.h"
@@ -125,57 +126,29 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivEpBf16,
                          ::testing::Values(with_ep(L{2, 2, 1, 2, "1f1b", 1, true}, 2)),
                          [](const auto& info) { return test::name_of(info.param); });
 
-// A checkpoint of an MoE run records the experts in its index (a dense model's index would
-// be another model): resumed in its own layout it continues bitwise; in another (dp 2 ZeRO-1
-// saved, tp 2 + sp resumed) within the layout tolerance of the loss.
-TEST(MoeCheckpoint, ResumesBitwiseAndInAnotherLayout) {
+// Saves every 4 of 8 steps in layout `saved` (into a folder named `name`), resumes from step 4
+// in each of `resumed`: bitwise in the saving layout, within the layout tolerance of the loss
+// in another.
+void check_resume(const std::string& name, const L& saved, const Moe& m,
+                  const std::vector<L>& resumed) {
   namespace fs = std::filesystem;
-  const fs::path dir = test::dir3d() / "moe_ckpt";
+  const fs::path dir = test::dir3d() / name;
   fs::remove_all(dir);
-  TrainOptions a = moe_options(L{2, 1, 1, 1}, kF32, {});
+  TrainOptions a = moe_options(saved, kF32, m);
   a.steps = 8;
   a.checkpoint_dir = dir.string();
   a.checkpoint_every = 4;
   const TrainResult full = run_training(a);
   ASSERT_EQ(full.steps.size(), 8u);
-  const std::string step4 = (dir / "step-00000004").string();
-  for (const L& l : {L{2, 1, 1, 1}, L{1, 2, 1, 0, "1f1b", 1, true}}) {
-    TrainOptions b = moe_options(l, kF32, {});
+  for (const L& l : resumed) {
+    TrainOptions b = moe_options(l, kF32, m);
     b.steps = 8;
-    b.resume = step4;
+    b.resume = (dir / "step-00000004").string();
     const TrainResult r = run_training(b);
     ASSERT_EQ(r.steps.size(), 4u) << test::name_of(l);
+    const bool same = test::name_of(l) == test::name_of(saved);
     for (size_t i = 0; i < 4; ++i) {
-      if (l.dp == 2)
-        EXPECT_EQ(r.steps[i].loss, full.steps[4 + i].loss) << "step " << 5 + i;
-      else
-        EXPECT_NEAR(r.steps[i].loss, full.steps[4 + i].loss, kF32.loss_tol) << "step " << 5 + i;
-    }
-  }
-}
-
-// Expert parallelism's checkpoints: each ep rank saves its own experts (pieces with their ep
-// slice), the dense tensors once. Resumed in the saving layout it continues bitwise; resharded
-// to no ep (dp 2) and to ep 4 (dp 4) within the layout tolerance of the loss.
-TEST(MoeCheckpoint, ExpertParallelResumesBitwiseAndResharded) {
-  namespace fs = std::filesystem;
-  const fs::path dir = test::dir3d() / "moe_ep_ckpt";
-  fs::remove_all(dir);
-  TrainOptions a = moe_options(with_ep(L{2, 1, 1, 1}, 2), kF32, {});
-  a.steps = 8;
-  a.checkpoint_dir = dir.string();
-  a.checkpoint_every = 4;
-  const TrainResult full = run_training(a);
-  ASSERT_EQ(full.steps.size(), 8u);
-  const std::string step4 = (dir / "step-00000004").string();
-  for (const L& l : {with_ep(L{2, 1, 1, 1}, 2), L{2, 1, 1, 0}, with_ep(L{4, 1, 1, 3}, 4)}) {
-    TrainOptions b = moe_options(l, kF32, {});
-    b.steps = 8;
-    b.resume = step4;
-    const TrainResult r = run_training(b);
-    ASSERT_EQ(r.steps.size(), 4u) << test::name_of(l);
-    for (size_t i = 0; i < 4; ++i) {
-      if (l.ep == 2 && l.dp == 2)
+      if (same)
         EXPECT_EQ(r.steps[i].loss, full.steps[4 + i].loss) << "step " << 5 + i;
       else
         EXPECT_NEAR(r.steps[i].loss, full.steps[4 + i].loss, kF32.loss_tol)
@@ -184,23 +157,25 @@ TEST(MoeCheckpoint, ExpertParallelResumesBitwiseAndResharded) {
   }
 }
 
+// A checkpoint of an MoE run records the experts in its index (a dense model's index would
+// be another model): resumed in its own layout it continues bitwise; in another (dp 2 ZeRO-1
+// saved, tp 2 + sp resumed) within the layout tolerance of the loss.
+TEST(MoeCheckpoint, ResumesBitwiseAndInAnotherLayout) {
+  check_resume("moe_ckpt", L{2, 1, 1, 1}, {}, {L{2, 1, 1, 1}, L{1, 2, 1, 0, "1f1b", 1, true}});
+}
+
+// Expert parallelism's checkpoints: each ep rank saves its own experts (pieces with their ep
+// slice), the dense tensors once. Resumed in the saving layout it continues bitwise; resharded
+// to no ep (dp 2) and to ep 4 (dp 4) within the layout tolerance of the loss.
+TEST(MoeCheckpoint, ExpertParallelResumesBitwiseAndResharded) {
+  check_resume("moe_ep_ckpt", with_ep(L{2, 1, 1, 1}, 2), {},
+               {with_ep(L{2, 1, 1, 1}, 2), L{2, 1, 1, 0}, with_ep(L{4, 1, 1, 3}, 4)});
+}
+
 // --moe-balance bias: the biases are training state, saved in the index; resumed, the run
 // continues bitwise (biases left at 0 would route other experts from the first step on).
 TEST(MoeCheckpoint, BalanceBiasResumesBitwise) {
-  namespace fs = std::filesystem;
-  const fs::path dir = test::dir3d() / "moe_bias_ckpt";
-  fs::remove_all(dir);
-  TrainOptions a = moe_options(with_ep(L{2, 1, 1, 1}, 2), kF32, {0, true});
-  a.steps = 8;
-  a.checkpoint_dir = dir.string();
-  a.checkpoint_every = 4;
-  const TrainResult full = run_training(a);
-  TrainOptions b = moe_options(with_ep(L{2, 1, 1, 1}, 2), kF32, {0, true});
-  b.steps = 8;
-  b.resume = (dir / "step-00000004").string();
-  const TrainResult r = run_training(b);
-  ASSERT_EQ(r.steps.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r.steps[i].loss, full.steps[4 + i].loss) << i + 5;
+  check_resume("moe_bias_ckpt", with_ep(L{2, 1, 1, 1}, 2), {0, true}, {with_ep(L{2, 1, 1, 1}, 2)});
 }
 
 // Routing replay: with a capacity of 1.0, dp 2, tp 2 (+ sp) and ep 2 part from the oracle

@@ -13,15 +13,10 @@
 namespace mt::train {
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  return s ? std::atoi(s) : fallback;
-}
-
 TEST(MoeMpi, ExpertParallelLayoutsMatchTheSingleRank) {
   ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
-  ASSERT_EQ(env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
-  const int rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+  ASSERT_EQ(test::env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
+  const int rank = test::env_int("OMPI_COMM_WORLD_RANK", 0);
   test::Layout3d folded{8, 1, 1, 1};
   folded.ep = 4;
   test::Layout3d composed{2, 2, 2, 3, "1f1b", 1, true};
