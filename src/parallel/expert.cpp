@@ -7,20 +7,6 @@
 
 namespace mt::parallel::ep {
 
-int64_t Exchange::source_major_lo(int s, int64_t e) const {
-  int64_t lo = 0;
-  for (int r = 0; r < s; ++r) lo += recv_rows[static_cast<size_t>(r)];
-  for (int64_t j = 0; j < e; ++j) lo += table[static_cast<size_t>(s * local_experts + j)];
-  return lo;
-}
-
-int64_t Exchange::expert_major_lo(int s, int64_t e) const {
-  int64_t lo = 0;
-  for (int64_t j = 0; j < e; ++j) lo += expert_rows[static_cast<size_t>(j)];
-  for (int r = 0; r < s; ++r) lo += table[static_cast<size_t>(r * local_experts + e)];
-  return lo;
-}
-
 Exchange plan_exchange(const EpContext& ep, const std::vector<int64_t>& counts, int64_t experts) {
   const int n = ep.size;
   if (experts % n != 0)
@@ -74,14 +60,22 @@ void exchange_rows(const EpContext& ep, const Exchange& x, const float* send, fl
 
 namespace {
 void permute(const Exchange& x, const float* from, float* to, int64_t width, bool to_expert) {
+  // Where each local expert's rows start in expert-major order, moved on past each source.
+  std::vector<int64_t> expert_at(static_cast<size_t>(x.local_experts), 0);
+  for (int64_t e = 1; e < x.local_experts; ++e)
+    expert_at[static_cast<size_t>(e)] =
+        expert_at[static_cast<size_t>(e - 1)] + x.expert_rows[static_cast<size_t>(e - 1)];
+  int64_t source_at = 0;  // source-major: source by source, its experts in order
   for (int s = 0; s < x.ranks; ++s)
     for (int64_t e = 0; e < x.local_experts; ++e) {
       const int64_t rows = x.table[static_cast<size_t>(s * x.local_experts + e)];
-      if (rows == 0) continue;
-      const int64_t a = x.source_major_lo(s, e), b = x.expert_major_lo(s, e);
-      const int64_t src = to_expert ? a : b, dst = to_expert ? b : a;
-      std::memcpy(to + dst * width, from + src * width,
-                  static_cast<size_t>(rows * width) * sizeof(float));
+      int64_t& b = expert_at[static_cast<size_t>(e)];
+      const int64_t src = to_expert ? source_at : b, dst = to_expert ? b : source_at;
+      if (rows > 0)
+        std::memcpy(to + dst * width, from + src * width,
+                    static_cast<size_t>(rows * width) * sizeof(float));
+      source_at += rows;
+      b += rows;
     }
 }
 }  // namespace

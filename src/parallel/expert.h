@@ -39,11 +39,6 @@ struct Exchange {
   std::vector<int64_t> table;        // [ep][E/ep]: rows from source s for local expert e
   std::vector<int64_t> expert_rows;  // [E/ep]: rows of each local expert (sum over sources)
   int64_t received = 0;
-
-  // Rows [lo, lo + n) of source s's block for local expert e, in source-major and in
-  // expert-major order.
-  int64_t source_major_lo(int s, int64_t e) const;
-  int64_t expert_major_lo(int s, int64_t e) const;
 };
 
 // Collective over the ep group: `counts` [E] are this rank's kept rows per global expert,
