@@ -17,6 +17,7 @@ REPS=${REPS:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$MT" ] || { echo "run-all: no $MT (make build first)" >&2; exit 2; }
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+failed=()
 run() { echo "== $*" >&2; "$@"; }
 rec() {  # rec NAME [ENV=VALUE...] -- COMMAND...: bench/record NAME over REPS repetitions
   local name=$1
@@ -25,13 +26,14 @@ rec() {  # rec NAME [ENV=VALUE...] -- COMMAND...: bench/record NAME over REPS re
   local envs=()
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
-  run env "${envs[@]}" "$root/bench/record" "$name" --reps "$REPS" -- "$@"
+  # A benchmark that fails is reported at the end; the others still run.
+  run env "${envs[@]}" "$root/bench/record" "$name" --reps "$REPS" -- "$@" || failed+=("$name")
 }
 own() {  # own NAME COMMAND...: a script that writes its own result file (and repeats inside);
   local name=$1  # bench/record --own stamps it with the command, commit, CPU and load
   shift
   want "$name" || return 0
-  run "$root/bench/record" "$name" --own -- "$@"
+  run "$root/bench/record" "$name" --own -- "$@" || failed+=("$name")
 }
 
 run "$MT" bench peak
@@ -58,3 +60,7 @@ own long_context "$root/bench/long-context" "$build"
 if [ "$(id -u)" = 0 ]; then own multihost "$root/bench/multihost" "$build"; fi  # netns: root
 run "$root/bench/collect"
 echo "results: $root/bench/results/; BENCH.md rebuilt" >&2
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "run-all: FAILED (their old result files, if any, are unchanged): ${failed[*]}" >&2
+  exit 1
+fi

@@ -17,6 +17,7 @@ packages=(
   python3-torch python3-numpy   # PyTorch 1.13 (CPU): reference and benchmark peer
   libopenblas0-pthread   # PyTorch's f32 GEMM; without it Debian's reference BLAS runs at a
                          # few GFLOP/s and the benchmark peer is not at its best
+  libopenblas-pthread-dev   # cblas.h and -lopenblas: bench/gemm-vs-openblas's peer
 )
 if [ "${1:-}" = fuzz ]; then
   # clang 14 with libclang_rt.fuzzer / asan / ubsan (libclang-rt-14-dev) and its OpenMP
