@@ -65,7 +65,7 @@ def main():
             exempt_line = line
         if not line.startswith("|") or line.startswith("| ---") or line.startswith("| claim"):
             continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # "\|" is no cell border
         if len(cells) < 3:
             bad.append(f"{claims}:{lineno}: fewer than 3 columns")
             continue
