@@ -65,7 +65,8 @@ def main():
             exempt_line = line
         if not line.startswith("|") or line.startswith("| ---") or line.startswith("| claim"):
             continue
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # "\|" is no cell border
+        # "\|" inside a cell is no border
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         if len(cells) < 3:
             bad.append(f"{claims}:{lineno}: fewer than 3 columns")
             continue
