@@ -243,6 +243,7 @@ void run_bench_comm(const BenchCommOptions& o) {
     comm::LaunchOptions lo;
     lo.backend = comm::parse_backend(o.backend);
     lo.world_size = o.backend == "mpi" ? 0 : o.ranks;
+    lo.threads_per_rank = 1;  // the ranks' reductions run on their own thread
     if (o.backend == "mpi" && o.ranks > 0 && comm::mpi_env_world_size() != o.ranks)
       fail("--backend mpi --ranks {}: run it under mpirun -np {} (mpirun started {})", o.ranks,
            o.ranks, comm::mpi_env_world_size());

@@ -1,5 +1,8 @@
 #include "comm/launch.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -82,13 +85,29 @@ mem::Tracker* tracker_for_rank(const LaunchOptions& opts, int rank) {
   return opts.rank_trackers[static_cast<size_t>(rank)];
 }
 
+// The cores this process may run on.
+int process_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+double local_spin_seconds(const LaunchOptions& opts) {
+  constexpr double kSpinWhenRanksHaveCores = 100e-6;
+  if (opts.threads_per_rank <= 0) return 0;
+  return int64_t{opts.world_size} * opts.threads_per_rank <= process_cores()
+             ? kSpinWhenRanksHaveCores
+             : 0;
+}
+
 namespace {
 
 void launch_local(const LaunchOptions& opts, const std::function<void(Group& world)>& fn,
                   const std::string& world_name = "world") {
   const int n = opts.world_size;
   if (n < 1) fail("the local backend needs at least 1 rank, got world size {}", n);
-  auto job = std::make_shared<LocalJob>(n, opts.timeout_s);
+  auto job = std::make_shared<LocalJob>(n, opts.timeout_s, local_spin_seconds(opts));
   std::vector<int> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
   auto world_shared = job->shared(world_name, world_name, all);

@@ -43,6 +43,13 @@ struct LaunchOptions {
   int world_size = 1;
   double timeout_s = 300;  // watchdog (--comm-timeout); <= 0 disables it
   size_t recorder_capacity = 2048;
+  // local: the intra-op threads each rank runs (0: not said). When every rank's threads have
+  // a core of their own (world_size x threads_per_rank <= this process's cores), a rank
+  // waiting for its peers in a collective spins for up to 100 us before it sleeps: the peer
+  // is usually microseconds away, and a sleeping thread takes tens of microseconds to wake.
+  // Otherwise (8-12 rank threads on 2 cores) it spins only briefly, leaving the cores to the
+  // ranks that have work.
+  int threads_per_rank = 0;
   // mpi: exchange a small header (op, seq, dtype, counts) before each collective and refuse
   // a mismatch (costs one small allgather per op). Also on with MESHTRAIN_COMM_DEBUG=1.
   bool check_headers = false;
@@ -69,6 +76,12 @@ BackendKind resolve_backend(const LaunchOptions& opts);
 // opts.world_size for local, mpirun's size for mpi (and for nccl under mpirun). Refuses mpi
 // outside mpirun, saying how to start the job.
 int launch_world_size(const LaunchOptions& opts);
+
+// The cores this process may run on (its affinity mask).
+int process_cores();
+// How long a rank of a local job waiting in a collective spins before it sleeps:
+// LaunchOptions::threads_per_rank's rule (0 = a few hundred pauses only).
+double local_spin_seconds(const LaunchOptions& opts);
 
 void launch(const LaunchOptions& opts, const std::function<void(Group& world)>& fn);
 

@@ -82,12 +82,23 @@ inline void cpu_relax() {
   throw Error(sh.job->abort_reason(), ExitCode::kRunFailure);
 }
 
-// Spin briefly, yield a little, then block: 8-12 ranks share 2 cores (DESIGN.md).
+// Spin, yield a little, then block: briefly where 8-12 ranks share 2 cores (DESIGN.md), for
+// up to the job's spin_s where every rank has cores of its own (LaunchOptions).
 template <typename Pred>
 void wait_until(LocalShared& sh, Pred&& pred) {
   for (int i = 0; i < 200; ++i) {
     if (pred()) return;
     cpu_relax();
+  }
+  if (const double spin_s = sh.job->spin_s(); spin_s > 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(spin_s);
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (pred()) return;
+        cpu_relax();
+      }
+      if (std::chrono::steady_clock::now() > until) break;
+    }
   }
   for (int i = 0; i < 4; ++i) {
     if (pred()) return;
@@ -296,10 +307,12 @@ void LocalBackend::mismatch(const std::string& what) {
 void LocalBackend::check(const OpCall& c) {
   const int n = sh_->n;
   auto key = [&](int r) { return std::make_pair(sh_->slots[r].hdr.op, sh_->slots[r].hdr.seq); };
-  // Which op (and sequence number) most ranks are in.
-  std::map<std::pair<OpType, int64_t>, int> votes;
-  for (int r = 0; r < n; ++r) votes[key(r)]++;
-  if (votes.size() > 1) {
+  bool agree = true;
+  for (int r = 1; r < n; ++r) agree = agree && key(r) == key(0);
+  if (!agree) {
+    // Which op (and sequence number) most ranks are in.
+    std::map<std::pair<OpType, int64_t>, int> votes;
+    for (int r = 0; r < n; ++r) votes[key(r)]++;
     auto major = std::max_element(votes.begin(), votes.end(), [](auto& a, auto& b) {
                    return a.second < b.second;
                  })->first;
@@ -311,7 +324,8 @@ void LocalBackend::check(const OpCall& c) {
     mismatch(fmt::format("{}, the others in {} #{}", msg, op_name(major.first), major.second));
   }
   const Header& h0 = sh_->slots[0].hdr;
-  std::string what = fmt::format("{} #{}", op_name(c.op), c.seq);
+  // Formatted only on a mismatch: this check runs on every collective.
+  auto what_text = [&] { return fmt::format("{} #{}", op_name(c.op), c.seq); };
   auto list = [&](auto field) {
     std::string s;
     for (int r = 0; r < n; ++r) s += fmt::format("{}rank {}: {}", r ? ", " : "", wr(r), field(r));
@@ -321,31 +335,33 @@ void LocalBackend::check(const OpCall& c) {
     const Header& h = sh_->slots[r].hdr;
     if (h.dtype != h0.dtype)
       mismatch(fmt::format("{}: ranks disagree on the dtype ({}); every rank must pass the same",
-                           what, list([&](int k) { return dtype_name(sh_->slots[k].hdr.dtype); })));
+                           what_text(),
+                           list([&](int k) { return dtype_name(sh_->slots[k].hdr.dtype); })));
     if (h.reduce != h0.reduce && (c.op == OpType::kAllReduce || c.op == OpType::kReduceScatter))
-      mismatch(fmt::format("{}: ranks disagree on the reduction ({})", what,
+      mismatch(fmt::format("{}: ranks disagree on the reduction ({})", what_text(),
                            list([&](int k) { return reduce_name(sh_->slots[k].hdr.reduce); })));
     if (h.peer != h0.peer && c.op == OpType::kBroadcast)
-      mismatch(fmt::format("{}: ranks disagree on the root ({})", what,
+      mismatch(fmt::format("{}: ranks disagree on the root ({})", what_text(),
                            list([&](int k) { return sh_->slots[k].hdr.peer; })));
     if (h.in_elems != h0.in_elems && (c.op == OpType::kAllReduce || c.op == OpType::kBroadcast ||
                                       c.op == OpType::kReduceScatter))
       mismatch(fmt::format(
-          "{}: ranks disagree on the element count ({}); every rank must pass the same count", what,
-          list([&](int k) { return sh_->slots[k].hdr.in_elems; })));
+          "{}: ranks disagree on the element count ({}); every rank must pass the same count",
+          what_text(), list([&](int k) { return sh_->slots[k].hdr.in_elems; })));
     if ((c.op == OpType::kAllGather || c.op == OpType::kReduceScatter) &&
         sh_->slots[r].counts != sh_->slots[0].counts)
-      mismatch(fmt::format("{}: ranks disagree on the per-rank counts (rank {} and rank {})", what,
-                           wr(0), wr(r)));
+      mismatch(fmt::format("{}: ranks disagree on the per-rank counts (rank {} and rank {})",
+                           what_text(), wr(0), wr(r)));
   }
   if (c.op == OpType::kAllToAll)
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j)
         if (sh_->slots[i].counts[j] != sh_->slots[j].recv_counts[i])
-          mismatch(fmt::format(
-              "{}: rank {} sends {} elems to rank {}, but rank {} expects {} from "
-              "it",
-              what, wr(i), sh_->slots[i].counts[j], wr(j), wr(j), sh_->slots[j].recv_counts[i]));
+          mismatch(
+              fmt::format("{}: rank {} sends {} elems to rank {}, but rank {} expects {} from "
+                          "it",
+                          what_text(), wr(i), sh_->slots[i].counts[j], wr(j), wr(j),
+                          sh_->slots[j].recv_counts[i]));
 }
 
 void LocalBackend::run(OpCall& c) {
@@ -518,7 +534,8 @@ WorkPtr LocalBackend::start_p2p(std::shared_ptr<OpCall> call, P2pDone done) {
 
 }  // namespace
 
-LocalJob::LocalJob(int world_size, double timeout_s) : Job(timeout_s), world_size_(world_size) {}
+LocalJob::LocalJob(int world_size, double timeout_s, double spin_s)
+    : Job(timeout_s), world_size_(world_size), spin_s_(spin_s) {}
 
 LocalJob::~LocalJob() { stop_watchdog(); }
 

@@ -19,9 +19,12 @@ struct LocalShared;
 
 class LocalJob : public Job {
  public:
-  LocalJob(int world_size, double timeout_s);
+  // spin_s: how long a rank waiting in a collective spins before it sleeps (LaunchOptions's
+  // threads_per_rank decides it; 0: a few hundred pauses only).
+  LocalJob(int world_size, double timeout_s, double spin_s = 0);
   ~LocalJob() override;
   int world_size() const { return world_size_; }
+  double spin_s() const { return spin_s_; }
   // The shared state of a group, created by the first of its ranks to ask for `key`.
   std::shared_ptr<LocalShared> shared(const std::string& key, const std::string& name,
                                       const std::vector<int>& world_ranks);
@@ -29,6 +32,7 @@ class LocalJob : public Job {
 
  private:
   int world_size_;
+  double spin_s_;
   std::mutex reg_mu_;
   std::map<std::string, std::shared_ptr<LocalShared>> shared_;
 };

@@ -231,6 +231,7 @@ class MpiBackend : public Backend {
   // outlives fn, and with it a tracker fn scopes; ~MpiBackend frees the block).
   mem::Tracker* tracker_ = nullptr;
   mem::Block scratch_;
+  std::vector<int> a2a_sc_, a2a_sd_, a2a_rc_, a2a_rd_;  // all_to_all's byte counts, displacements
 };
 
 // Debug mode: every rank shares (seq, op, dtype, reduce, root, count, counts hash) first.
@@ -391,7 +392,12 @@ void MpiBackend::run(OpCall& c) {
         c.recv_bytes = c.in_elems * es;
       break;
     case OpType::kAllToAll: {
-      std::vector<int> sc(sz), sd(sz), rc(sz), rd(sz);
+      // Members, sized once: MoE's dispatch runs this several times per layer.
+      auto& sc = a2a_sc_;
+      auto& sd = a2a_sd_;
+      auto& rc = a2a_rc_;
+      auto& rd = a2a_rd_;
+      for (auto* v : {&sc, &sd, &rc, &rd}) v->resize(sz);
       int64_t so = 0, ro = 0;
       for (size_t r = 0; r < sz; ++r) {
         sc[r] = to_int(c.counts[r] * es, "all_to_all");

@@ -52,64 +52,73 @@ std::string describe(const OpRecord& r) {
   return s;
 }
 
+// Ids are handed out in order and the ring keeps the newest capacity_ of them, so a record
+// still in the ring sits at index id - front's id: no search, and no allocation per op (the
+// collectives of MoE's dispatch are a few microseconds each). An op that leaves the ring
+// before it is done moves to evicted_.
 int64_t FlightRecorder::on_queued(OpRecord r) {
   std::lock_guard lock(mu_);
   r.id = next_id_++;
   r.state = OpState::kQueued;
-  in_flight_[r.id] = r;
-  ring_.push_back(r);
-  while (ring_.size() > capacity_) ring_.pop_front();
-  return r.id;
+  ring_.push_back(std::move(r));
+  const int64_t id = ring_.back().id;
+  while (ring_.size() > capacity_) {
+    OpRecord& old = ring_.front();
+    const int64_t old_id = old.id;
+    if (old.state == OpState::kQueued || old.state == OpState::kStarted)
+      evicted_.emplace(old_id, std::move(old));
+    ring_.pop_front();
+  }
+  return id;
 }
 
 OpRecord* FlightRecorder::find_locked(int64_t id) {
-  // Recent ops sit at the back.
-  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it)
-    if (it->id == id) return &*it;
-  return nullptr;
+  if (!ring_.empty() && id >= ring_.front().id && id <= ring_.back().id)
+    return &ring_[static_cast<size_t>(id - ring_.front().id)];
+  auto it = evicted_.find(id);
+  return it == evicted_.end() ? nullptr : &it->second;
 }
 
 void FlightRecorder::on_started(int64_t id) {
   std::lock_guard lock(mu_);
-  double t = mt::now_s();
-  if (auto it = in_flight_.find(id); it != in_flight_.end()) {
-    it->second.state = OpState::kStarted;
-    it->second.started_s = t;
-  }
   if (OpRecord* r = find_locked(id)) {
     r->state = OpState::kStarted;
-    r->started_s = t;
+    r->started_s = mt::now_s();
   }
 }
 
 void FlightRecorder::on_done(int64_t id, int64_t sent_bytes, int64_t recv_bytes) {
   std::lock_guard lock(mu_);
-  double t = mt::now_s();
-  OpRecord rec;
-  if (auto it = in_flight_.find(id); it != in_flight_.end()) {
-    rec = it->second;
-    in_flight_.erase(it);
-  }
-  if (OpRecord* r = find_locked(id)) {
-    r->state = OpState::kDone;
-    r->done_s = t;
-    r->sent_bytes = sent_bytes;
-    r->recv_bytes = recv_bytes;
-    rec = *r;
-  }
-  ByteCount& c = counters_[{rec.group, rec.op}];
+  OpRecord* r = find_locked(id);
+  if (!r) return;
+  r->state = OpState::kDone;
+  r->done_s = mt::now_s();
+  r->sent_bytes = sent_bytes;
+  r->recv_bytes = recv_bytes;
+  ByteCount& c = counter_locked(r->group, r->op);
   c.sent_bytes += sent_bytes;
   c.recv_bytes += recv_bytes;
   c.ops += 1;
+  evicted_.erase(id);
+}
+
+ByteCount& FlightRecorder::counter_locked(const std::string& group, OpType op) {
+  // The last op's counter first: a group's ops come in runs.
+  if (last_counter_ && last_counter_->first.first == group && last_counter_->first.second == op)
+    return last_counter_->second;
+  auto it = counters_.find({group, op});
+  if (it == counters_.end()) it = counters_.emplace(std::make_pair(group, op), ByteCount{}).first;
+  last_counter_ = &*it;
+  return it->second;
 }
 
 void FlightRecorder::on_failed(int64_t id) {
   std::lock_guard lock(mu_);
-  in_flight_.erase(id);
   if (OpRecord* r = find_locked(id)) {
     r->state = OpState::kFailed;
     r->done_s = mt::now_s();
   }
+  evicted_.erase(id);
 }
 
 std::vector<OpRecord> FlightRecorder::last(size_t n) const {
@@ -121,20 +130,22 @@ std::vector<OpRecord> FlightRecorder::last(size_t n) const {
 std::vector<OpRecord> FlightRecorder::in_flight() const {
   std::lock_guard lock(mu_);
   std::vector<OpRecord> v;
-  for (const auto& [id, r] : in_flight_) v.push_back(r);
+  for (const auto& [id, r] : evicted_) v.push_back(r);  // older than the ring's
+  for (const OpRecord& r : ring_)
+    if (r.state == OpState::kQueued || r.state == OpState::kStarted) v.push_back(r);
   return v;
 }
 
 bool FlightRecorder::find_collective(const std::string& group, int64_t seq, OpRecord* out) const {
   std::lock_guard lock(mu_);
-  for (const auto& [id, r] : in_flight_)
-    if (is_collective(r.op) && r.group == group && r.seq == seq) {
-      *out = r;
-      return true;
-    }
   for (auto it = ring_.rbegin(); it != ring_.rend(); ++it)
     if (is_collective(it->op) && it->group == group && it->seq == seq) {
       *out = *it;
+      return true;
+    }
+  for (const auto& [id, r] : evicted_)
+    if (is_collective(r.op) && r.group == group && r.seq == seq) {
+      *out = r;
       return true;
     }
   return false;
@@ -177,6 +188,7 @@ std::map<std::pair<std::string, OpType>, ByteCount> FlightRecorder::counters() c
 void FlightRecorder::reset_counters() {
   std::lock_guard lock(mu_);
   counters_.clear();
+  last_counter_ = nullptr;
 }
 
 }  // namespace mt::comm

@@ -64,14 +64,17 @@ class FlightRecorder {
   void reset_counters();
 
  private:
+  using Counters = std::map<std::pair<std::string, OpType>, ByteCount>;
   OpRecord* find_locked(int64_t id);
+  ByteCount& counter_locked(const std::string& group, OpType op);
   int world_rank_;
   size_t capacity_;
   mutable std::mutex mu_;
   int64_t next_id_ = 1;
-  std::deque<OpRecord> ring_;              // the last `capacity_` ops
-  std::map<int64_t, OpRecord> in_flight_;  // ops not done, whatever their age
-  std::map<std::pair<std::string, OpType>, ByteCount> counters_;
+  std::deque<OpRecord> ring_;            // the last `capacity_` ops, ids consecutive
+  std::map<int64_t, OpRecord> evicted_;  // ops that left the ring before they were done
+  Counters counters_;
+  Counters::value_type* last_counter_ = nullptr;  // the counter on_done added to last
 };
 
 bool is_collective(OpType op);

@@ -1123,6 +1123,7 @@ TrainResult run_training(const TrainOptions& o) {
   const comm::BackendKind kind = comm::resolve_backend(lo);
   lo.world_size = o.world_size();  // (under mpirun: checked against -np below)
   lo.timeout_s = o.comm_timeout_s;
+  lo.threads_per_rank = rank_threads(o, kind);
   // (A program may run a 1-rank local reference under mpirun on purpose: the tests' oracle.)
   if (kind == comm::BackendKind::kLocal && o.world_size() > 1) refuse_local_backend_under_mpirun();
   const int world = comm::launch_world_size(lo);

@@ -10,6 +10,7 @@
 #include "collective_checks.h"
 #include "comm/launch.h"
 #include "comm/mesh.h"
+#include "comm/recorder.h"
 #include "core/clock.h"
 #include "core/error.h"
 
@@ -160,6 +161,42 @@ TEST(Local, RecorderKeepsTheLastOpsWithSequenceNumbers) {
   });
 }
 
+// An op that leaves the ring (capacity 2) before it is done is still in flight for the
+// watchdog, found by its sequence number, and counted once when it finishes.
+TEST(Local, RecorderKeepsAnOpInFlightAfterItLeftTheRing) {
+  FlightRecorder rec(0, 2);
+  auto op = [](OpType t, int64_t seq, int64_t elems) {
+    OpRecord r;
+    r.group = "ep[0]";
+    r.op = t;
+    r.seq = seq;
+    r.elems = elems;
+    return r;
+  };
+  const int64_t slow = rec.on_queued(op(OpType::kAllToAll, 1, 8));
+  rec.on_started(slow);
+  for (int64_t seq = 2; seq <= 4; ++seq) {
+    const int64_t id = rec.on_queued(op(OpType::kAllReduce, seq, 4));
+    rec.on_started(id);
+    rec.on_done(id, 16, 16);
+  }
+  auto flying = rec.in_flight();
+  ASSERT_EQ(flying.size(), 1u);
+  EXPECT_EQ(flying[0].id, slow);
+  EXPECT_EQ(flying[0].state, OpState::kStarted);
+  OpRecord found;
+  ASSERT_TRUE(rec.find_collective("ep[0]", 1, &found));
+  EXPECT_EQ(found.id, slow);
+  EXPECT_EQ(rec.last(5).size(), 2u);  // the ring: ops 3 and 4
+  rec.on_done(slow, 24, 32);
+  EXPECT_TRUE(rec.in_flight().empty());
+  EXPECT_FALSE(rec.find_collective("ep[0]", 1, &found)) << "done and out of the ring";
+  EXPECT_EQ(rec.bytes("ep[0]", OpType::kAllToAll).sent_bytes, 24);
+  EXPECT_EQ(rec.bytes("ep[0]", OpType::kAllToAll).recv_bytes, 32);
+  EXPECT_EQ(rec.bytes("ep[0]", OpType::kAllReduce).sent_bytes, 3 * 16);
+  EXPECT_EQ(rec.bytes_of_group("ep[0]").ops, 4);
+}
+
 TEST(Local, ADifferentCollectiveIsReportedNotCorrupting) {
   try {
     run_local(4, [](Group& g) {
@@ -288,6 +325,23 @@ TEST(Local, BadArgumentsAreRefusedBeforeAnyWork) {
 
 namespace mt::comm {
 namespace {
+
+// A waiting rank spins (instead of sleeping at once) only where every rank thread of the job
+// has a core of its own; where rank threads outnumber the cores, spinning would take a core
+// from a rank with work.
+TEST(Local, WaitingRanksSpinOnlyWhereEveryRankHasACore) {
+  const int cores = process_cores();
+  LaunchOptions o;
+  o.world_size = cores;
+  EXPECT_EQ(local_spin_seconds(o), 0) << "threads_per_rank not given: no spin";
+  o.threads_per_rank = 1;
+  EXPECT_GT(local_spin_seconds(o), 0) << o.world_size << " ranks x 1 thread on " << cores;
+  o.world_size = cores + 1;
+  EXPECT_EQ(local_spin_seconds(o), 0) << o.world_size << " ranks x 1 thread on " << cores;
+  o.world_size = 1;
+  o.threads_per_rank = cores + 1;
+  EXPECT_EQ(local_spin_seconds(o), 0) << "1 rank x " << o.threads_per_rank << " threads";
+}
 
 TEST(Local, EachRankThreadInstallsItsOwnTracker) {
   std::vector<mem::Tracker> trackers(3);
