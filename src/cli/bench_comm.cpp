@@ -7,9 +7,10 @@
 // all_to_all_v (MoE dispatch) sends uneven pieces of that buffer (cli/bench_a2av.h):
 // --counts skew (rank s gives rank d the share ((s + d) mod n) / (n(n-1)/2), one zero per
 // rank) or --counts moe (rows of --width floats, the hotter experts on the higher ranks, the
-// receive side imbalanced); raw-mpi runs the same counts through MPI_Alltoallv. Before it is
-// timed at each size, every rank checks what it received against what its sources sent,
-// and a wrong element ends the run.
+// receive side imbalanced); raw-mpi runs the same counts through MPI_Alltoallv, and
+// mpi-and-raw runs both in one job, alternating their batches (a fair ratio on shared cores).
+// Before it is timed at each size, every rank checks what it received against what its sources
+// sent, and a wrong element ends the run.
 #include <fmt/format.h>
 #include <mpi.h>
 
@@ -159,64 +160,83 @@ void check_a2av(Ops& ops, float* in, std::vector<float>& out, int64_t elems,
         backend, n, elems, me, c.wrong, c.first, c.got, c.want, worst);
 }
 
-// Runs the sweep on one rank; rank 0 collects the rows.
-nlohmann::json sweep(Ops& ops, const BenchCommOptions& o, const std::string& backend) {
-  const int n = ops.size();
+// One library under test and the name its rows carry.
+struct Side {
+  Ops* ops;
+  std::string backend;
+};
+
+// Runs the sweep on one rank; rank 0 collects the rows. With two sides (mpi-and-raw) their
+// batches alternate at every size, so that both meet the same machine: a ratio of two
+// separate runs on shared cores drifts by more than the few percent it is meant to show.
+nlohmann::json sweep(const std::vector<Side>& sides, const BenchCommOptions& o) {
+  Ops& first = *sides.front().ops;
+  const int n = first.size();
   const int64_t max_elems = o.max_bytes / 4;
   std::vector<float> in(static_cast<size_t>(max_elems)), out(static_cast<size_t>(max_elems));
-  fill_a2av_input(in.data(), ops.rank(), max_elems);  // what all_to_all_v's check reads
+  fill_a2av_input(in.data(), first.rank(), max_elems);  // what all_to_all_v's check reads
   nlohmann::json rows = nlohmann::json::array();
   for (const std::string& op : o.ops) {
-    if (ops.rank() == 0 && !o.json)
+    if (first.rank() == 0 && !o.json) {
+      std::string names = sides[0].backend;
+      for (size_t k = 1; k < sides.size(); ++k) names += " and " + sides[k].backend;
       std::printf("# %s  backend %s  ranks %d\n#%13s %12s %11s %12s %12s\n", op.c_str(),
-                  backend.c_str(), n, "size(B)", "count(elems)", "time(us)", "algbw(GB/s)",
+                  names.c_str(), n, "size(B)", "count(elems)", "time(us)", "algbw(GB/s)",
                   "busbw(GB/s)");
+    }
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
       const bool a2av = op == "all_to_all_v";
       // Divisible by the group size; all_to_all_v's moe counts: whole rows.
-      const int64_t granule = a2av && ops.pattern == A2avPattern::kMoe ? ops.width : n;
+      const int64_t granule = a2av && first.pattern == A2avPattern::kMoe ? first.width : n;
       const int64_t elems = bytes / 4 / granule * granule;
       if (elems == 0) continue;
       const int64_t S = elems * 4;
       if (a2av) {  // the moe pattern's hottest rank receives more than it sends
-        const A2avCounts c = a2av_counts(ops.pattern, ops.rank(), n, elems, ops.width);
+        const A2avCounts c = a2av_counts(first.pattern, first.rank(), n, elems, first.width);
         if (static_cast<int64_t>(out.size()) < c.recv_total) out.resize(size_t(c.recv_total));
       }
-      // Five batches; the time of a batch is its slowest rank's mean; the median batch is
-      // reported (the cores are shared with other jobs, so single batches are noisy).
+      // Five batches per side; the time of a batch is its slowest rank's mean; the median
+      // batch is reported (the cores are shared with other jobs, so single batches are noisy).
       int iters = static_cast<int>(std::clamp<int64_t>((int64_t{128} << 20) / S, 2, 50));
-      for (int w = 0; w < 2; ++w) ops.run(op, in.data(), out.data(), elems);
-      if (a2av) check_a2av(ops, in.data(), out, elems, backend);
-      std::vector<double> batches;
-      for (int b = 0; b < 5; ++b) {
-        ops.barrier();
-        double t0 = now_s();
-        for (int i = 0; i < iters; ++i) ops.run(op, in.data(), out.data(), elems);
-        batches.push_back(ops.max((now_s() - t0) / iters));
+      for (const Side& side : sides) {
+        for (int w = 0; w < 2; ++w) side.ops->run(op, in.data(), out.data(), elems);
+        if (a2av) check_a2av(*side.ops, in.data(), out, elems, side.backend);
       }
-      std::sort(batches.begin(), batches.end());
-      double t = batches[2];
-      double algbw = static_cast<double>(S) / t / 1e9;
-      double busbw = algbw * bus_factor(op, n);
-      if (ops.rank() == 0) {
+      std::vector<std::vector<double>> batches(sides.size());
+      for (int b = 0; b < 5; ++b)
+        for (size_t k = 0; k < sides.size(); ++k) {
+          Ops& ops = *sides[k].ops;
+          ops.barrier();
+          double t0 = now_s();
+          for (int i = 0; i < iters; ++i) ops.run(op, in.data(), out.data(), elems);
+          batches[k].push_back(ops.max((now_s() - t0) / iters));
+        }
+      for (size_t k = 0; k < sides.size(); ++k) {
+        std::sort(batches[k].begin(), batches[k].end());
+        const double t = batches[k][2];
+        const double algbw = static_cast<double>(S) / t / 1e9;
+        const double busbw = algbw * bus_factor(op, n);
+        if (first.rank() != 0) continue;
         rows.push_back({{"op", op},
-                        {"backend", backend},
+                        {"backend", sides[k].backend},
                         {"ranks", n},
                         {"bytes", S},
                         {"time_s", t},
                         {"algbw_gbps", algbw},
                         {"busbw_gbps", busbw}});
+        if (sides.size() > 1) rows.back()["interleaved_with"] = sides[1 - k].backend;
         if (a2av) {
           rows.back()["counts"] = o.counts;
           rows.back()["checked"] = true;
-          if (ops.pattern == A2avPattern::kMoe) rows.back()["width"] = ops.width;
+          if (first.pattern == A2avPattern::kMoe) rows.back()["width"] = first.width;
         }
         if (!o.json)
-          std::printf(" %13lld %12lld %11.1f %12.3f %12.3f\n", static_cast<long long>(S),
-                      static_cast<long long>(elems), t * 1e6, algbw, busbw);
+          std::printf(" %13lld %12lld %11.1f %12.3f %12.3f%s\n", static_cast<long long>(S),
+                      static_cast<long long>(elems), t * 1e6, algbw, busbw,
+                      sides.size() > 1 ? ("  " + sides[k].backend).c_str() : "");
       }
     }
-    if (ops.rank() == 0 && !o.json) std::fflush(stdout);
+    if (first.rank() == 0 && !o.json) std::fflush(stdout);
   }
   return rows;
 }
@@ -236,27 +256,34 @@ void run_bench_comm(const BenchCommOptions& o) {
       fail("--ranks {} but mpirun started {} processes; run mpirun -np {}", o.ranks, ops.size(),
            o.ranks);
     }
-    rows = sweep(ops, o, "raw-mpi");
+    rows = sweep({{&ops, "raw-mpi"}}, o);
     MPI_Finalize();
     if (ops.rank() != 0) return;
   } else {
     comm::LaunchOptions lo;
-    lo.backend = comm::parse_backend(o.backend);
-    lo.world_size = o.backend == "mpi" ? 0 : o.ranks;
+    const bool paired = o.backend == "mpi-and-raw";
+    const std::string backend = paired ? "mpi" : o.backend;
+    lo.backend = comm::parse_backend(backend);
+    lo.world_size = backend == "mpi" ? 0 : o.ranks;
     lo.threads_per_rank = 1;  // the ranks' reductions run on their own thread
-    if (o.backend == "mpi" && o.ranks > 0 && comm::mpi_env_world_size() != o.ranks)
+    if (backend == "mpi" && o.ranks > 0 && comm::mpi_env_world_size() != o.ranks)
       fail("--backend mpi --ranks {}: run it under mpirun -np {} (mpirun started {})", o.ranks,
            o.ranks, comm::mpi_env_world_size());
     std::mutex mu;
     comm::launch(lo, [&](comm::Group& world) {
       GroupOps ops(world, parse_a2av_pattern(o.counts), o.width);
-      auto r = sweep(ops, o, o.backend);
+      // mpi-and-raw: Open MPI called directly on MPI_COMM_WORLD in the same processes, its
+      // batches alternating with the mpi backend's (its own communicator).
+      std::unique_ptr<RawMpiOps> raw;
+      if (paired) raw = std::make_unique<RawMpiOps>(parse_a2av_pattern(o.counts), o.width);
+      auto r =
+          paired ? sweep({{&ops, "mpi"}, {raw.get(), "raw-mpi"}}, o) : sweep({{&ops, backend}}, o);
       if (world.rank() == 0) {
         std::lock_guard lock(mu);
         rows = r;
       }
     });
-    if (o.backend == "mpi" && comm::mpi_env_world_size() > 0) {
+    if (backend == "mpi" && comm::mpi_env_world_size() > 0) {
       int rank = 0;
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       if (rank != 0) return;
@@ -271,8 +298,10 @@ void register_bench_comm(CLI::App& bench) {
   auto o = std::make_shared<BenchCommOptions>();
   CLI::App* cmd = bench.add_subcommand(
       "comm", "collective bandwidth (nccl-tests format): local, mpi, or Open MPI directly");
-  cmd->add_option("--backend", o->backend, "local, mpi (under mpirun) or raw-mpi (under mpirun)")
-      ->check(CLI::IsMember({"local", "mpi", "raw-mpi"}));
+  cmd->add_option("--backend", o->backend,
+                  "local, mpi (under mpirun), raw-mpi (under mpirun), or mpi-and-raw (under "
+                  "mpirun: both in one run, their batches alternating)")
+      ->check(CLI::IsMember({"local", "mpi", "raw-mpi", "mpi-and-raw"}));
   cmd->add_option("--ranks", o->ranks, "ranks (local: threads; mpi: must match mpirun -np)");
   cmd->add_flag("--json", o->json, "print a JSON list of rows instead of the table");
   cmd->add_option("--min-bytes", o->min_bytes, "smallest size (default 4 KiB)");
