@@ -104,7 +104,23 @@ std::shared_ptr<OpCall> Group::make_call(OpType op, Buf in, Buf out) {
         "{} on {}: the buffer is on a GPU but this thread computes on the CPU; call "
         "device::use_cuda on the rank thread first (its stream orders the op)",
         op_name(op), name_);
-  auto c = std::make_shared<OpCall>();
+  // Collectives run one at a time from the rank's thread (their sequence numbers say so):
+  // their call reuses the last one once nothing else holds it, keeping the counts' capacity,
+  // so a blocking collective allocates nothing (MoE's dispatch runs several per layer).
+  // Send and recv may come from other threads: always a new call.
+  std::shared_ptr<OpCall> c;
+  if (op != OpType::kSend && op != OpType::kRecv && spare_call_ && spare_call_.use_count() == 1) {
+    c = spare_call_;
+    std::vector<int64_t> counts = std::move(c->counts), recv_counts = std::move(c->recv_counts);
+    *c = OpCall{};
+    counts.clear();
+    recv_counts.clear();
+    c->counts = std::move(counts);
+    c->recv_counts = std::move(recv_counts);
+  } else {
+    c = std::make_shared<OpCall>();
+    if (op != OpType::kSend && op != OpType::kRecv) spare_call_ = c;
+  }
   c->op = op;
   c->dtype = in.ptr ? in.dtype : out.dtype;
   c->device = dev;
@@ -120,7 +136,7 @@ std::shared_ptr<OpCall> Group::make_call(OpType op, Buf in, Buf out) {
   return c;
 }
 
-int64_t Group::record(const OpCall& c) {
+int64_t Group::record(const OpCall& c, bool started) {
   OpRecord r;
   r.group = name_;
   r.op = c.op;
@@ -130,7 +146,21 @@ int64_t Group::record(const OpCall& c) {
   r.peer = c.peer;
   r.tag = c.tag;
   r.queued_s = now_s();
-  return ctx_->recorder.on_queued(r);
+  if (started) {
+    r.state = OpState::kStarted;
+    r.started_s = r.queued_s;
+  }
+  return ctx_->recorder.on_queued(std::move(r));
+}
+
+// The handle of a blocking op that ran inline: done by the time it is returned.
+WorkPtr Group::done_work() {
+  struct Done : Work {
+    void wait() override {}
+    bool test() override { return true; }
+  };
+  static const WorkPtr done = std::make_shared<Done>();
+  return done;
 }
 
 void Group::execute(Pending& p) {
@@ -163,19 +193,32 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
     throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
   call->seq = next_seq_++;
   if (async && call->device == mem::Device::kCuda) call->cuda_ready = device::record_event();
-  auto p = std::make_shared<Pending>();
-  p->call = std::move(call);
-  p->job = ctx_->job;
-  p->record_id = record(*p->call);
   Worker& w = *worker_;
   {
     std::unique_lock lock(w.mu);
     if (!async && w.queue.empty() && !w.busy) {
       lock.unlock();
-      execute(*p);  // nothing ahead of it: run on the caller's thread
-      p->test();    // rethrows a failure
-      return p;
+      // Nothing ahead of it: run on the caller's thread, queued and started at once. No
+      // Pending: the caller waits by running it, and a failure is thrown from here.
+      const int64_t id = record(*call, /*started=*/true);
+      try {
+        if (ctx_->job && ctx_->job->aborted())
+          throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
+        run_call(*call);
+      } catch (...) {
+        ctx_->recorder.on_failed(id);
+        throw;
+      }
+      ctx_->recorder.on_done(id, call->sent_bytes, call->recv_bytes);
+      return done_work();
     }
+  }
+  auto p = std::make_shared<Pending>();
+  p->call = std::move(call);
+  p->job = ctx_->job;
+  p->record_id = record(*p->call, /*started=*/false);
+  {
+    std::unique_lock lock(w.mu);
     w.queue.push_back(p);
     if (!w.thread.joinable()) {
       w.thread = std::thread([this] {
@@ -212,7 +255,7 @@ WorkPtr Group::submit_p2p(std::shared_ptr<OpCall> call) {
     int64_t& s = p2p_seq_[{call->peer, call->op == OpType::kSend ? 0 : 1}];
     call->seq = ++s;
   }
-  int64_t id = record(*call);
+  int64_t id = record(*call, /*started=*/false);
   ctx_->recorder.on_started(id);
   std::shared_ptr<RankContext> ctx = ctx_;
   return backend_->start_p2p(call, [ctx, id](const OpCall& c, std::exception_ptr e) {
@@ -467,7 +510,7 @@ std::unique_ptr<Group> Group::split(int color, int key, const std::string& name)
   if (ctx_->job && ctx_->job->aborted())
     throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
   call->seq = next_seq_++;
-  int64_t id = record(*call);
+  int64_t id = record(*call, /*started=*/false);
   ctx_->recorder.on_started(id);
   std::vector<int> members;
   std::unique_ptr<Backend> b;

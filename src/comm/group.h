@@ -168,7 +168,9 @@ class Group {
   void refuse_integer_reduction(const char* what, Buf in) const;
   WorkPtr submit(std::shared_ptr<OpCall> call, bool async);
   WorkPtr submit_p2p(std::shared_ptr<OpCall> call);
-  int64_t record(const OpCall& c);
+  // The flight recorder's record of c: queued, or (an op run inline) queued and started.
+  int64_t record(const OpCall& c, bool started);
+  static WorkPtr done_work();
   void execute(Pending& p);
   void run_call(OpCall& c);
   void check_peer(int peer, const char* what) const;
@@ -191,6 +193,7 @@ class Group {
   mem::Tracker* tracker_ = nullptr;
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<HostStaging> staging_;  // device buffers on a host backend (comm/staging.h)
+  std::shared_ptr<OpCall> spare_call_;    // the last collective's call, reused (make_call)
 };
 
 }  // namespace mt::comm

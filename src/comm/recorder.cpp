@@ -59,7 +59,7 @@ std::string describe(const OpRecord& r) {
 int64_t FlightRecorder::on_queued(OpRecord r) {
   std::lock_guard lock(mu_);
   r.id = next_id_++;
-  r.state = OpState::kQueued;
+  if (r.state != OpState::kStarted) r.state = OpState::kQueued;  // (an op run inline starts)
   ring_.push_back(std::move(r));
   const int64_t id = ring_.back().id;
   while (ring_.size() > capacity_) {

@@ -46,7 +46,8 @@ class FlightRecorder {
       : world_rank_(world_rank), capacity_(capacity) {}
   int world_rank() const { return world_rank_; }
 
-  // Writers (the Group).
+  // Writers (the Group). on_queued takes r's state kStarted (with started_s) as it is: an op
+  // that runs at once on the caller's thread; any other state becomes kQueued.
   int64_t on_queued(OpRecord r);
   void on_started(int64_t id);
   void on_done(int64_t id, int64_t sent_bytes, int64_t recv_bytes);
