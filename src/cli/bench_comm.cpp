@@ -204,7 +204,9 @@ nlohmann::json sweep(const std::vector<Side>& sides, const BenchCommOptions& o) 
       }
       std::vector<std::vector<double>> batches(sides.size());
       for (int b = 0; b < 5; ++b)
-        for (size_t k = 0; k < sides.size(); ++k) {
+        for (size_t j = 0; j < sides.size(); ++j) {
+          const size_t k =
+              (j + static_cast<size_t>(b)) % sides.size();  // each side goes first in turn
           Ops& ops = *sides[k].ops;
           ops.barrier();
           double t0 = now_s();
