@@ -5,8 +5,10 @@
 //   mixed_linear_bench [--threads 1,2] [--reps 5] [--no-lm-head] [--json]
 //
 // Model M (bench/results/vs-pytorch.md): d_model 768, d_ff 3072, seq 256, batch 4, so the
-// linears see n = 1024 rows. Each timing is the best of --reps after one warm-up; the
+// linears see n = 1024 rows. Each timing is the median of --reps after one warm-up; the
 // mixed backward includes rounding dy to bf16 (into a workspace allocated before timing).
+// Prints a markdown table (bench/record summarises repetitions of it: `make bench`), with
+// the host's CPU model above it.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,15 +51,32 @@ std::vector<float> filled(int64_t n, float scale) {
 }
 
 template <class F>
-double best_of(int reps, F&& f) {
+double median_of(int reps, F&& f) {
   f();  // warm-up: builds and caches the oneDNN primitives, faults in the pages
-  double best = 1e30;
+  std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     const double t0 = now_s();
     f();
-    best = std::min(best, now_s() - t0);
+    t.push_back(now_s() - t0);
   }
-  return best;
+  std::sort(t.begin(), t.end());
+  return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) return "unknown";
+  char line[512];
+  std::string model = "unknown";
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "model name", 10) == 0) {
+      const char* colon = std::strchr(line, ':');
+      if (colon) model = colon + 2;
+      while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
+      break;
+    }
+  std::fclose(f);
+  return model;
 }
 
 std::pair<Times, Times> run_case(const Case& c, int reps) {
@@ -66,19 +85,19 @@ std::pair<Times, Times> run_case(const Case& c, int reps) {
   const auto dy = filled(n * out, 1e-3f);
   std::vector<float> y(n * out), dx(n * in), dw(out * in, 0.0f), db(out, 0.0f);
   Times f32, mixed;
-  f32.fwd_s = best_of(
+  f32.fwd_s = median_of(
       reps, [&] { kernels::linear_forward(y.data(), x.data(), w.data(), b.data(), n, in, out); });
-  f32.bwd_s = best_of(reps, [&] {
+  f32.bwd_s = median_of(reps, [&] {
     kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), n, in,
                              out);
   });
   std::vector<bf16> xh(n * in), wh(out * in), ws(kernels::linear_backward_mixed_ws_elems(n, out));
   kernels::to_bf16(xh.data(), x.data(), n * in);
   kernels::to_bf16(wh.data(), w.data(), out * in);
-  mixed.fwd_s = best_of(reps, [&] {
+  mixed.fwd_s = median_of(reps, [&] {
     kernels::linear_forward_mixed(y.data(), xh.data(), wh.data(), b.data(), n, in, out);
   });
-  mixed.bwd_s = best_of(reps, [&] {
+  mixed.bwd_s = median_of(reps, [&] {
     kernels::linear_backward_mixed(dx.data(), dw.data(), db.data(), dy.data(), xh.data(), wh.data(),
                                    n, in, out, ws.data(), static_cast<int64_t>(ws.size()));
   });
@@ -126,17 +145,22 @@ int main(int argc, char** argv) {
 
   std::FILE* human = json ? stderr : stdout;
   std::string rows;
-  fmt::print(human, "{:<10} {:>5} {:>6} {:>3} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6}\n",
-             "linear", "in", "out", "thr", "f32 fwd", "f32 bwd", "mix fwd", "mix bwd", "fwd x",
-             "bwd x", "tot x");
+  fmt::print(human, "CPU: {}; rows n = {}; median of {} timings per cell\n\n", cpu_model(), kRows,
+             reps);
+  fmt::print(
+      human,
+      "| linear | in | out | threads | f32 fwd ms | f32 bwd ms | bf16 fwd ms | bf16 bwd ms | "
+      "fwd f32/bf16 | bwd f32/bf16 | total f32/bf16 |\n");
+  fmt::print(human,
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int t : threads) {
     kernels::set_threads(t);
     Times block_f32, block_mixed;  // the four linears of one transformer block, summed
     block_f32.fwd_s = block_f32.bwd_s = block_mixed.fwd_s = block_mixed.bwd_s = 0;
     auto print = [&](const char* name, int64_t in, int64_t out, const Times& f, const Times& m) {
       fmt::print(human,
-                 "{:<10} {:>5} {:>6} {:>3} {:>7.2f}ms {:>7.2f}ms {:>7.2f}ms {:>7.2f}ms {:>6.2f} "
-                 "{:>6.2f} {:>6.2f}\n",
+                 "| {} | {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f}x | {:.2f}x | "
+                 "{:.2f}x |\n",
                  name, in, out, t, f.fwd_s * 1e3, f.bwd_s * 1e3, m.fwd_s * 1e3, m.bwd_s * 1e3,
                  f.fwd_s / m.fwd_s, f.bwd_s / m.bwd_s, f.total() / m.total());
       std::fflush(human);
