@@ -134,47 +134,26 @@ void MoeLayer::experts_forward(const std::vector<int64_t>& rows_of, const float*
   }
 }
 
-void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of,
-                                const parallel::ep::Exchange* from, float* dy_dx, const float* x,
+void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of, float* dy_dx, const float* x,
                                 const float* h, const float* act, MoeScratch& s) const {
   const int64_t C = c, FC = fc();
-  const int sources = from ? from->ranks : 1;
   int64_t row0 = 0;
   for (size_t e = 0; e < rows_of.size(); ++e) {
     const int64_t rows = rows_of[e];
     if (rows > 0) {
       const int64_t le = static_cast<int64_t>(e), w1 = le * FC * C, w2 = le * C * f;
-      float* dw_out = w_out->grad.f32() + w2;
-      float* db_out = b_out ? b_out->grad.f32() + le * C : nullptr;
-      float* dw_in = w_in->grad.f32() + w1;
-      float* db_in = b_in ? b_in->grad.f32() + le * FC : nullptr;
-      const float* wo = mp ? nullptr : w_out->value.f32() + w2;
-      const bf16* wob = mp ? w_out->value_bf16.bf16p() + w2 : nullptr;
-      const float* wi = mp ? nullptr : w_in->value.f32() + w1;
-      const bf16* wib = mp ? w_in->value_bf16.bf16p() + w1 : nullptr;
-      // The rows of source q: [r0, r0 + source_rows(q)) of this expert's.
-      auto source_rows = [&](int q) {
-        return from ? from->table[static_cast<size_t>(q) * from->local_experts + e] : rows;
-      };
-      if (sources == 1) {
-        gemm_backward(mp, s.dact.f32(), dw_out, db_out, dy_dx + row0 * C, act + row0 * f, wo, wob,
-                      rows, f, C);
-      } else {
-        gemm_backward(mp, s.dact.f32(), nullptr, nullptr, dy_dx + row0 * C, nullptr, wo, wob, rows,
-                      f, C);
-        for (int q = 0, r0 = 0; q < sources; r0 += source_rows(q), ++q)
-          if (source_rows(q) > 0)
-            gemm_backward(mp, nullptr, dw_out, db_out, dy_dx + (row0 + r0) * C,
-                          act + (row0 + r0) * f, nullptr, wob, source_rows(q), f, C);
-      }
+      gemm_backward(mp, s.dact.f32(), w_out->grad.f32() + w2,
+                    b_out ? b_out->grad.f32() + le * C : nullptr, dy_dx + row0 * C, act + row0 * f,
+                    mp ? nullptr : w_out->value.f32() + w2,
+                    mp ? w_out->value_bf16.bf16p() + w2 : nullptr, rows, f, C);
       activation_backward(mlp, s.dh.f32(), h + row0 * FC, s.dact.f32(), rows, f);
-      for (int q = 0, r0 = 0; q < sources; r0 += source_rows(q), ++q)
-        if (source_rows(q) > 0)
-          gemm_backward(mp, nullptr, dw_in, db_in, s.dh.f32() + r0 * FC, x + (row0 + r0) * C,
-                        nullptr, wib, source_rows(q), C, FC);
+      gemm_backward(mp, nullptr, w_in->grad.f32() + w1, b_in ? b_in->grad.f32() + le * FC : nullptr,
+                    s.dh.f32(), x + row0 * C, nullptr, mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
+                    rows, C, FC);
       // This expert's rows of d(y) were read above: d(x) takes their place.
-      gemm_backward(mp, dy_dx + row0 * C, nullptr, nullptr, s.dh.f32(), nullptr, wi, wib, rows, C,
-                    FC);
+      gemm_backward(mp, dy_dx + row0 * C, nullptr, nullptr, s.dh.f32(), nullptr,
+                    mp ? nullptr : w_in->value.f32() + w1,
+                    mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
     }
     row0 += rows;
   }
@@ -308,7 +287,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
     for (int64_t row = 0; row < r.kept; ++row)
       std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
     profile::Scope p("moe.experts.bwd");
-    experts_backward(a.counts, nullptr, dys, xs, a.h.f32(), a.act.f32(), s);
+    experts_backward(a.counts, dys, xs, a.h.f32(), a.act.f32(), s);
   } else {
     const parallel::ep::Exchange& xg = a.exchange;
     {
@@ -318,7 +297,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
     }
     {
       profile::Scope p("moe.experts.bwd");
-      experts_backward(xg.expert_rows, &xg, s.ye.f32(), a.xe.f32(), a.h.f32(), a.act.f32(), s);
+      experts_backward(xg.expert_rows, s.ye.f32(), a.xe.f32(), a.h.f32(), a.act.f32(), s);
     }
     profile::Scope p("moe.dispatch.bwd");
     parallel::ep::to_source_major(xg, s.ye.f32(), s.xr.f32(), C);

@@ -131,16 +131,11 @@ struct MoeLayer {
   Routing routing(const MoeActivations& a, int64_t n) const;
   // Each local expert's rows (rows_of[e], consecutive from row 0) through its MLP: x -> y,
   // keeping h and act. Backward: dy_dx holds d(y) in and d(x) out (row for row); the weight
-  // gradients are added. With ep, an expert's rows come from the ep ranks in order
-  // (`from`: Exchange::table, [ep][E/ep] rows per source and local expert) and its weight
-  // gradients are summed source by source, as data parallelism sums the ranks' gradients,
-  // so that a layout with ep adds in the order of the same layout without it; nullptr: one
-  // source.
+  // gradients are added.
   void experts_forward(const std::vector<int64_t>& rows_of, const float* x, float* h, float* act,
                        float* y) const;
-  void experts_backward(const std::vector<int64_t>& rows_of, const parallel::ep::Exchange* from,
-                        float* dy_dx, const float* x, const float* h, const float* act,
-                        MoeScratch& s) const;
+  void experts_backward(const std::vector<int64_t>& rows_of, float* dy_dx, const float* x,
+                        const float* h, const float* act, MoeScratch& s) const;
   void mlp_forward(float* h, float* act, float* y, const float* x, int64_t rows, const float* w1,
                    const bf16* w1b, const float* b1, const float* w2, const bf16* w2b,
                    const float* b2, int64_t width) const;
