@@ -82,7 +82,8 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
   for (int64_t i = 0; i < e && !o.forced_dropped; ++i)
     any_over |= routed[static_cast<size_t>(i)] > cap;
   if (any_over) {
-    std::vector<int32_t> mine;
+    // Per thread, grown once: the steady-state step allocates nothing here.
+    thread_local std::vector<int32_t> mine;
     for (int64_t i = 0; i < e; ++i) {
       if (routed[static_cast<size_t>(i)] <= cap) continue;
       mine.clear();
@@ -95,7 +96,8 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
     }
   }
   // The expert-sorted order: expert by expert, tokens ascending.
-  std::vector<int64_t> next(static_cast<size_t>(e) + 1, 0);
+  thread_local std::vector<int64_t> next;
+  next.assign(static_cast<size_t>(e) + 1, 0);
   for (int64_t a = 0; a < n * k; ++a)
     if (r.slot[a] >= 0) ++counts[static_cast<size_t>(r.expert[a])];
   for (int64_t i = 0; i < e; ++i)
@@ -139,7 +141,25 @@ BalanceLosses balance_losses(const BalanceSums& s, int64_t k) {
   return b;
 }
 
-BalanceLosses balance_losses(const Routing& r) { return balance_losses(balance_sums(r), r.k); }
+// balance_losses(balance_sums(r), r.k) in the same order of additions, without the sums'
+// vectors (this runs per MoE layer per microbatch).
+BalanceLosses balance_losses(const Routing& r) {
+  BalanceLosses b;
+  const int64_t n = r.n, e = r.e, k = r.k;
+  if (n == 0) return b;
+  for (int64_t i = 0; i < e; ++i) {
+    double P = 0;
+    for (int64_t t = 0; t < n; ++t) P += r.probs[t * e + i];
+    const double f =
+        static_cast<double>((*r.routed)[static_cast<size_t>(i)]) / static_cast<double>(n * k);
+    b.aux += f * P / static_cast<double>(n);
+  }
+  b.aux *= static_cast<double>(e);
+  double zsum = 0;
+  for (int64_t t = 0; t < n; ++t) zsum += static_cast<double>(r.lse[t]) * r.lse[t];
+  b.z = zsum / static_cast<double>(n);
+  return b;
+}
 
 void route_backward(float* dlogits, const float* dgate, const Routing& r, double aux_coef,
                     double z_coef, const BalanceSums* whole) {
@@ -151,12 +171,14 @@ void route_backward(float* dlogits, const float* dgate, const Routing& r, double
                  : static_cast<double>((*r.routed)[static_cast<size_t>(i)]);
   };
   // d(aux)/d(p_ti) = E · f_i / N: the same for every token.
-  std::vector<double> daux(static_cast<size_t>(e), 0.0);
+  thread_local std::vector<double> daux, dp, dsel;  // per thread, grown once
+  daux.assign(static_cast<size_t>(e), 0.0);
   if (aux_coef != 0 && N > 0)
     for (int64_t i = 0; i < e; ++i)
       daux[static_cast<size_t>(i)] = aux_coef * static_cast<double>(e) * routed(i) /
                                      static_cast<double>(N * k) / static_cast<double>(N);
-  std::vector<double> dp(static_cast<size_t>(e)), dsel(static_cast<size_t>(k));
+  dp.resize(static_cast<size_t>(e));
+  dsel.resize(static_cast<size_t>(k));
   for (int64_t t = 0; t < n; ++t) {
     const float* p = r.probs + t * e;
     const float* g = r.gate + t * k;
