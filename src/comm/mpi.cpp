@@ -435,6 +435,35 @@ void finalize_mpi() {
 
 }  // namespace
 
+std::vector<int32_t> gather_to_world_root(const std::vector<int32_t>& mine) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    fail(
+        "gather_to_world_root: MPI is not running (call it under mpirun, after a job and "
+        "before the process ends)");
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int n = to_int(static_cast<int64_t>(mine.size()), "gather_to_world_root");
+  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  check_mpi(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD), "gather");
+  std::vector<int32_t> all;
+  if (rank == 0) {
+    int64_t total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[static_cast<size_t>(r)] = to_int(total, "gather_to_world_root");
+      total += counts[static_cast<size_t>(r)];
+    }
+    all.resize(static_cast<size_t>(total));
+  }
+  check_mpi(MPI_Gatherv(mine.data(), n, MPI_INT32_T, all.data(), counts.data(), displs.data(),
+                        MPI_INT32_T, 0, MPI_COMM_WORLD),
+            "gatherv");
+  return all;
+}
+
 void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world)>& fn,
                 const std::string& world_name) {
   int initialized = 0;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "comm/launch.h"
 
@@ -14,6 +15,11 @@ namespace mt::comm {
 // `world_name` names the world group ("host" when the nccl backend builds its world on it).
 void launch_mpi(const LaunchOptions& opts, const std::function<void(Group& world)>& fn,
                 const std::string& world_name = "world");
+// Every process's `mine` concatenated in rank order on world rank 0 (empty elsewhere): an
+// MPI_Gatherv over MPI_COMM_WORLD, for a program that runs a job under mpirun and then
+// works on rank 0 alone (verify's routing replay). Every process must call it, after the
+// job and before the process ends; refused where MPI is not running.
+std::vector<int32_t> gather_to_world_root(const std::vector<int32_t>& mine);
 // mpirun's world size from the environment, or 0.
 int mpi_env_world_size();
 // This process's rank under mpirun from the environment, or 0 outside mpirun.

@@ -10,6 +10,10 @@ void RoutingTape::record(int64_t sample, int layer, const int32_t* expert, const
   e.expert.assign(expert, expert + nk);
   e.dropped.resize(static_cast<size_t>(nk));
   for (int64_t a = 0; a < nk; ++a) e.dropped[static_cast<size_t>(a)] = slot[a] < 0 ? 1 : 0;
+  add(sample, layer, std::move(e));
+}
+
+void RoutingTape::add(int64_t sample, int layer, Entry e) {
   std::lock_guard lock(mu_);
   const auto key = std::make_pair(sample, layer);
   const auto it = entries_.find(key);
@@ -33,6 +37,47 @@ const RoutingTape::Entry& RoutingTape::find(int64_t sample, int layer, int64_t n
         "in layer {} (the replaying run must use the recording run's microbatch size)",
         nk, sample, layer);
   return it->second;
+}
+
+std::vector<int32_t> RoutingTape::serialize() const {
+  std::lock_guard lock(mu_);
+  std::vector<int32_t> w;
+  for (const auto& [key, e] : entries_) {
+    const auto sample = static_cast<uint64_t>(key.first);
+    w.push_back(static_cast<int32_t>(static_cast<uint32_t>(sample & 0xffffffffu)));
+    w.push_back(static_cast<int32_t>(static_cast<uint32_t>(sample >> 32)));
+    w.push_back(key.second);
+    w.push_back(static_cast<int32_t>(e.expert.size()));
+    w.insert(w.end(), e.expert.begin(), e.expert.end());
+    for (uint8_t d : e.dropped) w.push_back(d);
+  }
+  return w;
+}
+
+void RoutingTape::merge(const std::vector<int32_t>& words) {
+  size_t i = 0;
+  while (i < words.size()) {
+    if (words.size() - i < 4)
+      fail_run("routing replay: a gathered tape ends inside an entry's header at word {} of {}", i,
+               words.size());
+    const uint64_t lo = static_cast<uint32_t>(words[i]), hi = static_cast<uint32_t>(words[i + 1]);
+    const auto sample = static_cast<int64_t>(lo | (hi << 32));
+    const int layer = words[i + 2];
+    const int64_t nk = words[i + 3];
+    i += 4;
+    if (nk < 0 || static_cast<uint64_t>(nk) * 2 > words.size() - i)
+      fail_run(
+          "routing replay: a gathered tape's entry (sample {}, layer {}) claims {} "
+          "assignments, but {} words remain",
+          sample, layer, nk, words.size() - i);
+    Entry e;
+    e.expert.assign(words.begin() + static_cast<std::ptrdiff_t>(i),
+                    words.begin() + static_cast<std::ptrdiff_t>(i + static_cast<size_t>(nk)));
+    i += static_cast<size_t>(nk);
+    e.dropped.resize(static_cast<size_t>(nk));
+    for (int64_t a = 0; a < nk; ++a) e.dropped[static_cast<size_t>(a)] = words[i++] != 0 ? 1 : 0;
+    add(sample, layer, std::move(e));
+  }
 }
 
 size_t RoutingTape::size() const {

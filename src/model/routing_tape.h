@@ -28,8 +28,15 @@ class RoutingTape {
   // The record, or an error naming the key when there is none.
   const Entry& find(int64_t sample, int layer, int64_t nk) const;
   size_t size() const;
+  // The whole tape as int32 words (per entry: sample's low and high word, layer, nk, the nk
+  // experts, the nk dropped flags), and back: merge adds another process's words as if they
+  // had been recorded here (under mpirun each process records its own microbatches). merge
+  // refuses words that do not parse, naming where they stop making sense.
+  std::vector<int32_t> serialize() const;
+  void merge(const std::vector<int32_t>& words);
 
  private:
+  void add(int64_t sample, int layer, Entry e);
   mutable std::mutex mu_;
   std::map<std::pair<int64_t, int>, Entry> entries_;
 };

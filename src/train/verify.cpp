@@ -11,6 +11,7 @@
 #include <memory>
 #include <string_view>
 
+#include "comm/mpi.h"
 #include "core/error.h"
 #include "model/gpt.h"
 #include "model/routing_tape.h"
@@ -226,19 +227,25 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   if (layout_exports) layout_exporting.export_path = layout_path;
   // MoE: the oracle replays the layout's routing, so that both train the same model (a
   // routing choice flips on the last bit of a router probability; model/routing_tape.h).
-  // Under mpirun the layout's decisions stay in its processes: no replay.
+  // Under mpirun each process records its own microbatches and rank 0 gathers them.
   auto tape = std::make_shared<model::RoutingTape>();
-  const bool replay = layout.model.moe.enabled() && mpi_rank < 0 && layout.cp == 1;
+  const bool replay = layout.model.moe.enabled() && layout.cp == 1;
   if (replay) {
     layout_exporting.routing_tape = tape;
     layout_exporting.record_routing = true;
   } else if (layout.model.moe.enabled()) {
-    report.routing_note = fmt::format(
-        "no routing replay {}: a routing choice that flips on rounding makes the layout another "
-        "model from that step on",
-        mpi_rank >= 0 ? "under mpirun" : "with cp (a cp rank routes a piece of each sequence)");
+    report.routing_note =
+        "no routing replay with cp (a cp rank routes a piece of each sequence): a routing choice "
+        "that flips on rounding makes the layout another model from that step on";
   }
   const TrainResult b = run_training(layout_exporting);
+  if (replay && mpi_rank >= 0) {
+    const std::vector<int32_t> all = comm::gather_to_world_root(tape->serialize());
+    if (mpi_rank == 0) {
+      tape = std::make_shared<model::RoutingTape>();
+      tape->merge(all);
+    }
+  }
   if (mpi_rank > 0) {  // (rank 0 wrote the export, and compares)
     report.lead = false;
     return report;

@@ -8,10 +8,12 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "core/philox.h"
 #include "kernels/kernels.h"
 #include "model/gpt.h"
 #include "model/moe_routing.h"
+#include "model/routing_tape.h"
 
 namespace mt::model {
 namespace {
@@ -59,6 +61,41 @@ TEST(MoeRouting, TopKGatesAndTheExpertSortedOrder) {
   for (int i = 0; i < 4; ++i) s += std::exp(static_cast<double>(logits[i]));
   EXPECT_NEAR(b.lse[0], std::log(s), 1e-6);
   EXPECT_NEAR(b.probs[1], std::exp(3.0) / s, 1e-6);
+}
+
+// Under mpirun each process records its microbatches and rank 0 merges the words of all:
+// the merged tape finds every entry as recorded (a sample above 2^32 included), a second
+// process's differing record of the same microbatch is refused, and so are cut words.
+TEST(RoutingTape, SerializedTapesMergeIntoTheSameEntries) {
+  RoutingTape a, b;
+  const int32_t e1[4] = {3, 1, 0, 2}, s1[4] = {0, -1, 1, 2};
+  const int32_t e2[2] = {5, 4}, s2[2] = {-1, 0};
+  const int64_t big = (int64_t{1} << 33) + 7;
+  a.record(0, 1, e1, s1, 4);
+  b.record(big, 0, e2, s2, 2);
+  std::vector<int32_t> words = a.serialize();
+  const std::vector<int32_t> more = b.serialize();
+  words.insert(words.end(), more.begin(), more.end());
+  RoutingTape merged;
+  merged.merge(words);
+  ASSERT_EQ(merged.size(), 2u);
+  const RoutingTape::Entry& x = merged.find(0, 1, 4);
+  EXPECT_EQ(x.expert, std::vector<int32_t>(e1, e1 + 4));
+  EXPECT_EQ(x.dropped, (std::vector<uint8_t>{0, 1, 0, 0}));
+  const RoutingTape::Entry& y = merged.find(big, 0, 2);
+  EXPECT_EQ(y.expert, std::vector<int32_t>(e2, e2 + 2));
+  EXPECT_EQ(y.dropped, (std::vector<uint8_t>{1, 0}));
+  merged.merge(more);  // the same record again (tp ranks): kept once
+  EXPECT_EQ(merged.size(), 2u);
+  RoutingTape other;
+  const int32_t e3[2] = {4, 5};
+  other.record(big, 0, e3, s2, 2);
+  EXPECT_THROW(merged.merge(other.serialize()), Error) << "a differing record of one microbatch";
+  std::vector<int32_t> cut = a.serialize();
+  cut.pop_back();
+  EXPECT_THROW(RoutingTape().merge(cut), Error) << "words cut inside an entry";
+  cut.resize(3);
+  EXPECT_THROW(RoutingTape().merge(cut), Error) << "words cut inside a header";
 }
 
 TEST(MoeRouting, TheTwoOrdersGiveTheSameGatesToRounding) {

@@ -9,6 +9,7 @@
 
 #include "comm/launch.h"
 #include "moe_test_util.h"
+#include "train/verify.h"
 
 namespace mt::train {
 namespace {
@@ -40,6 +41,28 @@ TEST(MoeMpi, ExpertParallelLayoutsMatchTheSingleRank) {
     std::printf("mpi moe %s: max |weight diff| %.2e, ep bytes/step %.0f\n",
                 test::name_of(l).c_str(), pd, r.steps.back().ep_bytes);
   }
+}
+
+// verify under mpirun with capacity 1.0 (routing decides what is dropped): every process
+// records its microbatches' routing, rank 0 gathers it and the oracle replays it, so the
+// layout passes verify's f32 tolerances (the local test MoeRoutingReplay shows the same
+// layouts fail without the replay).
+TEST(MoeMpi, VerifyReplaysTheRoutingGatheredFromEveryProcess) {
+  ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
+  const int rank = test::env_int("OMPI_COMM_WORLD_RANK", 0);
+  test::Layout3d folded{8, 1, 1, 1};
+  folded.ep = 4;
+  TrainOptions o = test::moe_options(folded, 10, "f32", {1.0});
+  o.backend = "mpi";
+  const VerifyReport r = run_verify(o, oracle_options(o), VerifyTolerances{});
+  if (rank != 0) return;
+  EXPECT_GT(r.routing_records, 0u);
+  EXPECT_TRUE(r.pass()) << "loss " << r.worst_loss_rel() << ", norm " << r.worst_grad_norm_rel()
+                        << ", params " << r.params.abs_diff;
+  std::printf(
+      "mpi verify with replay (dp 8, ep 4, capacity 1.0): loss %.2e, norm %.2e, params "
+      "%.2e (%zu records)\n",
+      r.worst_loss_rel(), r.worst_grad_norm_rel(), r.params.abs_diff, r.routing_records);
 }
 
 }  // namespace
