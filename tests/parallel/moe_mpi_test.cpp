@@ -44,9 +44,12 @@ TEST(MoeMpi, ExpertParallelLayoutsMatchTheSingleRank) {
 }
 
 // verify under mpirun with capacity 1.0 (routing decides what is dropped): every process
-// records its microbatches' routing, rank 0 gathers it and the oracle replays it, so the
-// layout passes verify's f32 tolerances (the local test MoeRoutingReplay shows the same
-// layouts fail without the replay).
+// records its microbatches' routing, rank 0 gathers it and the oracle replays it. The oracle
+// replays every microbatch of every layer and stops with an error at the first record
+// missing, so a process whose tape did not arrive fails the run; the count is exact: 10 steps
+// x 8 microbatches (global batch 16 in microbatches of 2) x 4 MoE layers. (In this layout
+// no routing choice flips on rounding, so it also passes without the replay; the local
+// MoeRoutingReplay test has layouts that fail without it.)
 TEST(MoeMpi, VerifyReplaysTheRoutingGatheredFromEveryProcess) {
   ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
   const int rank = test::env_int("OMPI_COMM_WORLD_RANK", 0);
@@ -56,7 +59,7 @@ TEST(MoeMpi, VerifyReplaysTheRoutingGatheredFromEveryProcess) {
   o.backend = "mpi";
   const VerifyReport r = run_verify(o, oracle_options(o), VerifyTolerances{});
   if (rank != 0) return;
-  EXPECT_GT(r.routing_records, 0u);
+  EXPECT_EQ(r.routing_records, 10u * 8u * 4u);
   EXPECT_TRUE(r.pass()) << "loss " << r.worst_loss_rel() << ", norm " << r.worst_grad_norm_rel()
                         << ", params " << r.params.abs_diff;
   std::printf(
