@@ -58,7 +58,12 @@ Job job_of(const json& r, bool cudnn_attention = false) {
     set("tied", j.model.tied);
     set("dropout", j.model.dropout);
     set("learned_pos", j.model.learned_pos);
+    set("n_experts", j.model.n_experts);
+    set("top_k", j.model.top_k);
+    set("d_ff_expert", j.model.d_ff_expert);
     if (s.contains("vocab")) j.model.vocab_real = 0;
+    // A MoE preset's blocks are all MoE: as many as the row's layers.
+    if (j.model.n_experts > 0) j.model.moe_layers = s.value("moe_layers", j.model.n_layer);
   }
   j.cluster = cluster_preset(r.at("cluster").get<std::string>());
   if (cudnn_attention && r.at("cluster") == "dgx-h100")
@@ -68,6 +73,7 @@ Job job_of(const json& r, bool cudnn_attention = false) {
   j.seq = r.at("seq").get<int64_t>();
   j.model.seq = j.seq;
   j.dtype = r.at("dtype").get<std::string>();
+  j.expert_load = r.value("expert_load", 1.0);
   return j;
 }
 
@@ -84,6 +90,7 @@ Layout layout_of(const json& r, int v) {
   l.tp = r.at("tp").get<int>();
   l.pp = r.at("pp").get<int>();
   l.cp = r.value("cp", 1);
+  l.ep = r.value("ep", 1);
   l.dp = static_cast<int>(r.at("gpus").get<int64_t>() / (int64_t(l.tp) * l.pp * l.cp));
   l.virtual_stages = v;
   l.schedule = v > 1 ? "interleaved" : "1f1b";
