@@ -258,22 +258,24 @@ TEST(PublishedRuns, MapePerSourceAndOverall) {
   // was measured (a regression guard; the goal is printed above with what misses it, and in
   // docs/planner.md, "The published test set"): the MAPE per source and overall and the rows
   // above 15% measured on 2026-11-27 after the ZeRO-3 rows ran as DeepSpeed 2021
-  // (Software::kDeepSpeed2021), plus 0.5 percentage point of slack for small model changes.
-  // Per source, so that one source cannot get worse behind another's gain.
+  // (Software::kDeepSpeed2021) and the nine Grok-1 MoE rows (EP, CP) joined the set, plus 0.5
+  // percentage point of slack for small model changes. Per source, so that one source cannot
+  // get worse behind another's gain.
   constexpr double kSlack = 0.005, kGoalOverall = 0.05, kGoalSource = 0.08;
   const std::map<std::string, double> kMeasured = {{"korthikanti2022", 0.0326},
                                                    {"meta-llama3", 0.1009},
                                                    {"narayanan2021", 0.0708},
                                                    {"nvidia-dgxc", 0.0322},
+                                                   {"nvidia-dgxc-grok1", 0.1256},
                                                    {"torchtitan", 0.0101}};
-  constexpr double kOverall = 0.0487;
-  constexpr int kRowsOver15 = 2;
+  constexpr double kOverall = 0.0634;
+  constexpr int kRowsOver15 = 4;
   auto bar = [&](double measured, double goal) {
     return measured <= goal ? std::min(goal, measured + kSlack) : measured + kSlack;
   };
   EXPECT_LE(res.all.mape(), bar(kOverall, kGoalOverall)) << goal_status(res);
   EXPECT_LE(res.rows_over_15, kRowsOver15) << goal_status(res);
-  EXPECT_EQ(res.all.n, 38);
+  EXPECT_EQ(res.all.n, 47);
   ASSERT_EQ(res.by_source.size(), kMeasured.size());
   for (const auto& [src, measured] : kMeasured)
     EXPECT_LE(res.by_source.at(src).mape(), bar(measured, kGoalSource)) << src;
