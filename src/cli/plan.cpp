@@ -11,6 +11,7 @@
 #include "cli/plan_flags.h"
 #include "core/error.h"
 #include "core/write_file.h"
+#include "model/config.h"
 #include "obs/report.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/explain.h"
@@ -236,6 +237,37 @@ plan::Job PlanFlags::job() const {
   if (model.no_bias && m.bias) m.bias = false, custom = true;
   if (model.untied && m.tied) m.tied = false, custom = true;
   if (no_dropout && m.dropout) m.dropout = false, custom = true;
+  // Mixture of experts (train's --moe-* flags): the preset's experts (an engine preset's
+  // MoeConfig), changed by the flags; the MoE blocks counted over this n_layer.
+  const std::vector<std::string> engine = model::preset_names();
+  model::MoeConfig moe;
+  if (std::find(engine.begin(), engine.end(), name) != engine.end()) moe = model::preset(name).moe;
+  const bool moe_flags = model.moe_experts || model.moe_top_k || model.moe_every || model.moe_ff ||
+                         model.moe_shared_ff;
+  if (model.moe_experts) moe.n_experts = *model.moe_experts;
+  if (model.moe_top_k) moe.top_k = *model.moe_top_k;
+  if (model.moe_every) moe.every = *model.moe_every;
+  if (model.moe_ff) moe.d_ff_expert = *model.moe_ff;
+  if (model.moe_shared_ff) moe.d_ff_shared = *model.moe_shared_ff;
+  if (moe_flags) {
+    if (moe.n_experts < 0 || moe.top_k < 1 || moe.every < 1 || moe.d_ff_expert < 0 ||
+        moe.d_ff_shared < 0 || (moe.enabled() && moe.top_k > moe.n_experts))
+      fail(
+          "MoE flags out of range (--moe-experts {} at least 0, --moe-top-k {} from 1 to the "
+          "experts, --moe-every {} at least 1, --moe-ff {} and --moe-shared-ff {} at least 0)",
+          moe.n_experts, moe.top_k, moe.every, moe.d_ff_expert, moe.d_ff_shared);
+    custom = true;
+  }
+  if (moe.enabled()) {
+    m.n_experts = moe.n_experts;
+    m.top_k = moe.top_k;
+    m.d_ff_expert = moe.d_ff_expert > 0 ? moe.d_ff_expert : m.d_ff;
+    m.d_ff_shared = moe.d_ff_shared;
+    m.moe_layers = 0;
+    for (int64_t i = 0; i < m.n_layer; ++i) m.moe_layers += moe.is_moe_layer(i);
+  } else {
+    m.n_experts = m.top_k = m.d_ff_expert = m.d_ff_shared = m.moe_layers = 0;
+  }
   if (custom) m.name = name + " (modified)";
   if (m.n_layer < 1 || m.n_head < 1 || m.d_model < 1 || m.d_ff < 1 || m.vocab < 1 || m.seq < 1)
     fail(
@@ -473,6 +505,14 @@ nlohmann::json train_config(const plan::Job& j, const plan::Estimate& e,
     c["vocab"] = j.model.vocab_real ? j.model.vocab_real : j.model.vocab;
     if (!j.model.bias) c["bias"] = false;
     if (!j.model.tied) c["tied"] = false;
+    if (j.model.is_moe()) {  // train's --moe-* fields (every k-th block MoE: k = L / L_moe)
+      c["moe_experts"] = j.model.n_experts;
+      c["moe_top_k"] = j.model.top_k;
+      c["moe_ff"] = j.model.d_ff_expert;
+      if (j.model.d_ff_shared > 0) c["moe_shared_ff"] = j.model.d_ff_shared;
+      if (j.model.moe_layers < j.model.n_layer)
+        c["moe_every"] = j.model.n_layer / j.model.moe_layers;
+    }
   }
   c["seq"] = j.seq;
   c["batch"] = j.batch;

@@ -42,11 +42,13 @@ std::vector<StepItem> explain(const Job& job, const Estimate& e) {
       {"memory-bound: norms, residual adds", lm * k.norm_residual * gemm_passes},
       {"memory-bound: activation", lm * k.activation * gemm_passes},
       {"memory-bound: softmax (unfused)", lm * k.softmax * (3 + (core_again ? 1 : 0))},
+      {"memory-bound: MoE token permute, combine", lm * k.moe_copy * gemm_passes},
       {"per-pass overhead", lm * k.overhead * (2 + (full ? 1 : 0))},
       {"LM head GEMM + cross-entropy", last ? m * (3 * k.head + 2 * k.cross_entropy) : 0.0},
       {"embedding", first ? m * 2 * k.embedding : 0.0},
       {"TP communication (exposed)", e.tp_comm_s},
       {"CP ring communication (exposed)", e.cp_comm_s},
+      {"EP all-to-all (dispatch, combine)", e.ep_comm_s},
       {"gradient accumulation (unfused)", e.grad_accum_s},
   };
   const double busy = e.forward_s + e.backward_s;

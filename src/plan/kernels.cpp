@@ -2,10 +2,45 @@
 
 #include <algorithm>
 
+#include "plan/moe.h"
+
 namespace mt::plan {
 
-LayerKernels layer_kernels(const Job& j, const Layout& l, double share) {
+namespace {
+
+// An MoE block's MLP GEMMs, forward, as the rank runs them (docs/planner.md "Mixture of
+// experts"): the router [n, C] × [C, E]; each of its E/ep experts as its own GEMM pair on its
+// share of the tokens, ep·n·k/E rows (times the busiest expert's load where ep > 1); the
+// shared expert on every token. Megatron-Core routes the sequence-parallel shard (n/t
+// tokens) and splits the shared expert over tp; our runtime routes all n tokens on every tp
+// rank and keeps the shared expert whole. `gemm(M, N, K)` costs one GEMM without a launch
+// floor (a grouped GEMM is one kernel).
+template <class Gemm>
+std::pair<double, double> moe_gemms(const Job& j, const Layout& l, double n, Gemm gemm) {
   const ModelSpec& m = j.model;
+  const bool ours = runs_our_runtime(j);
+  const double t = l.tp, nm = ours ? n : n / t, C = double(m.d_model), E = double(m.n_experts);
+  const double k = double(m.top_k), ep = l.ep, load = l.ep > 1 ? j.expert_load : 1.0;
+  const double Fe = double(m.d_ff_expert), Fs = double(m.d_ff_shared), mats = m.swiglu ? 2 : 1;
+  const double rows = std::max(1.0, ep * nm * k / E * load), local = E / ep;
+  double in = gemm(nm, E, C) + local * gemm(rows, mats * Fe, C);
+  double out = local * gemm(rows, C, Fe);
+  if (Fs > 0) {
+    const double split = ours ? 1 : t, tokens = ours ? nm : n;
+    in += gemm(tokens, mats * Fs / split, C);
+    out += gemm(tokens, C, Fs / split);
+  }
+  return {in, out};
+}
+
+}  // namespace
+
+LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
+  // The dense view of an MoE model (the width a token's MLP passes through) for the
+  // memory-bound activation; the MLP GEMMs below take the blocks as they are.
+  const Job j = compute_view(job, l);
+  const ModelSpec& m = j.model;
+  const ModelSpec& mo = job.model;
   const GpuSpec& g = j.cluster.gpu;
   const bool mixed = j.dtype != "f32";
   const bool ours = runs_our_runtime(j);
@@ -31,6 +66,24 @@ LayerKernels layer_kernels(const Job& j, const Layout& l, double share) {
   k.proj = chunks * gemm(rows, h, h / t, 1);
   k.mlp_in = chunks * gemm(rows, (m.swiglu ? 2 : 1) * F / t, h, 1);
   k.mlp_out = chunks * gemm(rows, h, F / t, 1);
+  if (mo.is_moe()) {
+    // Averaged over the blocks: the dense ones' MLP (of mo.d_ff), the MoE ones' GEMMs by shape.
+    const double moe = double(mo.moe_layers) / double(mo.n_layer), Fd = double(mo.d_ff);
+    auto raw = [&](double M, double N, double K) {
+      return 2 * M * N * K / (peak * g.gemm.efficiency(M, N, K));
+    };
+    const auto [in, out] = moe_gemms(job, l, n, raw);
+    k.mlp_in = (1 - moe) * chunks * gemm(rows, (m.swiglu ? 2 : 1) * Fd / t, h, 1) +
+               moe * std::max(launch, in);
+    k.mlp_out = (1 - moe) * chunks * gemm(rows, h, Fd / t, 1) + moe * std::max(launch, out);
+    // Token copies, bytes forward: gathering the routed rows in expert order (read + write
+    // n·k rows of C), combining them (read n·k, write n), and with ep the regrouping of what
+    // arrives and what returns (twice, read + write, the rows received: n·k·load).
+    const double nm = runs_our_runtime(job) ? n : n / t, kk = double(mo.top_k);
+    const double recv = l.ep > 1 ? nm * kk * job.expert_load : 0.0;
+    const double bytes = (2 * nm * kk + nm * kk + nm + 4 * recv) * h * (mixed ? 2 : 4);
+    k.moe_copy = moe * std::max(launch, bytes / hbm);
+  }
   const bool fused = mixed && l.fused_attention && !ours;
   if (fused && !g.attention.empty()) {
     // A fused causal kernel: half the T×T FLOPs at the table's rate for the whole sequence,
@@ -75,6 +128,19 @@ LayerKernels layer_kernels(const Job& j, const Layout& l, double share) {
   if (ours && runs_our_flash(j, l)) soft = 0.0;  // inside the blockwise kernel, per block
   k.norm_residual = std::max(4 * launch, n * (l.sp ? rep / t : rep) / hbm);
   k.activation = std::max(launch, n * act / t / hbm);
+  if (mo.is_moe()) {
+    // The activation over the rows each block runs: a dense block's n·F/t; an MoE block's
+    // routed rows (the tokens it routes times k, times the load with ep) of the experts' width,
+    // and the shared expert (split over tp by Megatron-Core, whole in ours).
+    const double per = (m.swiglu ? 6.0 : 4.0) * wb / 2,
+                 share_moe = double(mo.moe_layers) / mo.n_layer;
+    const double nm = ours ? n : n / t, load = l.ep > 1 ? job.expert_load : 1.0;
+    const double moe_elems = nm * double(mo.top_k) * load * double(mo.d_ff_expert) +
+                             n * double(mo.d_ff_shared) / (ours ? 1 : t);
+    const double dense_elems = n * double(mo.d_ff) / t;
+    k.activation =
+        std::max(launch, ((1 - share_moe) * dense_elems + share_moe * moe_elems) * per / hbm);
+  }
   k.softmax = soft > 0 ? std::max(launch, n * soft / t / hbm) : 0.0;
   k.overhead = g.kernel_overhead_s;
   // LM head (vocab-parallel) and cross-entropy in f32 over the logits; the embedding lookup.

@@ -25,6 +25,9 @@ struct LayerKernels {
   // Memory-bound kernels, forward (backward moves twice the bytes): layer norms and residual
   // (dropout-)adds, the activation function, the softmax over the scores (unfused only).
   double norm_residual = 0, activation = 0, softmax = 0;
+  // MoE: gathering the routed tokens in expert order and combining the experts' outputs
+  // (with ep also regrouping what the all-to-alls carry), averaged over the blocks.
+  double moe_copy = 0;
   double overhead = 0;  // GpuSpec::kernel_overhead_s, once per pass
   // The LM head GEMM, the f32 cross-entropy over the logits and the embedding lookup, on the
   // stages that hold them (forward; backward: 2 × the head GEMM, the others once).
@@ -32,7 +35,7 @@ struct LayerKernels {
   // Userbuffers chunk the GEMMs beside a TP collective (Layout::tp_comm_overlap): these are
   // the chunked times (the communication model needs them).
   double gemm_fwd() const { return qkv + attention + proj + mlp_in + mlp_out; }
-  double memory_fwd() const { return norm_residual + activation + softmax; }
+  double memory_fwd() const { return norm_residual + activation + softmax + moe_copy; }
   double fwd() const { return gemm_fwd() + memory_fwd() + overhead; }
   double bwd() const {
     return 2 * (gemm_fwd() - attention) + attention_bwd + 2 * memory_fwd() + overhead;
@@ -40,7 +43,8 @@ struct LayerKernels {
 };
 
 // `share`: the fraction of the device one rank computes on (1 on a GPU; a shared host's
-// 1/N, planner.cpp's per_rank_share).
+// 1/N, planner.cpp's per_rank_share). An MoE model's MLP GEMMs are costed by shape: the
+// router, each expert on its share of the tokens, the shared expert (plan/moe.h).
 LayerKernels layer_kernels(const Job& j, const Layout& l, double share);
 
 }  // namespace mt::plan

@@ -67,6 +67,14 @@ double ModelSpec::block_expert_params() const {
   return per * double(moe_layers) / double(n_layer);
 }
 
+double ModelSpec::block_moe_replicated_params(bool shared_whole) const {
+  if (!is_moe()) return 0;
+  const double C = d_model, Fs = d_ff_shared;
+  double p = C * double(n_experts);  // the router
+  if (shared_whole) p += mlp_mats() * C * Fs + (bias && Fs > 0 ? Fs + C : 0.0);
+  return p * double(moe_layers) / double(n_layer);
+}
+
 double ModelSpec::active_ff(double expert_load) const {
   if (!is_moe()) return double(d_ff);
   // The router's C·E weights as MLP width: C·E = mats·C·w.
@@ -90,7 +98,11 @@ double ModelSpec::block_params() const {
 
 double ModelSpec::block_replicated_params() const {
   const double C = d_model;
-  return bias ? 4 * C + 2 * C : 2 * C;  // 2 norms (w, b) + attention/MLP output biases
+  if (!bias) return 2 * C;  // 2 RMS norm weights
+  // 2 norms (w, b), the attention's output bias, and a dense MLP's output bias (an MoE block
+  // has its experts' own).
+  const double dense = is_moe() ? double(n_layer - moe_layers) / double(n_layer) : 1.0;
+  return 4 * C + C + dense * C;
 }
 
 double ModelSpec::embedding_params_per_tp(int t) const {

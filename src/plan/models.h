@@ -51,12 +51,19 @@ struct ModelSpec {
   // Of those, the ones every TP rank holds whole: the layer norms and the row-parallel
   // linears' output biases (Megatron-LM and our runtime alike).
   double block_replicated_params() const;
+  // Of an MoE block's parameters outside the routed experts, the ones every TP rank holds
+  // whole, averaged over the blocks: the router (Megatron-Core's and ours), and with
+  // `shared_whole` the shared expert (our runtime keeps it whole on every tp rank;
+  // Megatron-Core splits it like the dense MLP).
+  double block_moe_replicated_params(bool shared_whole) const;
   // One TP rank's share of a block: the split matrices and biases / t, the rest whole.
   // Routed experts run with tensor parallelism 1 (Megatron-Core's expert-tensor-parallel 1):
-  // every TP rank of an ep rank holds its n_experts / ep experts whole.
-  double block_params_per_tp(int t, int ep = 1) const {
-    return (block_params() - block_expert_params() - block_replicated_params()) / t +
-           block_replicated_params() + block_expert_params() / ep;
+  // every TP rank of an ep rank holds its n_experts / ep experts whole. `ours`: as our
+  // runtime holds them (the shared expert whole too).
+  double block_params_per_tp(int t, int ep = 1, bool ours = false) const {
+    const double whole = block_replicated_params() + block_moe_replicated_params(ours);
+    return (block_params() - block_expert_params() - whole) / t + whole +
+           block_expert_params() / ep;
   }
   // One TP rank's embedding (token, + position) and head (final norm, + LM head when
   // untied): the vocabulary split (vocab-parallel), the position table and norm whole.

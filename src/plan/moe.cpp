@@ -38,7 +38,10 @@ EpCosts ep_costs(const Job& j, const Layout& l) {
   EpCosts e;
   const ModelSpec& m = j.model;
   if (!m.is_moe() || l.ep <= 1) return e;
-  const double tokens = double(j.seq) / l.cp * double(l.microbatch) / l.tp;
+  // Megatron-Core runs MoE on sequence-parallel shards under tp; every tp rank of our
+  // runtime routes and exchanges all the microbatch's tokens (docs/moe.md, "Layouts").
+  const double tokens =
+      double(j.seq) / l.cp * double(l.microbatch) / (runs_our_runtime(j) ? 1 : l.tp);
   const double wb = j.dtype == "f32" ? 4 : 2;
   // The busiest rank receives expert_load times the mean.
   const double bytes = tokens * double(m.top_k) * double(m.d_model) * wb * j.expert_load;
@@ -62,6 +65,11 @@ std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, cons
                      fmt::format("ep {} does not divide dp {} x cp {} (expert parallelism is "
                                  "carved from the data-parallel ranks)",
                                  l.ep, l.dp, l.cp)};
+  if (runs_our_runtime(j) && l.dp % l.ep != 0)
+    return std::pair{"ep does not divide dp",
+                     fmt::format("ep {} does not divide dp {} (train carves ep from the "
+                                 "data-parallel ranks only; use --ep dividing --dp)",
+                                 l.ep, l.dp)};
   if (m.n_experts % l.ep != 0)
     return std::pair{"ep does not divide n_experts",
                      fmt::format("ep {} does not divide the {} experts", l.ep, m.n_experts)};
@@ -69,9 +77,10 @@ std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, cons
 }
 
 MemoryBytes ep_model_states(double psi, double expert_psi, const Layout& l,
-                            const std::string& dtype) {
+                            const std::string& dtype, bool ours) {
   const int dpn = l.dp * l.cp;
-  const MemoryBytes d = zero_model_states(psi - expert_psi, dpn, l.zero, dtype);
+  const int dense_dp = ours ? std::max(1, dpn / l.ep) : dpn;
+  const MemoryBytes d = zero_model_states(psi - expert_psi, dense_dp, l.zero, dtype);
   const MemoryBytes e = zero_model_states(expert_psi, std::max(1, dpn / l.ep), l.zero, dtype);
   MemoryBytes mb;
   mb.parameters = d.parameters + e.parameters;
@@ -87,6 +96,33 @@ std::vector<int> ep_choices(const Job& j, int dp, int cp) {
   for (int64_t e = 1; e <= n && e <= j.model.n_experts; ++e)
     if (n % e == 0 && j.model.n_experts % e == 0) out.push_back(int(e));
   return out;
+}
+
+OurMoeBytes our_moe_bytes(const Job& j, const Layout& l) {
+  const ModelSpec& m = j.model;
+  OurMoeBytes o;
+  if (!m.is_moe()) return o;
+  const double n = double(j.seq) / l.cp * double(l.microbatch), C = double(m.d_model);
+  const double E = double(m.n_experts), k = double(m.top_k), ep = l.ep;
+  const double Fe = double(m.d_ff_expert), FCe = m.swiglu ? 2 * Fe : Fe;
+  const double Fs = double(m.d_ff_shared), FCs = m.swiglu ? 2 * Fs : Fs;
+  const double R = ep > 1 ? ep * n * std::min(k, E / ep) : n * k;  // expert-buffer rows
+  // Kept (floats or i32, 4 bytes each): probs [n, E], lse [n], gate, expert, slot [n, k],
+  // order [n·k], h [R, FC], act [R, F], ys [n·k, C]; ep: xe [R, C]; the shared expert's
+  // h [n, FCs] and act [n, Fs].
+  o.block = 4 * (n * E + n + 4 * n * k + R * (FCe + Fe) + n * k * C + (ep > 1 ? R * C : 0.0) +
+                 n * (FCs + Fs));
+  // Scratch: logits [n, E], xs and dys [n·k, C], dact [R, F], dh [R, FC], dgate [n, k],
+  // y [n, C]; ep: xr and ye [R, C]; the shared expert's dact and dh.
+  o.scratch = 4 * (n * E + 2 * n * k * C + R * (Fe + FCe) + n * k + n * C +
+                   (ep > 1 ? 2 * R * C : 0.0) + n * (Fs + FCs));
+  return o;
+}
+
+double our_ep_pack_bytes(const Layout& l, double psi, double dense_params) {
+  if (l.ep <= 1) return 0;
+  const double shard = l.zero >= 1 ? psi / std::max(1, l.dp * l.cp / l.ep) : psi;
+  return 4 * std::min(dense_params, shard);
 }
 
 }  // namespace mt::plan

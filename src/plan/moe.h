@@ -41,9 +41,29 @@ EpCosts ep_costs(const Job& j, const Layout& l);
 std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, const Layout& l);
 
 // Model states of `psi` parameters per rank, `expert_psi` of them routed experts: the dense
-// ones sharded by ZeRO over dp × cp, the experts over expert-dp = dp·cp / ep.
+// ones sharded by ZeRO over dp × cp (Megatron-Core), or with `ours` over expert-dp like the
+// experts (our runtime shards every state over the mesh's dp = dp·cp / ep; docs/moe.md), the
+// experts over expert-dp = dp·cp / ep.
 MemoryBytes ep_model_states(double psi, double expert_psi, const Layout& l,
-                            const std::string& dtype);
+                            const std::string& dtype, bool ours = false);
+
+// Our f32 runtime's MoE layer memory (model/moe.h MoeLayer::make_activations and
+// make_scratch), for one microbatch on one rank: every tp rank routes all of its n = b·S/cp
+// tokens; with ep the expert buffers hold what the rank's experts can receive, dropless,
+// ep·n·min(k, E/ep) rows (parallel/expert.h max_received_rows). `block`: what one block
+// keeps for backward — allocated in every block of a model with MoE blocks, dense ones
+// included; `scratch`: the rank's, shared by its layers.
+struct OurMoeBytes {
+  double block = 0, scratch = 0;
+};
+OurMoeBytes our_moe_bytes(const Job& j, const Layout& l);
+
+// Our runtime with ep: the dense parameters' gradients are summed over the ep ranks from one
+// packed buffer (train/replica.cpp ep_sync: the dense ranges of the rank's optimizer range),
+// `dense_params` per rank; with ZeRO the optimizer range is the rank's shard of `psi`, so
+// at most min(dense, psi / (dp·cp/ep)) (an upper bound: where the shard cuts the dense
+// ranges depends on the parameters' order).
+double our_ep_pack_bytes(const Layout& l, double psi, double dense_params);
 
 // The ep sizes the search tries for dp × cp ranks: 1 for a dense model, else every divisor
 // of dp·cp that divides the expert count.

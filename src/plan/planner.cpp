@@ -9,126 +9,15 @@
 #include <mutex>
 #include <tuple>
 
-#include "comm/mpi.h"
 #include "core/error.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/kernels.h"
 #include "plan/moe.h"
+#include "plan/stages.h"
 
 namespace mt::plan {
 
 namespace {
-
-bool mixed(const Job& j) { return j.dtype != "f32"; }
-// Our runtime's executor keeps a spare receive set (measured to the byte in f32);
-// Megatron-LM's receives into p2p tensors (docs/planner.md).
-bool spare_set(const Job& j) { return runs_our_runtime(j); }
-// Dropout's masks and outputs: Megatron-LM's GPT recipes; our runtime has none.
-bool dropout(const Job& j) { return j.model.dropout && !runs_our_runtime(j); }
-double weight_bytes(const Job& j) { return mixed(j) ? 2 : 4; }
-// Gradients as kept and reduced: fp16 in fp16 (the ZeRO paper's 2Ψ), bf16 in fp32 (Megatron-LM
-// forces accumulate_allreduce_grads_in_fp32 for bf16: "bfloat16 requires gradient accumulation
-// and all-reduce to be done in fp32"; DeepSpeed's bf16 optimizer likewise), f32 in f32.
-double gradient_bytes(const std::string& dtype) { return dtype == "fp16" ? 2 : 4; }
-double gradient_bytes(const Job& j) { return gradient_bytes(j.dtype); }
-
-// How the layers sit on the pipeline: per chunk, and per rank (chunks r, r + pp, ...: the
-// schedule IR's rank_of_chunk).
-struct Split {
-  std::vector<int> chunk;     // pp·v entries
-  std::vector<int> rank;      // per pipeline rank, the sum of its chunks
-  std::vector<int> rank_max;  // per pipeline rank, its largest chunk
-  int busiest = 0;            // the most layers on one rank
-};
-
-Split split_of(const Job& j, const Layout& l) {
-  Split s;
-  s.chunk = chunk_layers(j, l);
-  s.rank.assign(size_t(l.pp), 0);
-  s.rank_max.assign(size_t(l.pp), 0);
-  for (size_t c = 0; c < s.chunk.size(); ++c) {
-    const size_t r = c % size_t(l.pp);
-    s.rank[r] += s.chunk[c];
-    s.rank_max[r] = std::max(s.rank_max[r], s.chunk[c]);
-  }
-  s.busiest = *std::max_element(s.rank.begin(), s.rank.end());
-  return s;
-}
-
-// Parameters of pipeline chunk c (model order; before ZeRO), per TP rank.
-double chunk_params(const Job& j, const Layout& l, const Split& split, int c) {
-  const ModelSpec& m = j.model;
-  double p = split.chunk[size_t(c)] * m.block_params_per_tp(l.tp, l.ep);
-  if (c == 0) p += m.embedding_params_per_tp(l.tp);
-  if (c == int(split.chunk.size()) - 1) {
-    p += m.head_params_per_tp(l.tp);
-    // The tied embedding's copy that Megatron (and our runtime) keeps on the last stage.
-    if (m.tied && l.pp > 1) p += double(m.vocab) * m.d_model / l.tp;
-  }
-  return p;
-}
-
-// Parameters held by pipeline rank r (before ZeRO), per TP rank: its chunks r, r + pp, ...
-double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
-  double p = 0;
-  for (size_t c = size_t(r); c < split.chunk.size(); c += size_t(l.pp))
-    p += chunk_params(j, l, split, int(c));
-  return p;
-}
-
-// Our runtime's context-parallel exchange workspace (f32, one set per rank shared by the
-// layers: parallel/context.cpp workspace_elems, docs/context_parallel.md "Memory"), with
-// blk = b·(S/cp)·2·(kv_heads/t)·hd floats a rank's K|V rows: ring 4 blocks, a piece's output
-// and its log-sum-exp; all-gather 1 + cp blocks and two [b, S, 2·kv/t] buffers in global
-// order; a2a four [b, S, (a + 2·kv_heads)/t/cp·hd] head-group buffers and two outputs
-// [b, S, a/t/cp·hd].
-double cp_workspace_bytes(const Job& j, const Layout& l) {
-  if (l.cp <= 1) return 0;
-  const ModelSpec& m = j.model;
-  const double t = l.tp, cp = l.cp, b = double(l.microbatch), S = double(j.seq), s = S / cp;
-  const double hd = double(m.head_dim()), a = double(m.n_head) / t, kvh = double(m.n_kv_head) / t;
-  const double blk = b * s * 2 * kvh * hd;
-  double floats = 0;
-  if (l.cp_comm == "all-gather") {
-    floats = blk + cp * blk + 2 * b * S * 2 * kvh * hd + 2;
-  } else if (l.cp_comm == "a2a") {
-    const double g = b * S * std::floor((a + 2 * kvh) / cp) * hd;
-    floats = 4 * g + 2 * b * S * std::floor(a / cp) * hd + 1;
-  } else {
-    floats = 4 * blk + b * s * a * hd + b * a * s;
-  }
-  return 4 * floats;
-}
-
-// Activation bytes one layer keeps for backward for one microbatch (Korthikanti et al.
-// 2022, Table 2, generalised to GQA / SwiGLU; docs/planner.md).
-double layer_activation_bytes(const Job& job, const Layout& l, Recompute rc) {
-  const Job j = compute_view(job, l);  // a MoE MLP as the dense width a token passes through
-  const ModelSpec& m = j.model;
-  // With CP a rank holds s = seq / cp tokens whose queries attend over all S = seq keys.
-  const double s = double(j.seq) / l.cp, S = double(j.seq), b = double(l.microbatch), h = m.d_model,
-               F = m.d_ff, kv = m.kv_dim(), a = m.n_head, t = l.tp;
-  if (!mixed(j)) {
-    // Our f32 runtime (docs/flops.md, docs/tensor_parallel.md), floats per token: whole
-    // ln1, res2, ln2, block output and 4 norm statistics (/t with SP); split qkv,
-    // attention output, fc, GELU; probabilities n_head·T/t, or with the blockwise kernel
-    // (runs_our_flash) one log-sum-exp per head, n_head/t (kernels::attention_stash_elems).
-    // t = 1: 8C + 2F + 4 + n_head·T (flash: n_head). Full recomputation keeps the block
-    // output only, selective all but the attention's stash (model/layers.h Block::Keep).
-    const double rows = l.sp ? t : 1;
-    if (rc == Recompute::kFull) return 4.0 * s * b * h / rows;
-    const double att = rc == Recompute::kNone ? a / t * (runs_our_flash(j, l) ? 1.0 : S) : 0.0;
-    return 4.0 * s * b * ((4 * h + 4) / rows + (4 * h + 2 * F) / t + att);
-  }
-  const bool drop = dropout(j);
-  if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
-  double replicated = s * b * h * (4 + 2 + 2 + (drop ? 2 : 0));
-  double divided = s * b * (2 * h + 4 * kv + 2 * h) + s * b * F * (m.swiglu ? 8 : 4);
-  // Unfused: the probabilities (2 bytes), with dropout also its mask (1) and output (2).
-  double core = 0;
-  if (rc == Recompute::kNone && !l.fused_attention) core = (drop ? 5.0 : 2.0) * a * s * S * b;
-  return (l.sp ? replicated / t : replicated) + divided / t + core / t;
-}
 
 // --- collectives: alpha-beta ring on a hierarchy -------------------------------------
 
@@ -186,7 +75,7 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
   const double t = l.tp, s = double(j.seq) / l.cp, b = double(l.microbatch), n = s * b, cp = l.cp;
   const double h = m.d_model, kv = m.kv_dim();
-  const LayerKernels k = layer_kernels(compute_view(j, l), l, per_rank_share(j));
+  const LayerKernels k = layer_kernels(j, l, per_rank_share(j));
   const double qkv = k.qkv, mlp_in = k.mlp_in, proj = k.proj, mlp_out = k.mlp_out;
   const double att_block = k.attention / cp;  // one CP key block's attention, forward
   const double wb = weight_bytes(j);
@@ -300,152 +189,6 @@ Recompute parse_recompute(const std::string& s) {
   fail("unknown --recompute '{}' (choose none, selective or full)", s);
 }
 
-MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& dtype) {
-  const bool mp = dtype != "f32";
-  const double wb = mp ? 2 : 4, gb = gradient_bytes(dtype), ob = mp ? 12 : 8;
-  MemoryBytes mb;
-  mb.parameters = psi * wb / (zero >= 3 ? dp : 1);
-  mb.gradients = psi * gb / (zero >= 2 ? dp : 1);
-  mb.optimizer = psi * ob / (zero >= 1 ? dp : 1);
-  return mb;
-}
-
-// A tp group is tp consecutive ranks: inside one node when tp divides a node's GPUs, or
-// when the whole job is one node.
-static bool tp_fits_nodes(const Job& j, int tp) {
-  return j.cluster.gpus_per_node % tp == 0 || j.gpus <= j.cluster.gpus_per_node;
-}
-
-std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::string* kind) {
-  // The message (with this layout's numbers) and, for the search's counts, its kind: a fixed
-  // text that every layout refused for the same reason shares.
-  auto refuse = [kind](const char* k, std::string message) {
-    if (kind) *kind = k;
-    return std::optional<std::string>(std::move(message));
-  };
-  const ModelSpec& m = j.model;
-  const int64_t world = int64_t(l.dp) * l.tp * l.pp * l.cp;
-  if (world != j.gpus)
-    return refuse("dp x tp x pp x cp is not the GPU count",
-                  fmt::format("dp {} x tp {} x pp {} x cp {} = {} is not --gpus {}", l.dp, l.tp,
-                              l.pp, l.cp, world, j.gpus));
-  if (auto ep = ep_invalid(j, l)) return refuse(ep->first.c_str(), ep->second);
-  if (l.tp > j.cluster.gpus_per_node)
-    return refuse("tp exceeds a node", fmt::format("tp {} exceeds the {} GPUs of a node", l.tp,
-                                                   j.cluster.gpus_per_node));
-  if (!tp_fits_nodes(j, l.tp))
-    return refuse(
-        "tp does not divide a node",
-        fmt::format(
-            "tp {} does not divide the {} GPUs of a node: tp groups of consecutive ranks would "
-            "straddle two nodes (choose a divisor of {})",
-            l.tp, j.cluster.gpus_per_node, j.cluster.gpus_per_node));
-  if (m.n_head % l.tp != 0) {
-    std::string ok;
-    for (int t = 1; t <= j.cluster.gpus_per_node && t <= m.n_head; ++t)
-      if (m.n_head % t == 0 && tp_fits_nodes(j, t))
-        ok += (ok.empty() ? "" : ", ") + std::to_string(t);
-    return refuse(
-        "tp does not divide n_head",
-        fmt::format("tp {} does not divide n_head {} (choose one of {})", l.tp, m.n_head, ok));
-  }
-  if (m.n_kv_head % l.tp != 0 && l.tp % m.n_kv_head != 0)
-    return refuse("tp and n_kv_head do not divide each other",
-                  fmt::format("tp {} does not divide n_kv_head {}", l.tp, m.n_kv_head));
-  if (m.d_ff % l.tp != 0)
-    return refuse("tp does not divide d_ff",
-                  fmt::format("tp {} does not divide d_ff {}", l.tp, m.d_ff));
-  if (m.n_layer < int64_t(l.pp) * l.virtual_stages)
-    return refuse("more pipeline chunks than layers",
-                  fmt::format("pp {} x virtual stages {} exceeds n_layer {}", l.pp,
-                              l.virtual_stages, m.n_layer));
-  if (!l.pp_layers.empty()) {
-    const int64_t chunks = int64_t(l.pp) * l.virtual_stages;
-    int64_t sum = 0;
-    for (int n : l.pp_layers) sum += n;
-    if (int64_t(l.pp_layers.size()) != chunks)
-      return refuse(
-          "--pp-layers has another chunk count",
-          fmt::format("--pp-layers has {} entries but pp {} x virtual stages {} = {} chunks",
-                      l.pp_layers.size(), l.pp, l.virtual_stages, chunks));
-    if (*std::min_element(l.pp_layers.begin(), l.pp_layers.end()) < 1)
-      return refuse("--pp-layers has an empty chunk",
-                    std::string("--pp-layers: every chunk needs at least one layer"));
-    if (sum != m.n_layer)
-      return refuse("--pp-layers does not cover n_layer",
-                    fmt::format("--pp-layers covers {} layers but n_layer is {}", sum, m.n_layer));
-  }
-  if (l.cp > 1 && j.seq % (2 * l.cp) != 0)
-    return refuse("cp does not split seq into chunks",
-                  fmt::format("cp {} does not divide seq {} in 2·cp chunks", l.cp, j.seq));
-  if (l.cp_comm != "ring" && l.cp_comm != "all-gather" && l.cp_comm != "a2a")
-    return refuse("no such cp exchange",
-                  fmt::format("--cp-comm '{}' (choose ring, all-gather or a2a)", l.cp_comm));
-  // As train refuses it (parallel/context.h check_a2a): Ulysses splits each tp rank's query
-  // and key/value heads over cp.
-  if (l.cp > 1 && l.cp_comm == "a2a" &&
-      ((m.n_head / l.tp) % l.cp != 0 || (m.n_kv_head / l.tp) % l.cp != 0))
-    return refuse("a2a: heads per tp rank not divisible by cp",
-                  fmt::format("--cp-comm a2a splits the heads over cp: {} query heads and {} "
-                              "key/value heads per tp rank do not divide by cp {}",
-                              m.n_head / l.tp, m.n_kv_head / l.tp, l.cp));
-  if (j.batch % (int64_t(l.dp) * l.microbatch) != 0)
-    return refuse("batch not divisible by dp x microbatch",
-                  fmt::format("batch {} is not divisible by dp {} x microbatch {}", j.batch, l.dp,
-                              l.microbatch));
-  const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
-  if (mbs > kMaxMicrobatches)
-    return refuse(
-        "more microbatches than the planner replays",
-        fmt::format(
-            "{} microbatches per step and pipeline: more than the planner replays ({}); give a "
-            "--microbatch of at least {} (or check --batch: it counts sequences, not tokens)",
-            mbs, kMaxMicrobatches, (mbs * l.microbatch + kMaxMicrobatches - 1) / kMaxMicrobatches));
-  if (mbs < l.pp)
-    return refuse(
-        "fewer microbatches than pipeline stages",
-        fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp));
-  if (l.virtual_stages > 1 && mbs % l.pp != 0)
-    return refuse(
-        "interleaved: microbatches not a multiple of pp",
-        fmt::format("interleaved: {} microbatches is not a multiple of pp {}", mbs, l.pp));
-  if (l.virtual_stages > 1 && l.pp < 2)
-    return refuse(
-        "virtual stages need a pipeline",
-        fmt::format(
-            "virtual stages {} need pp 2 or more (interleaving splits each pipeline rank's layers "
-            "into chunks)",
-            l.virtual_stages));
-  if (l.virtual_stages > 1 && l.schedule != "interleaved")
-    return refuse("virtual stages need the interleaved schedule",
-                  fmt::format("virtual stages {} need --schedule interleaved", l.virtual_stages));
-  if (l.virtual_stages == 1 && l.schedule == "interleaved")
-    return refuse("interleaved schedule needs virtual stages",
-                  std::string("--schedule interleaved needs --virtual-stages >= 2"));
-  if (l.sp && l.tp == 1)
-    return refuse("sp needs tensor parallelism", std::string("sp needs tp > 1"));
-  // As train refuses it (trainer.cpp): no software we model runs the two together.
-  if (l.schedule == "zb1" && l.pp > 1 && l.recompute == Recompute::kFull)
-    return refuse("zb1 with full recomputation (train refuses it)",
-                  std::string("zb1 with full recomputation: the W pass needs a block's "
-                              "activations after later blocks' recomputation reused them (use "
-                              "--recompute selective or none, or another schedule)"));
-  if (l.tp_comm_overlap && l.tp > 1 && !l.sp)
-    return refuse("--tp-comm-overlap needs sp",
-                  std::string("--tp-comm-overlap needs --sp (it overlaps SP's all-gathers and "
-                              "reduce-scatters with the GEMMs)"));
-  if (l.zero < 0 || l.zero > 3)
-    return refuse("no such ZeRO stage", fmt::format("zero stage {} (choose 0..3)", l.zero));
-  if (l.zero >= 2 && l.pp > 1)
-    return refuse(
-        "ZeRO gradient sharding with pipelining is not modelled",
-        fmt::format(
-            "zero {} with pp {} is not modelled by the planner (train runs it; Megatron-LM and "
-            "DeepSpeed pair pipelines with ZeRO 0-1: use 0-1)",
-            l.zero, l.pp));
-  return std::nullopt;
-}
-
 bool runs_our_runtime(const Job& j) {
   return !mixed(j) || j.our_runtime || j.cluster.compute_units > 0;
 }
@@ -520,133 +263,6 @@ std::vector<int> chunk_layers(const Job& j, const Layout& l) {
              .first;
   }
   return it->second;
-}
-
-MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int* in_flight) {
-  const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
-  PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
-  return memory_with_flight(j, l, max_in_flight(sched, spare_set(j)), worst_stage, in_flight);
-}
-
-std::vector<MemoryBytes> memory_by_stage(const Job& j, const Layout& l) {
-  const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
-  PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
-  return stage_memory(j, l, max_in_flight(sched, spare_set(j)));
-}
-
-MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<int>& flight,
-                               int* worst_stage, int* in_flight) {
-  const std::vector<MemoryBytes> stages = stage_memory(j, l, flight);
-  MemoryBytes worst;
-  for (int r = 0; r < l.pp; ++r) {
-    const MemoryBytes& mb = stages[size_t(r)];
-    if (mb.total() > worst.total()) {
-      worst = mb;
-      if (worst_stage) *worst_stage = r;
-      if (in_flight) *in_flight = flight[r];
-    }
-  }
-  return worst;
-}
-
-std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
-                                      const std::vector<int>& flight) {
-  const ModelSpec& m = j.model;
-  const Split split = split_of(j, l);
-  const double act_layer = layer_activation_bytes(j, l, l.recompute);
-  const double s = double(j.seq) / l.cp, b = double(l.microbatch), h = m.d_model, t = l.tp,
-               V = m.vocab, wb = weight_bytes(j);
-  std::vector<MemoryBytes> stages;
-  for (int r = 0; r < l.pp; ++r) {
-    const double psi_r = stage_params(j, l, split, r);
-    // Routed experts: sharded over ep, their states over expert-dp (plan/moe.h).
-    const double experts_r = split.rank[size_t(r)] * m.block_expert_params() / l.ep;
-    MemoryBytes mb = ep_model_states(psi_r, experts_r, l, j.dtype);
-    // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
-    if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
-    // Each microbatch-chunk in flight as large as the rank's largest chunk.
-    double act = flight[r] * split.rank_max[size_t(r)] * act_layer;
-    if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
-      act += layer_activation_bytes(j, l, Recompute::kNone);
-    if (mixed(j)) {
-      if (r == 0)  // embedding output (+ dropout's mask)
-        act += flight[r] * s * b * h * (dropout(j) ? 3 : 2) / (l.sp ? t : 1);
-      if (r == l.pp - 1) act += 4 * s * b * V / t + 2 * s * b * h;  // f32 logits, final norm
-    } else {
-      // Our runtime (docs/flops.md, train/pipeline_stage.cpp): one activation set per
-      // microbatch held (with pipelining the stage's pool, flight[r] buffers), each with the
-      // embedding output (C) and, when pipelined, the received input gradient (C); on the
-      // head's rank also the final norm (C + 2 stats), the vocab-parallel logits and the
-      // loss stats (2). The backward scratch (below) and one n_head·T·T score matrix per
-      // sequence, once (the blockwise kernel: none, one float).
-      // Selective recomputation: one attention stash that every layer recomputes into (the
-      // probabilities, or with the blockwise kernel the log-sum-exp of each row and head);
-      // zero-bubble: each layer's input-gradient results kept for its weight gradient
-      // (Block::make_stash: qkv' 3C/t, C, fc' F/t, C) in every buffer.
-      const bool flash = runs_our_flash(j, l);
-      const double att_stash = 4 * b * m.n_head / t * s * (flash ? 1.0 : double(j.seq));
-      if (l.recompute == Recompute::kSelective) act += att_stash;
-      if (l.schedule == "zb1")
-        act += flight[r] * split.rank_max[size_t(r)] * 4 * s * b * (2 * h + (3 * h + m.d_ff) / t);
-      const double rows = l.sp ? t : 1;  // SP splits the residual region's rows
-      double set = (l.pp > 1 ? 2 * h : h) / rows;
-      if (r == l.pp - 1)  // TP: the cross-entropy's max and sums (3); SP: the gathered norm
-        set += (h + 2) / rows + V / t + 2 + (l.tp > 1 ? 3 : 0) + (l.sp ? h : 0);
-      act += flight[r] * 4 * s * b * set;
-      // Scratch: the residual gradient and a block's input gradient (2C), attention output
-      // and qkv gradients (4C/t), the MLP's (2F/t); SP's gathered and partial inputs (2C).
-      act += 4 * s * b * (2 * h + 4 * h / t + 2 * m.d_ff / t + (l.sp ? 2 * h : 0)) +
-             (flash ? 4.0 : att_stash) + cp_workspace_bytes(j, l);
-    }
-    mb.activations = act;
-    // Communication buffers: p2p send/recv (2 each way; our runtime sends from and receives
-    // into the pool's sets), ZeRO-3 gathered units (2 blocks), ZeRO-2 gradient pool (2 blocks).
-    double comm = 0;
-    // (Our runtime receives into its activation sets: the spare one, above.)
-    if (l.pp > 1 && mixed(j) && !spare_set(j)) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
-    if (mixed(j)) {
-      const double block = m.block_params_per_tp(l.tp, l.ep);
-      if (l.zero >= 2) comm += 2 * block * gradient_bytes(j);  // gradient pool
-      if (l.zero >= 3) comm += 2 * block * wb;
-    } else if (l.zero >= 2) {
-      // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
-      // gradients, the same again for ZeRO-3's gathered values.
-      const double pool = 4 * (m.embedding_params_per_tp(l.tp) + m.head_params_per_tp(l.tp) +
-                               2 * m.block_params_per_tp(l.tp, l.ep));
-      comm += (l.zero >= 3 ? 2 : 1) * pool;
-    }
-    if (!mixed(j) && l.sp) {
-      // Our runtime's SP gradient sync (parallel/tp.h ReplicatedGradSync): one packed buffer
-      // of the layer norms' and the position table's gradients (sums over sequence shards).
-      // With ZeRO it packs only the shard's part; counted whole (an upper bound).
-      const double norm = m.bias ? 2 * h : h;
-      double packed = split.rank[size_t(r)] * 2 * norm;
-      if (r == 0 && m.learned_pos) packed += double(m.seq) * h;
-      if (r == l.pp - 1) packed += norm;
-      comm += 4 * packed;
-    }
-    // The mpi backend's reduce-scatter scratch (comm/mpi.h): n pieces of at most
-    // kMpiSegmentBytes, kept at its largest. DP (and CP) reduce the stage's gradients in one
-    // call (ZeRO-2/3: one unit at a time); TP reduces a microbatch's activations.
-    if (j.cluster.backend == "mpi") {
-      auto scratch = [](double bytes, int n) {
-        return n > 1 ? n * std::min(bytes / n, double(comm::kMpiSegmentBytes)) : 0.0;
-      };
-      const double gb = gradient_bytes(j);
-      const double unit = std::max({m.embedding_params_per_tp(l.tp), m.head_params_per_tp(l.tp),
-                                    m.block_params_per_tp(l.tp, l.ep)}) *
-                          gb;
-      const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
-      // One backend, and one scratch, per group: the DP and TP groups' add up.
-      comm += scratch(dp_bytes, l.dp * l.cp) + scratch(s * b * h * wb, l.tp);
-      // The tied embedding's gradient: the first and the last stage sum it in a group of two.
-      if (l.pp > 1 && m.tied && (r == 0 || r == l.pp - 1))
-        comm += scratch(double(m.vocab) * h / t * gb, 2);
-    }
-    mb.communication = comm;
-    stages.push_back(mb);
-  }
-  return stages;
 }
 
 namespace {
@@ -735,8 +351,10 @@ Prepared prepare(const Job& j, const Layout& l) {
   if (psi_e > 0) reduction(psi_e, dpn / l.ep, std::max(1, c.gpus_per_node / (l.tp * l.ep)));
   // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
   // parameter with fp32 master and moments; f32: 28).
+  // (Our runtime shards the dense states over expert-dp too: plan/moe.h ep_model_states.)
+  const int dense_dp = runs_our_runtime(j) ? std::max(1, dpn / l.ep) : dpn;
   const double opt_params =
-      l.zero >= 1 ? (psi - psi_e) / dpn + psi_e / std::max(1, dpn / l.ep) : psi;
+      l.zero >= 1 ? (psi - psi_e) / dense_dp + psi_e / std::max(1, dpn / l.ep) : psi;
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
   if (!l.grad_accum_fusion) {

@@ -58,7 +58,12 @@ Job job_of(const json& r, bool cudnn_attention = false) {
     set("tied", j.model.tied);
     set("dropout", j.model.dropout);
     set("learned_pos", j.model.learned_pos);
+    set("n_experts", j.model.n_experts);
+    set("top_k", j.model.top_k);
+    set("d_ff_expert", j.model.d_ff_expert);
     if (s.contains("vocab")) j.model.vocab_real = 0;
+    // A MoE preset's blocks are all MoE: as many as the row's layers.
+    if (j.model.n_experts > 0) j.model.moe_layers = s.value("moe_layers", j.model.n_layer);
   }
   j.cluster = cluster_preset(r.at("cluster").get<std::string>());
   if (cudnn_attention && r.at("cluster") == "dgx-h100")
@@ -68,6 +73,7 @@ Job job_of(const json& r, bool cudnn_attention = false) {
   j.seq = r.at("seq").get<int64_t>();
   j.model.seq = j.seq;
   j.dtype = r.at("dtype").get<std::string>();
+  j.expert_load = r.value("expert_load", 1.0);
   return j;
 }
 
@@ -84,6 +90,7 @@ Layout layout_of(const json& r, int v) {
   l.tp = r.at("tp").get<int>();
   l.pp = r.at("pp").get<int>();
   l.cp = r.value("cp", 1);
+  l.ep = r.value("ep", 1);
   l.dp = static_cast<int>(r.at("gpus").get<int64_t>() / (int64_t(l.tp) * l.pp * l.cp));
   l.virtual_stages = v;
   l.schedule = v > 1 ? "interleaved" : "1f1b";
@@ -251,22 +258,21 @@ TEST(PublishedRuns, MapePerSourceAndOverall) {
   // was measured (a regression guard; the goal is printed above with what misses it, and in
   // docs/planner.md, "The published test set"): the MAPE per source and overall and the rows
   // above 15% measured on 2026-11-27 after the ZeRO-3 rows ran as DeepSpeed 2021
-  // (Software::kDeepSpeed2021), plus 0.5 percentage point of slack for small model changes.
-  // Per source, so that one source cannot get worse behind another's gain.
+  // (Software::kDeepSpeed2021) and the nine Grok-1 MoE rows (EP, CP) joined the set, plus 0.5
+  // percentage point of slack for small model changes. Per source, so that one source cannot
+  // get worse behind another's gain.
   constexpr double kSlack = 0.005, kGoalOverall = 0.05, kGoalSource = 0.08;
-  const std::map<std::string, double> kMeasured = {{"korthikanti2022", 0.0326},
-                                                   {"meta-llama3", 0.1009},
-                                                   {"narayanan2021", 0.0708},
-                                                   {"nvidia-dgxc", 0.0322},
-                                                   {"torchtitan", 0.0101}};
-  constexpr double kOverall = 0.0487;
-  constexpr int kRowsOver15 = 2;
+  const std::map<std::string, double> kMeasured = {
+      {"korthikanti2022", 0.0326}, {"meta-llama3", 0.1009},       {"narayanan2021", 0.0708},
+      {"nvidia-dgxc", 0.0322},     {"nvidia-dgxc-grok1", 0.1256}, {"torchtitan", 0.0101}};
+  constexpr double kOverall = 0.0634;
+  constexpr int kRowsOver15 = 4;
   auto bar = [&](double measured, double goal) {
     return measured <= goal ? std::min(goal, measured + kSlack) : measured + kSlack;
   };
   EXPECT_LE(res.all.mape(), bar(kOverall, kGoalOverall)) << goal_status(res);
   EXPECT_LE(res.rows_over_15, kRowsOver15) << goal_status(res);
-  EXPECT_EQ(res.all.n, 38);
+  EXPECT_EQ(res.all.n, 47);
   ASSERT_EQ(res.by_source.size(), kMeasured.size());
   for (const auto& [src, measured] : kMeasured)
     EXPECT_LE(res.by_source.at(src).mape(), bar(measured, kGoalSource)) << src;
