@@ -194,9 +194,10 @@ TEST(Diloco, WarmupIsSynchronousDpThenRoundsFromIt) {
   ASSERT_EQ(w.steps.size(), 7u);
   for (size_t i = 0; i <= 3; ++i) {
     EXPECT_NEAR(w.steps[i].loss, sync.steps[i].loss, 1e-5 * sync.steps[i].loss) << "step " << i + 1;
-    if (i < 3)
+    if (i < 3) {
       EXPECT_NEAR(w.steps[i].grad_norm, sync.steps[i].grad_norm, 1e-5 * sync.steps[i].grad_norm)
           << "step " << i + 1;
+    }
   }
   EXPECT_EQ(seen.size(), 4u);  // rounds 1 and 2, each seen by both sites
   for (int64_t round : {1, 2}) EXPECT_EQ(seen.at({round, 0}).before, seen.at({round, 1}).before);
