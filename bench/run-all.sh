@@ -57,6 +57,8 @@ own moe-balance "$root/bench/moe-balance" "$MT"
 REPS=$((REPS < 5 ? 5 : REPS)) rec moe-ep -- "$root/bench/moe-ep" "$build"
 REPS=$((REPS < 5 ? 5 : REPS)) rec moe-a2a -- "$root/bench/moe-a2a" "$MT"
 own diloco "$root/bench/diloco/quality" "$MT"
+WARMUP=150 own diloco-warmup "$root/bench/diloco/quality" "$MT"
+own diloco-link "$root/bench/diloco/link" "$MT"
 own long_context "$root/bench/long-context" "$build"
 if [ "$(id -u)" = 0 ]; then own multihost "$root/bench/multihost" "$build"; fi  # netns: root
 run "$root/bench/collect"

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
+#include "cli/plan_sites.h"
 #include "core/error.h"
 #include "core/write_file.h"
 #include "model/config.h"
@@ -614,7 +615,8 @@ nlohmann::json plan_json(const plan::Job& j, const plan::SearchResult& s,
 }
 
 void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emit,
-              const std::optional<std::string>& html, bool megatron_2021, bool explain) {
+              const std::optional<std::string>& html, bool megatron_2021, bool explain,
+              const PlanSitesFlags& sites) {
   f.check(megatron_2021);
   plan::Job j = f.job();
   f.check_pins(j, /*search=*/true);
@@ -670,6 +672,8 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
                              plan::explain_text(items, best.step_time_s))
                      .c_str());
   }
+  nlohmann::json across = nlohmann::json::object();  // --sites: plan/sites.h
+  sites.report(j, s.top.front(), human, &across);
   if (html) {
     obs::write_text_file(
         *html,
@@ -681,6 +685,7 @@ void run_plan(const PlanFlags& f, int top, const std::optional<std::string>& emi
   }
   if (f.json) {
     nlohmann::json out = plan_json(j, s, "");
+    if (across.contains("sites")) out["sites"] = across["sites"];
     if (explain) {
       out["explain"] = nlohmann::json::array();
       for (const plan::StepItem& it : items)
@@ -716,9 +721,11 @@ void register_plan(CLI::App& app) {
                 "after the table, the best layout's step as a stacked list: GEMMs by kind, "
                 "attention, memory-bound kernels, each exposed communication, bubble, "
                 "optimizer (JSON: \"explain\")");
-  cmd->callback([f, top, emit, html, megatron_2021, explain] {
+  auto sites = std::make_shared<PlanSitesFlags>();
+  sites->add_to(*cmd);
+  cmd->callback([f, top, emit, html, megatron_2021, explain, sites] {
     if (*top < 1) fail("--top {} must be at least 1", *top);
-    run_plan(*f, *top, *emit, *html, *megatron_2021, *explain);
+    run_plan(*f, *top, *emit, *html, *megatron_2021, *explain, *sites);
   });
 }
 

@@ -77,7 +77,12 @@ const std::vector<std::string> kConfigKeys = {"model",
                                               "outer_lr",
                                               "outer_momentum",
                                               "outer_compress",
-                                              "outer_fragments"};
+                                              "outer_fragments",
+                                              "outer_warmup_steps",
+                                              "outer_delay",
+                                              "outer_mix",
+                                              "sim_link_mbit",
+                                              "sim_link_ms"};
 
 }  // namespace
 
@@ -246,6 +251,22 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--outer-fragments", outer_fragments,
                  "--sites: streaming DiLoCo, the layers in F fragments each synchronised at its "
                  "own inner step of the round (1/F of the bytes at a time; default 1)");
+  cmd.add_option("--outer-warmup-steps", outer_warmup,
+                 "--sites: the first W steps synchronous over all sites (gradients averaged "
+                 "across sites), the outer rounds after them: DiLoCo from a synchronously "
+                 "trained start (default 0)");
+  cmd.add_option("--outer-delay", outer_delay,
+                 "--sites: overlap each outer exchange with this many inner steps (streaming "
+                 "DiLoCo's τ; default 0: blocking)");
+  cmd.add_option("--outer-mix", outer_mix,
+                 fmt::format("--outer-delay: the site keeps this share of its own values when "
+                             "the exchange lands (α; default {})",
+                             od.mix));
+  cmd.add_option("--sim-link-mbit", sim_link_mbit,
+                 "benchmarks: simulate a link of this many Mbit/s between sites (the cross-site "
+                 "groups with --sites, else the dp gradient group; docs/diloco.md)");
+  cmd.add_option("--sim-link-ms", sim_link_ms,
+                 "--sim-link-mbit: the link's latency per message in ms (default 0)");
   cmd.add_option("--comm-timeout", comm_timeout,
                  fmt::format("seconds a collective may wait before the job aborts (default {})",
                              d.comm_timeout_s));
@@ -329,6 +350,11 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
     take_config(j, "outer_momentum", o.outer.momentum, outer_momentum);
     take_config(j, "outer_compress", o.outer.compress, outer_compress);
     take_config(j, "outer_fragments", o.outer.fragments, outer_fragments);
+    take_config(j, "outer_warmup_steps", o.outer.warmup, outer_warmup);
+    take_config(j, "outer_delay", o.outer.delay, outer_delay);
+    take_config(j, "outer_mix", o.outer.mix, outer_mix);
+    take_config(j, "sim_link_mbit", o.sim_link_mbit, sim_link_mbit);
+    take_config(j, "sim_link_ms", o.sim_link_ms, sim_link_ms);
     take_config(j, "pp", o.pipeline.pp, pp);
     take_config(j, "microbatches", o.pipeline.microbatches, microbatches);
     take_config(j, "schedule", o.pipeline.schedule, schedule);

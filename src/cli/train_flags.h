@@ -32,11 +32,13 @@ struct TrainFlags {
   std::optional<std::string> schedule, pp_exchanges, pp_layers;
   bool sp = false;
   // DiLoCo (docs/diloco.md): --sites, --outer-every, --outer-optimizer, --outer-lr,
-  // --outer-momentum, --outer-compress, --outer-fragments.
+  // --outer-momentum, --outer-compress, --outer-fragments, --outer-warmup-steps,
+  // --outer-delay, --outer-mix.
   std::optional<int> sites, outer_fragments;
-  std::optional<int64_t> outer_every;
+  std::optional<int64_t> outer_every, outer_warmup, outer_delay;
   std::optional<std::string> outer_optimizer, outer_compress;
-  std::optional<float> outer_lr, outer_momentum;
+  std::optional<float> outer_lr, outer_momentum, outer_mix;
+  std::optional<double> sim_link_mbit, sim_link_ms;
 
   // Registers the flags above on `cmd` (not --metrics, --export, --trace, --profile,
   // --peak-gflops or the checkpoint flags: those are the train command's own).

@@ -5,8 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "comm/job.h"
+#include "comm/simulated_link.h"
 #include "comm/staging.h"
 #include "core/clock.h"
 #include "core/device.h"
@@ -82,6 +84,7 @@ Group::Group(std::shared_ptr<RankContext> ctx, std::unique_ptr<Backend> backend,
 }
 
 Group::~Group() {
+  forget_simulated_link(*this);
   {
     std::lock_guard lock(worker_->mu);
     worker_->stop = true;
@@ -169,7 +172,14 @@ void Group::execute(Pending& p) {
     // An op still queued when the job aborted never starts (its buffers may be gone).
     if (ctx_->job && ctx_->job->aborted())
       throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
+    const double t0 = now_s();
     run_call(*p.call);
+    // A simulated link (comm/simulated_link.h): the op lasts at least the link's time.
+    const double link = simulated_link_s(*this, p.call->op, size_, p.call->recv_bytes);
+    if (link > 0) {
+      const double left = t0 + link - now_s();
+      if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+    }
   } catch (...) {
     ctx_->recorder.on_failed(p.record_id);
     p.finish(std::current_exception());

@@ -17,10 +17,10 @@ extern const std::string_view uplot_js, uplot_css, report_js, report_css;
 namespace {
 
 // The metrics keys the page plots, in the order of its columns ("step" first).
-const char* const kColumns[] = {"step",      "tokens",       "loss",      "val_loss", "lr",
-                                "grad_norm", "tokens_per_s", "mfu",       "time_s",   "peak_bytes",
-                                "dp_bytes",  "tp_bytes",     "pp_bytes",  "cp_bytes", "ep_bytes",
-                                "bubble",    "moe_aux_loss", "moe_z_loss"};
+const char* const kColumns[] = {
+    "step",     "tokens", "loss",         "val_loss",   "lr",         "grad_norm", "tokens_per_s",
+    "mfu",      "time_s", "peak_bytes",   "dp_bytes",   "tp_bytes",   "pp_bytes",  "cp_bytes",
+    "ep_bytes", "bubble", "moe_aux_loss", "moe_z_loss", "outer_bytes"};
 
 std::string read_text(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);

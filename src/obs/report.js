@@ -144,6 +144,13 @@
             [["loss", " loss", false], ["val_loss", " val loss", true]], "loss (nats/token)");
   lineChart(curves, "loss-tokens", "Loss against tokens", "tokens", "tokens trained",
             [["loss", " loss", false], ["val_loss", " val loss", true]], "loss (nats/token)");
+  // Training time so far: the steps' time_s summed (evaluation and checkpoints not counted).
+  D.runs.forEach((r) => {
+    let t = 0;
+    r.columns.elapsed = (r.columns.time_s || []).map((v) => (v == null ? null : (t += v)));
+  });
+  lineChart(curves, "loss-time", "Loss against training time", "elapsed", "seconds of training",
+            [["loss", " loss", false], ["val_loss", " val loss", true]], "loss (nats/token)");
   lineChart(curves, "tokens-per-s", "Throughput", "step", "step",
             [["tokens_per_s", "", false]], "tokens/s", (v) => si(v, ""));
   lineChart(curves, "mfu", "Model FLOPs utilisation", "step", "step",
@@ -185,7 +192,7 @@
   });
 
   // ---- bytes per step by mesh dimension
-  const dims = ["dp", "tp", "pp", "cp", "ep"];
+  const dims = ["dp", "tp", "pp", "cp", "ep", "outer"];
   const traffic = D.runs.some((r) => dims.some((d) => (r.columns[d + "_bytes"] || []).some((v) => v > 0)))
     ? section("Communication per step (bytes received, all ranks)") : null;
   D.runs.forEach((r, i) => {

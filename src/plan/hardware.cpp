@@ -199,17 +199,22 @@ nlohmann::json to_json(const ClusterSpec& c) {
   for (const HostLink& h : c.host_links)
     links.push_back(
         {{"ranks", h.ranks}, {"latency_s", h.latency_s}, {"bytes_per_s", h.bytes_per_s}});
-  return {{"name", c.name},
-          {"gpu", gpu_json(c.gpu)},
-          {"gpus_per_node", c.gpus_per_node},
-          {"max_nodes", c.max_nodes},
-          {"intra_bytes_per_s", c.intra_bytes_per_s},
-          {"intra_latency_s", c.intra_latency_s},
-          {"inter_bytes_per_s", c.inter_bytes_per_s},
-          {"inter_latency_s", c.inter_latency_s},
-          {"compute_units", c.compute_units},
-          {"backend", c.backend},
-          {"host_links", links}};
+  nlohmann::json j = {{"name", c.name},
+                      {"gpu", gpu_json(c.gpu)},
+                      {"gpus_per_node", c.gpus_per_node},
+                      {"max_nodes", c.max_nodes},
+                      {"intra_bytes_per_s", c.intra_bytes_per_s},
+                      {"intra_latency_s", c.intra_latency_s},
+                      {"inter_bytes_per_s", c.inter_bytes_per_s},
+                      {"inter_latency_s", c.inter_latency_s},
+                      {"compute_units", c.compute_units},
+                      {"backend", c.backend},
+                      {"host_links", links}};
+  if (c.site_bytes_per_s > 0) {  // written only when given: older files stay as they were
+    j["site_bytes_per_s"] = c.site_bytes_per_s;
+    j["site_latency_s"] = c.site_latency_s;
+  }
+  return j;
 }
 
 namespace {
@@ -262,6 +267,8 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.compute_units =
       j.contains("compute_units") ? int(count(j.at("compute_units"), "compute_units")) : 0;
   c.backend = j.value("backend", std::string());
+  c.site_bytes_per_s = j.value("site_bytes_per_s", 0.0);
+  c.site_latency_s = j.value("site_latency_s", 0.0);
   if (j.contains("host_links"))
     for (const auto& h : j.at("host_links"))
       c.host_links.push_back({int(count(h.at("ranks"), "host_links.ranks")),
@@ -317,6 +324,8 @@ void validate(const ClusterSpec& c) {
   check("inter_bytes_per_s", c.inter_bytes_per_s, false, "bytes/s per GPU between nodes");
   check("inter_latency_s", c.inter_latency_s, true, "seconds");
   check("compute_units", c.compute_units, true, "cores shared by the ranks; 0: a GPU each");
+  check("site_bytes_per_s", c.site_bytes_per_s, true, "bytes/s each way between sites; 0: none");
+  check("site_latency_s", c.site_latency_s, true, "seconds per message between sites");
   for (const HostLink& h : c.host_links) {
     check("host_links[].ranks", h.ranks, false, "rank count");
     check("host_links[].latency_s", h.latency_s, true, "seconds");

@@ -72,6 +72,10 @@ struct ClusterSpec {
   double intra_latency_s = 0;
   double inter_bytes_per_s = 0;  // per GPU, one direction (its InfiniBand rail)
   double inter_latency_s = 0;
+  // The link between sites (training across sites, plan/sites.h): bytes/s each way per
+  // site and seconds per message; 0: none given (plan --sites then needs --site-gbps).
+  double site_bytes_per_s = 0;
+  double site_latency_s = 0;
   int compute_units = 0;  // this-host: cores shared by all ranks (0: a GPU each)
   // this-host: the backend whose all-reduce the links were timed with ("local", "mpi"); the
   // memory model counts that backend's scratch. Empty for GPU clusters.

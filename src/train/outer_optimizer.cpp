@@ -21,16 +21,17 @@ namespace mt::train {
 namespace fs = std::filesystem;
 
 void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer,
-                         int ep) {
+                         int ep, int64_t steps) {
   const OuterOptions d;
   if (o.sites < 0) fail("--sites {} must be at least 1 (or left out: synchronous dp)", o.sites);
   if (!o.on()) {
     if (o.every != d.every || o.optimizer != d.optimizer || o.lr != d.lr ||
-        o.momentum != d.momentum || o.compress != d.compress || o.fragments != d.fragments)
+        o.momentum != d.momentum || o.compress != d.compress || o.fragments != d.fragments ||
+        o.warmup != d.warmup || o.delay != d.delay || o.mix != d.mix)
       fail(
-          "--outer-every, --outer-optimizer, --outer-lr, --outer-momentum, --outer-compress and "
-          "--outer-fragments "
-          "configure DiLoCo's outer step: add --sites S (S sites of --dp / S ranks each)");
+          "--outer-every, --outer-optimizer, --outer-lr, --outer-momentum, --outer-compress, "
+          "--outer-fragments, --outer-warmup-steps, --outer-delay and --outer-mix configure "
+          "DiLoCo's outer step: add --sites S (S sites of --dp / S ranks each)");
     return;
   }
   if (dp % o.sites != 0) {
@@ -63,6 +64,28 @@ void check_outer_options(const OuterOptions& o, int dp, const std::string& devic
         "synchronised at its own inner step of the round) and the model's {} layers",
         o.fragments, o.every, n_layer);
   (void)parse_outer_compress(o.compress);
+  if (o.warmup < 0 || o.warmup >= steps)
+    fail(
+        "--outer-warmup-steps {} must be between 0 and --steps {} - 1 (the synchronous steps "
+        "before the first outer round)",
+        o.warmup, steps);
+  if (o.delay < 0 || (o.delay > 0 && o.delay >= o.every))
+    fail(
+        "--outer-delay {} must be between 0 and --outer-every {} - 1 (the inner steps a "
+        "fragment's exchange overlaps, at most one exchange of a fragment in flight)",
+        o.delay, o.every);
+  if (o.delay > 0 && o.compress != "none")
+    fail(
+        "--outer-delay {} overlaps the f32 all-reduce only: --outer-compress {} exchanges in two "
+        "dependent steps (use --outer-compress none, or --outer-delay 0)",
+        o.delay, o.compress);
+  if (!(o.mix >= 0 && o.mix <= 1))
+    fail(
+        "--outer-mix {} must be in [0, 1] (the share of the site's own values; 0.5 streaming "
+        "DiLoCo's)",
+        o.mix);
+  if (o.delay == 0 && o.mix != d.mix)
+    fail("--outer-mix {} mixes after an overlapped exchange: add --outer-delay τ", o.mix);
   if (ep > 1)
     fail(
         "--sites {} with --ep {}: DiLoCo sites are not carved from expert-parallel ranks yet "
@@ -136,7 +159,28 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& o, Replica& rep, Sites& sites
     recv_words_ = Tensor::zeros({words * S}, DType::kI32, comm);
     mine_ = Tensor::zeros({chunk}, DType::kF32, comm);
   }
-  if (opts_.observer) before_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
+  if (opts_.delay > 0) {  // one region per fragment: every fragment may be in flight at once
+    pend_off_.assign(static_cast<size_t>(F), 0);
+    for (int q = 1; q < F; ++q)
+      pend_off_[static_cast<size_t>(q)] =
+          pend_off_[static_cast<size_t>(q - 1)] + frag_elems_[static_cast<size_t>(q - 1)];
+    pend_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, comm);
+    inflight_.resize(static_cast<size_t>(F));
+    lands_.assign(static_cast<size_t>(F), 0);
+  }
+  if (opts_.observer) {
+    const int64_t m = std::max<int64_t>(n_, 1);
+    before_ = Tensor::zeros({m}, DType::kF32, cat);
+    sent_ = Tensor::zeros({m}, DType::kF32, cat);
+    now_ = Tensor::zeros({m}, DType::kF32, cat);
+  }
+}
+
+template <typename Fn>
+void OuterOptimizer::each(int p, Fn&& fn) const {
+  int64_t k = 0;
+  for (const auto& [a, b] : segs_[static_cast<size_t>(p)])
+    for (int64_t i = a; i < b; ++i) fn(i, k++);
 }
 
 int64_t OuterOptimizer::chunk_of(int64_t elems) const {
@@ -161,15 +205,46 @@ int64_t OuterOptimizer::fragment_offset(int p) const {
   return (static_cast<int64_t>(p) + 1) * opts_.every / opts_.fragments;
 }
 
+void OuterOptimizer::average_gradients(int64_t step, float* grads, int64_t n) {
+  if (!warming_up(step)) return;
+  comm::Group& cross = sites_.cross();
+  cross.all_reduce(comm::Buf(grads, n));
+  const float S = static_cast<float>(cross.size());
+  for (int64_t i = 0; i < n; ++i) grads[i] /= S;
+}
+
 bool OuterOptimizer::after_inner_step(int64_t done, int64_t total) {
+  if (done <= opts_.warmup) {
+    // Synchronous so far: every site holds the same parameters. The first round starts from
+    // those after the last warm-up step (momentum 0), the fragments' schedule counted from it.
+    if (done == opts_.warmup) {
+      loaded_ = false;
+      begin();
+    }
+    return false;
+  }
+  done -= opts_.warmup;
+  total -= opts_.warmup;
   ++round_step_;
   bool stepped = false;
+  const bool last = done >= total;
+  // --outer-delay: the exchanges that land now (every one still in flight at the end).
+  for (int p = 0; p < static_cast<int>(inflight_.size()); ++p)
+    if (inflight_[static_cast<size_t>(p)] && (last || lands_[static_cast<size_t>(p)] == done)) {
+      land_fragment(p);
+      stepped = true;
+    }
   for (int p = 0; p < opts_.fragments; ++p) {
     const int64_t off = fragment_offset(p);
-    if (done < total && (done < off || (done - off) % opts_.every != 0)) continue;
+    if (!last && (done < off || (done - off) % opts_.every != 0)) continue;
+    if (p == opts_.fragments - 1) round_step_ = 0;
+    if (opts_.delay > 0 && !last) {
+      start_fragment(p);
+      lands_[static_cast<size_t>(p)] = std::min(done + opts_.delay, total);
+      continue;
+    }
     step_fragment(p);
     stepped = true;
-    if (p == opts_.fragments - 1) round_step_ = 0;
   }
   if (stepped) publish();
   return stepped;
@@ -183,46 +258,86 @@ void OuterOptimizer::step_fragment(int p) {
   float* theta = site_values();
   float* outer = outer_.f32();
   float* d = buf_.f32();  // the fragment packed: the mean pseudo-gradient (or parameters)
-  // fn(i, k) for each element i of the fragment (shard-relative) at packed index k.
-  auto each = [&segs](auto&& fn) {
-    int64_t k = 0;
-    for (const auto& [a, b] : segs)
-      for (int64_t i = a; i < b; ++i) fn(i, k++);
-  };
   if (before_.defined()) std::copy_n(outer, n_, before_.f32());
   const bool average = opts_.optimizer == "average";
-  const float lr = opts_.lr, mu = opts_.momentum;
+  const float lr = opts_.lr;
   if (compress_ == OuterCompress::kNone && average) {
     // Parameter averaging: the sites' parameters summed exactly as they are.
-    each([&](int64_t i, int64_t k) { d[k] = theta[i]; });
+    each(p, [&](int64_t i, int64_t k) { d[k] = theta[i]; });
     cross.all_reduce(comm::Buf(d, np));
-    each([&](int64_t i, int64_t k) {
+    each(p, [&](int64_t i, int64_t k) {
       const float mean = d[k] / static_cast<float>(S);
       outer[i] = lr == 1.0f ? mean : outer[i] + lr * (mean - outer[i]);
     });
   } else {
-    each([&](int64_t i, int64_t k) { d[k] = outer[i] - theta[i]; });
+    each(p, [&](int64_t i, int64_t k) { d[k] = outer[i] - theta[i]; });
     if (compress_ == OuterCompress::kNone) {
       cross.all_reduce(comm::Buf(d, np));
       for (int64_t k = 0; k < np; ++k) d[k] /= static_cast<float>(S);
     } else {
       exchange_compressed(np);
     }
-    if (average) {
-      each([&](int64_t i, int64_t k) { outer[i] -= lr * d[k]; });
-    } else {
-      float* m = momentum_.f32();
-      each([&](int64_t i, int64_t k) {
-        m[i] = mu * m[i] + d[k];
-        outer[i] -= lr * (d[k] + mu * m[i]);
-      });
-    }
+    apply_mean(p, d);
   }
   ++rounds_;
   if (opts_.observer)
     opts_.observer({rounds_, p, sites_.site(), sites_.position(), lo_, n_, &segs, before_.f32(),
-                    theta, outer});
-  each([&](int64_t i, int64_t) { theta[i] = outer[i]; });
+                    theta, outer, theta, outer});
+  each(p, [&](int64_t i, int64_t) { theta[i] = outer[i]; });
+}
+
+void OuterOptimizer::apply_mean(int p, const float* d) {
+  float* outer = outer_.f32();
+  const float lr = opts_.lr, mu = opts_.momentum;
+  if (opts_.optimizer == "average") {
+    each(p, [&](int64_t i, int64_t k) { outer[i] -= lr * d[k]; });
+  } else {
+    float* m = momentum_.f32();
+    each(p, [&](int64_t i, int64_t k) {
+      m[i] = mu * m[i] + d[k];
+      outer[i] -= lr * (d[k] + mu * m[i]);
+    });
+  }
+}
+
+// --outer-delay: the fragment's pseudo-gradient from the site's values now, summed over the
+// sites in the background (the cross-site group's progress thread) while the inner steps go
+// on; land_fragment takes the sum τ inner steps later.
+void OuterOptimizer::start_fragment(int p) {
+  const float* theta = site_values();
+  const float* outer = outer_.f32();
+  float* d = pend_.f32() + pend_off_[static_cast<size_t>(p)];
+  each(p, [&](int64_t i, int64_t k) { d[k] = outer[i] - theta[i]; });
+  if (sent_.defined()) each(p, [&](int64_t i, int64_t) { sent_.f32()[i] = theta[i]; });
+  inflight_[static_cast<size_t>(p)] =
+      sites_.cross().all_reduce_async(comm::Buf(d, frag_elems_[static_cast<size_t>(p)]));
+}
+
+void OuterOptimizer::land_fragment(int p) {
+  comm::WorkPtr& work = inflight_[static_cast<size_t>(p)];
+  work->wait();
+  work.reset();
+  const int64_t np = frag_elems_[static_cast<size_t>(p)];
+  float* d = pend_.f32() + pend_off_[static_cast<size_t>(p)];
+  for (int64_t k = 0; k < np; ++k) d[k] /= static_cast<float>(sites_.count());
+  float* theta = site_values();
+  const float* outer = outer_.f32();
+  if (before_.defined()) std::copy_n(outer, n_, before_.f32());
+  apply_mean(p, d);
+  ++rounds_;
+  if (now_.defined()) std::copy_n(theta, n_, now_.f32());
+  const float a = opts_.mix;
+  each(p, [&](int64_t i, int64_t) { theta[i] = a * theta[i] + (1 - a) * outer[i]; });
+  if (opts_.observer)
+    opts_.observer({rounds_, p, sites_.site(), sites_.position(), lo_, n_,
+                    &segs_[static_cast<size_t>(p)], before_.f32(), now_.f32(), outer, sent_.f32(),
+                    theta});
+}
+
+bool OuterOptimizer::exchange_in_flight() const {
+  for (const comm::WorkPtr& w : inflight_)
+    if (w) return true;
+  return false;
 }
 
 // Reduce-scatter then all-gather, both on encoded data: site j sums chunk j of every site's
@@ -293,6 +408,12 @@ std::string rank_file(const std::string& dir, int rank) {
 }  // namespace
 
 void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
+  if (exchange_in_flight())
+    fail(
+        "step {}: a checkpoint while an overlapped outer exchange is in flight (--outer-delay) "
+        "is not supported: checkpoint at the end of the run only (leave --checkpoint-every "
+        "out), or use --outer-delay 0",
+        step);
   const int64_t opt_n = rep_.opt_elems();
   std::vector<std::pair<const float*, int64_t>> arrays = {{outer_.f32(), n_}};
   if (momentum_.defined()) arrays.emplace_back(momentum_.f32(), n_);
@@ -324,6 +445,7 @@ void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
                               {"sites", sites_.count()},
                               {"every", opts_.every},
                               {"fragments", opts_.fragments},
+                              {"warmup_steps", opts_.warmup},
                               {"optimizer", opts_.optimizer},
                               {"dp", rep_.dp.size() * sites_.count()},
                               {"step", step},
@@ -404,9 +526,11 @@ std::string outer_resume_refusal(const std::string& dir, const TrainOptions& o) 
   const int dp = j["dp"];
   const std::string opt = j["optimizer"];
   const int fragments = j.value("fragments", 1);
+  const int64_t warmup = j.value("warmup_steps", int64_t{0});
   const std::string keep =
-      fmt::format("--dp {} --sites {} --outer-every {} --outer-optimizer {}{}", dp, sites, every,
-                  opt, fragments > 1 ? fmt::format(" --outer-fragments {}", fragments) : "");
+      fmt::format("--dp {} --sites {} --outer-every {} --outer-optimizer {}{}{}", dp, sites, every,
+                  opt, fragments > 1 ? fmt::format(" --outer-fragments {}", fragments) : "",
+                  warmup > 0 ? fmt::format(" --outer-warmup-steps {}", warmup) : "");
   if (!w.on())
     return fmt::format(
         "checkpoint '{}' holds the DiLoCo state of {} sites (each site's parameters and AdamW "
@@ -414,13 +538,13 @@ std::string outer_resume_refusal(const std::string& dir, const TrainOptions& o) 
         "count, or synchronous training, cannot continue it)",
         dir, sites, keep);
   if (w.sites != sites || o.dp != dp || w.every != every || w.optimizer != opt ||
-      w.fragments != fragments)
+      w.fragments != fragments || w.warmup != warmup)
     return fmt::format(
         "checkpoint '{}' holds the DiLoCo state of {} and this run asks for --dp {} --sites {} "
-        "--outer-every {} --outer-optimizer {} --outer-fragments {}: resharding to another site "
-        "count or dp is not supported (resume with {}, or start a new run in another "
-        "--checkpoint-dir)",
-        dir, keep, o.dp, w.sites, w.every, w.optimizer, w.fragments, keep);
+        "--outer-every {} --outer-optimizer {} --outer-fragments {} --outer-warmup-steps {}: "
+        "resharding to another site count or dp is not supported (resume with {}, or start a "
+        "new run in another --checkpoint-dir)",
+        dir, keep, o.dp, w.sites, w.every, w.optimizer, w.fragments, w.warmup, keep);
   return "";
 }
 

@@ -62,10 +62,15 @@ class OuterOptimizer : public ckpt::Extension {
   // After the checkpoint (if any) and --init-from are loaded: a run that did not resume
   // outer state starts a round from the replica's parameters (momentum 0).
   void begin();
+  // --outer-warmup-steps: before the optimizer step of (0-based) `step`, while it is a
+  // warm-up step, the site's reduced gradients (this rank's optimizer range, the same range
+  // at every site) averaged over the cross-site group: synchronous dp over all sites.
+  void average_gradients(int64_t step, float* grads, int64_t n);
+  bool warming_up(int64_t step) const { return step < opts_.warmup; }
   // After inner step `done` (1-based) of a run of `total`: the outer step of each fragment
-  // whose round is complete (fragment p after inner steps (p + 1) H / F + k H; every fragment
-  // after the last step), collective over the cross-site group, then the site's group.
-  // Returns whether any stepped.
+  // whose round is complete (fragment p after inner steps W + (p + 1) H / F + k H, W the
+  // warm-up steps; every fragment after the last step; none before W + 1), collective over the
+  // cross-site group, then the site's group. Returns whether any stepped.
   bool after_inner_step(int64_t done, int64_t total);
   // Inner steps since the last fragment's outer step (one fragment: since the outer step).
   int64_t round_step() const { return round_step_; }
@@ -81,7 +86,14 @@ class OuterOptimizer : public ckpt::Extension {
   float* site_values();
   int64_t fragment_offset(int p) const;   // (p + 1) H / F
   int64_t chunk_of(int64_t elems) const;  // compressed: elements per site's chunk
+  // fn(i, k) for each element i of fragment p (shard-relative) at packed index k.
+  template <typename Fn>
+  void each(int p, Fn&& fn) const;
   void step_fragment(int p);
+  void apply_mean(int p, const float* d);  // the outer optimizer on the mean pseudo-gradient
+  void start_fragment(int p);              // --outer-delay: the exchange started
+  void land_fragment(int p);               // --outer-delay: waited for, applied, mixed
+  bool exchange_in_flight() const;
   void exchange_compressed(int64_t elems);
   void publish();  // the new values to the site's other ranks and to the bf16 copy
 
@@ -96,6 +108,12 @@ class OuterOptimizer : public ckpt::Extension {
   std::vector<int64_t> frag_elems_;
   Tensor outer_, momentum_, buf_, before_;
   Tensor send_words_, recv_words_, mine_;  // compressed exchange
+  // --outer-delay: per fragment its region of pend_ (the pseudo-gradient being summed), the
+  // exchange in flight and the inner step (after the warm-up) at which it lands.
+  Tensor pend_;
+  std::vector<int64_t> pend_off_, lands_;
+  std::vector<comm::WorkPtr> inflight_;
+  Tensor sent_, now_;  // the observer's: the site's values sent and before mixing
   int64_t round_step_ = 0, rounds_ = 0;
   bool loaded_ = false;
 };

@@ -1,6 +1,6 @@
 // The flags of DiLoCo-style training (docs/diloco.md): --sites, --outer-every,
 // --outer-optimizer, --outer-lr, --outer-momentum, --outer-compress,
-// --outer-fragments. Kept apart from
+// --outer-fragments, --outer-warmup-steps, --outer-delay, --outer-mix. Kept apart from
 // outer_optimizer.h so that TrainOptions holds them without pulling in the machinery.
 #pragma once
 
@@ -26,6 +26,11 @@ struct OuterStepView {
   const float* outer_before = nullptr;
   const float* site_values = nullptr;
   const float* outer_after = nullptr;
+  // The site's values the pseudo-gradient was taken from (--outer-delay: τ inner steps
+  // before site_values; otherwise site_values), and the site's values after the outer step
+  // (α site_values + (1 - α) outer_after with --outer-delay; otherwise outer_after).
+  const float* site_sent = nullptr;
+  const float* site_after = nullptr;
 };
 
 struct OuterOptions {
@@ -38,6 +43,16 @@ struct OuterOptions {
   // Streaming DiLoCo: the model's units in F fragments, fragment p stepped after inner steps
   // (p + 1) H / F + k H; 1: all at once.
   int fragments = 1;
+  // --outer-warmup-steps W: the first W steps are synchronous data parallelism over all
+  // sites (each site's gradient averaged over the cross-site group before its AdamW step),
+  // the first outer round starts after step W (DiLoCo's protocol: a synchronously
+  // pretrained start). 0: rounds from step 0.
+  int64_t warmup = 0;
+  // --outer-delay τ (streaming DiLoCo's overlap): a fragment's exchange is started at its
+  // inner step and waited for τ inner steps later, the inner steps running meanwhile; the
+  // site then mixes: θ_site <- α θ_site + (1 - α) θ_outer, α = --outer-mix. 0: blocking.
+  int64_t delay = 0;
+  float mix = 0.5f;
   std::function<void(const OuterStepView&)> observer;  // tests: after every outer step
 
   bool on() const { return sites > 0; }
@@ -46,6 +61,6 @@ struct OuterOptions {
 
 // Refuses (exit 2) a combination that cannot run, naming the value and the fix.
 void check_outer_options(const OuterOptions& o, int dp, const std::string& device, int n_layer,
-                         int ep);
+                         int ep, int64_t steps);
 
 }  // namespace mt::train

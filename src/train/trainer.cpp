@@ -17,6 +17,7 @@
 #include "comm/launch.h"
 #include "comm/mesh.h"
 #include "comm/mpi.h"
+#include "comm/simulated_link.h"
 #include "core/clock.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -213,7 +214,18 @@ void TrainOptions::validate() const {
   check_context_parallel(*this);
   if (zero < 0 || zero > 3) fail("--zero {} must be 0, 1, 2 or 3", zero);
   if (!(bucket_mb > 0)) fail("--bucket-mb {} must be positive", bucket_mb);
-  check_outer_options(outer, dp, device, model.n_layer, ep);
+  check_outer_options(outer, dp, device, model.n_layer, ep, steps);
+  if (!(sim_link_mbit >= 0) || !(sim_link_ms >= 0) || (sim_link_ms > 0 && sim_link_mbit == 0))
+    fail(
+        "--sim-link-mbit {} --sim-link-ms {}: a simulated link needs a positive rate in Mbit/s "
+        "(and a latency in ms >= 0)",
+        sim_link_mbit, sim_link_ms);
+  if (outer.delay > 0 && checkpoint_every > 0)
+    fail(
+        "--outer-delay {} with --checkpoint-every {}: a checkpoint while an overlapped outer "
+        "exchange is in flight is not supported (leave --checkpoint-every out: the run still "
+        "saves after its last step)",
+        outer.delay, checkpoint_every);
   check_batch_split(*this);
   check_run_numbers(*this);
   if (pipeline.exchanges != "auto" && pipeline.exchanges != "batched" &&
@@ -537,6 +549,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     sites = std::make_unique<Sites>(job_grads_group, o.outer.sites, dp.rank(), dp.size(),
                                     o.cp > 1 ? mesh.group("cp").rank() : 0, o.cp);
   comm::Group& grads_group = sites ? sites->inner() : job_grads_group;
+  if (o.sim_link_mbit > 0)  // the link between sites, simulated (docs/diloco.md)
+    comm::simulate_link(sites ? sites->cross() : job_grads_group, o.sim_link_mbit * 1e6 / 8,
+                        o.sim_link_ms / 1e3);
   const int D = dp.size(), d = dp.rank(), P = ppg.size(), p = ppg.rank(), CP = cpg.size();
   const bool lead = world.rank() == 0;
   // Scalars (loss, norm, peak bytes) travel on their own group so that the byte counters
@@ -751,6 +766,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
       }
     }
     rep.end_backward();
+    if (outer) outer->average_gradients(step, rep.opt_grads(), rep.opt_elems());  // warm-up
     // Global loss and gradient norm: sums over ranks of this rank's shares; with them, in the
     // same all-reduce over the whole world, what every rank must decide alike before the
     // optimizer step: a non-finite value on some rank (train/nonfinite.h), a stop asked for
@@ -775,7 +791,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     }
     // Each cp rank's loss is the mean over its rows: the sequences' mean is their mean.
     const float loss = static_cast<float>(sums[0] / static_cast<double>(n_micro * D * CP));
-    const double norm = std::sqrt(sums[1]);
+    // Warm-up (--outer-warmup-steps): every site holds the same averaged gradient, its norm.
+    const double norm =
+        std::sqrt(outer && outer->warming_up(step) ? sums[1] / sites->count() : sums[1]);
     const double clip_norm = sites ? std::sqrt(site_norm_sq) : norm;
     const bool nonfinite = sums[2] > 0 || !std::isfinite(loss) || !std::isfinite(norm);
     const bool stop_asked = sums[3] > 0;

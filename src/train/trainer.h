@@ -96,6 +96,10 @@ struct TrainOptions {
   bool record_routing = false;
   // DiLoCo: dp split into sites that synchronise every H steps (train/outer_optimizer.h).
   OuterOptions outer;
+  // A simulated link between sites (comm::Group::simulate_link; docs/diloco.md "A shaped
+  // link"): Mbit/s each way and ms per message on the cross-site groups with --sites, else on
+  // the dp gradient group (each dp rank a site of its own). 0: off.
+  double sim_link_mbit = 0, sim_link_ms = 0;
   // Checkpoints (train/checkpoint.h, docs/checkpoints.md).
   std::string checkpoint_dir;    // "": none
   int64_t checkpoint_every = 0;  // save every N steps (and after the last); 0: after the last

@@ -246,7 +246,7 @@ TEST_F(Report, RendersEachKindInChromium) {
   if (browser.empty())
     GTEST_SKIP() << "no Chromium (install Debian's `chromium`: scripts/setup.sh); the page was "
                     "not rendered";
-  const std::vector<std::string> curves = {"loss-step", "loss-tokens", "tokens-per-s",
+  const std::vector<std::string> curves = {"loss-step", "loss-tokens", "loss-time", "tokens-per-s",
                                            "mfu",       "lr",          "grad-norm"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), curves.begin(), curves.end());

@@ -75,6 +75,26 @@ TEST(DilocoFault, FailureMidRoundResumesBitwise) {
   EXPECT_EQ(a, bytes_of(dir() / "restart.safetensors"));
 }
 
+// With --outer-warmup-steps 4 the checkpoint after step 3 is inside the warm-up: the restarted
+// run passes the warm-up's end again (the first round starts from step 4's parameters, not
+// from the outer state the checkpoint holds) and ends bitwise like the uninterrupted run.
+TEST(DilocoFault, FailureInTheWarmupResumesBitwise) {
+  const std::string w = " --outer-warmup-steps 4";
+  const RunResult clean = run_meshtrain(flags(dir() / "wclean", "wclean") + w);
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const std::string once = (dir() / "wonce").string();
+  const RunResult r =
+      run_command("MESHTRAIN_FAULT=throw@step:5:3:" + once + " " + MT_BINARY + " " +
+                  flags(dir() / "wrestart", "wrestart") + w + " --resume auto --max-restarts 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from checkpoint"), std::string::npos) << r.output;
+  EXPECT_EQ(losses("wrestart"), losses("wclean"));
+  ASSERT_EQ(losses("wclean").size(), 10u);
+  const std::string a = bytes_of(dir() / "wclean.safetensors");
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, bytes_of(dir() / "wrestart.safetensors"));
+}
+
 TEST(DilocoFault, AnotherSiteCountIsRefused) {
   const fs::path c = dir() / "refuse";
   ASSERT_EQ(run_meshtrain(flags(c, "refuse")).exit_code, 0);

@@ -170,6 +170,131 @@ TEST(Diloco, TwoSitesEqualTheHandComputedOuterUpdate) {
   }
 }
 
+// --outer-warmup-steps W: the first W steps are synchronous dp over all sites. 2 sites of
+// one rank against dp 2: the losses and gradient norms of the W warm-up steps, and the loss
+// of step W + 1 (after the last warm-up update), equal synchronous training's up to the order
+// of f32 operations: each site's mean gradient (scaled by S / (B T)) averaged over the sites
+// instead of the sum scaled by 1 / (B T), a few roundings (~2^-22 relative) per gradient
+// element, which AdamW's update (g / sqrt(v)) carries over about as much relative; 1e-5 of the
+// loss is far above that and far below what the sites' own steps change (checked below:
+// without the warm-up the loss of step 2 already differs by more than 1e-4). The rounds count
+// from W: with W = 3, H = 2 and 7 steps, outer steps after steps 5 and 7 only (without the
+// warm-up after 2, 4, 6 and 7), and both sites start them from the same bits.
+TEST(Diloco, WarmupIsSynchronousDpThenRoundsFromIt) {
+  const TrainOptions base = tiny(7, 2);
+  const TrainResult sync = run_training(base);
+  TrainOptions d = base;
+  d.outer.sites = 2;
+  d.outer.every = 2;
+  d.outer.warmup = 3;
+  std::mutex mu;
+  Rounds seen;
+  d.outer = observed(d.outer, seen, mu);
+  const TrainResult w = run_training(d);
+  ASSERT_EQ(w.steps.size(), 7u);
+  for (size_t i = 0; i <= 3; ++i) {
+    EXPECT_NEAR(w.steps[i].loss, sync.steps[i].loss, 1e-5 * sync.steps[i].loss) << "step " << i + 1;
+    if (i < 3) {
+      EXPECT_NEAR(w.steps[i].grad_norm, sync.steps[i].grad_norm, 1e-5 * sync.steps[i].grad_norm)
+          << "step " << i + 1;
+    }
+  }
+  EXPECT_EQ(seen.size(), 4u);  // rounds 1 and 2, each seen by both sites
+  for (int64_t round : {1, 2}) EXPECT_EQ(seen.at({round, 0}).before, seen.at({round, 1}).before);
+  d.outer.warmup = 0;
+  seen.clear();
+  const TrainResult own = run_training(d);
+  EXPECT_GT(std::fabs(own.steps[1].loss - sync.steps[1].loss), 1e-4 * sync.steps[1].loss);
+  EXPECT_EQ(seen.size(), 8u);
+}
+
+// --outer-delay τ (streaming DiLoCo's overlap): 2 sites of one rank, 2 fragments, H = 4,
+// τ = 1, α = 0.5, 10 steps. Fragment 0's exchange starts after steps 2 and 6 and lands after
+// 3 and 7, fragment 1's after 4 and 8, landing after 5 and 9; after step 10 both take the
+// blocking final step. Each landed step equals its definition computed here in double: Δ̄
+// the mean over the sites of θ - θ_sent (θ_sent: the site's values when the exchange
+// started, one inner step before landing), Nesterov's update, and each site's values
+// α θ_site + (1 - α) θ_new. The exchange moves exactly the bytes of the blocking run.
+TEST(Diloco, OverlappedExchangeEqualsItsDefinition) {
+  TrainOptions o = tiny(10, 2);
+  o.outer.sites = 2;
+  o.outer.every = 4;
+  o.outer.fragments = 2;
+  const TrainResult blocking = run_training(o);
+  o.outer.delay = 1;
+  o.outer.mix = 0.5f;
+  struct View {
+    int fragment = 0;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<float> before, now, after, sent, site_after;
+  };
+  std::mutex mu;
+  std::map<std::pair<int64_t, int>, View> seen;
+  o.outer.observer = [&](const OuterStepView& v) {
+    std::lock_guard lock(mu);
+    View& s = seen[{v.round, v.site}];
+    s.fragment = v.fragment;
+    s.ranges = *v.ranges;
+    s.before.assign(v.outer_before, v.outer_before + v.elems);
+    s.now.assign(v.site_values, v.site_values + v.elems);
+    s.after.assign(v.outer_after, v.outer_after + v.elems);
+    s.sent.assign(v.site_sent, v.site_sent + v.elems);
+    s.site_after.assign(v.site_after, v.site_after + v.elems);
+  };
+  const TrainResult r = run_training(o);
+  ASSERT_EQ(seen.size(), 12u);  // 4 overlapped and 2 final rounds, each seen by both sites
+  const std::vector<int> fragment = {0, 1, 0, 1, 0, 1};
+  const float lr = o.outer.lr, mu_ = o.outer.momentum, a = o.outer.mix;
+  const size_t n = seen.at({1, 0}).before.size();
+  std::vector<double> m(n, 0.0);
+  for (int64_t round = 1; round <= 6; ++round) {
+    const View &s0 = seen.at({round, 0}), &s1 = seen.at({round, 1});
+    const std::string at = "round " + std::to_string(round);
+    EXPECT_EQ(s0.fragment, fragment[static_cast<size_t>(round - 1)]) << at;
+    EXPECT_EQ(s0.before, s1.before) << at;
+    EXPECT_EQ(s0.after, s1.after) << at;
+    if (round > 4) {  // the blocking final step: the site's values now, then the outer ones
+      EXPECT_EQ(s0.sent, s0.now) << at;
+      EXPECT_EQ(s0.site_after, s0.after) << at;
+      continue;
+    }
+    std::vector<char> in(n, 0);
+    for (const auto& [lo, hi] : s0.ranges) std::fill(in.begin() + lo, in.begin() + hi, 1);
+    double moved = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double b = s0.before[i];
+      if (!in[i]) {
+        ASSERT_EQ(s0.after[i], s0.before[i]) << at << " element " << i << " (not stepped)";
+        continue;
+      }
+      const double mean = ((b - s0.sent[i]) + (b - s1.sent[i])) / 2;
+      const double m_prev = m[i];
+      m[i] = mu_ * m[i] + mean;
+      const double want = b - lr * (mean + mu_ * m[i]);
+      // As in TwoSitesEqualTheHandComputedOuterUpdate: 2^-20 of the magnitudes involved.
+      const double tol = std::ldexp(std::fabs(b) + std::fabs(s0.sent[i]) + std::fabs(s1.sent[i]) +
+                                        std::fabs(m_prev) + std::fabs(want),
+                                    -20);
+      ASSERT_NEAR(s0.after[i], want, tol) << at << " element " << i;
+      for (const View* s : {&s0, &s1}) {
+        // Two products and a sum in f32: 3 roundings of the magnitudes.
+        const double mixed = a * double(s->now[i]) + (1 - a) * double(s->after[i]);
+        ASSERT_NEAR(s->site_after[i], mixed,
+                    std::ldexp(std::fabs(s->now[i]) + std::fabs(s->after[i]), -22))
+            << at << " element " << i;
+        moved = std::max(moved, std::fabs(double(s->now[i]) - s->sent[i]));
+      }
+    }
+    EXPECT_GT(moved, 1e-5) << at << ": an inner step ran while the exchange was in flight";
+  }
+  double bytes_blocking = 0, bytes_overlapped = 0;
+  for (const StepRecord& s : blocking.steps) bytes_blocking += s.outer_bytes;
+  for (const StepRecord& s : r.steps) bytes_overlapped += s.outer_bytes;
+  EXPECT_GT(bytes_blocking, 0);
+  EXPECT_EQ(bytes_overlapped, bytes_blocking);
+  EXPECT_NE(r.final_params, blocking.final_params);  // the mixing is no shortcut
+}
+
 // ZeRO shards inside a site: 2 sites of 2 ranks each, in every stage, train what 2 sites of
 // one rank train. Only the order of f32 sums differs (a site's gradient summed over two
 // ranks' halves): relative ~1e-6 per step, compounded over 4 Adam steps and 2 outer steps,
@@ -403,6 +528,29 @@ TEST(Diloco, BadCombinationsAreRefusedNamingTheFix) {
   o.outer.fragments = 6;
   EXPECT_NE(refusal(o).find("--outer-fragments 6 must be between 1"), std::string::npos);
   o.outer.fragments = 1;
+  o.outer.warmup = 4;  // the run's 4 steps: no outer round would follow
+  EXPECT_NE(refusal(o).find("--outer-warmup-steps 4 must be between 0 and --steps 4 - 1"),
+            std::string::npos)
+      << refusal(o);
+  o.outer.warmup = 0;
+  o.outer.delay = 5;
+  EXPECT_NE(refusal(o).find("--outer-delay 5 must be between 0 and --outer-every 5 - 1"),
+            std::string::npos)
+      << refusal(o);
+  o.outer.delay = 2;
+  o.outer.compress = "int8";
+  EXPECT_NE(refusal(o).find("overlaps the f32 all-reduce only"), std::string::npos) << refusal(o);
+  o.outer.compress = "none";
+  o.checkpoint_dir = "unused";
+  o.checkpoint_every = 2;
+  EXPECT_NE(refusal(o).find("a checkpoint while an overlapped outer exchange"), std::string::npos)
+      << refusal(o);
+  o.checkpoint_every = 0;
+  o.checkpoint_dir.clear();
+  o.outer.delay = 0;
+  o.outer.mix = 0.3f;
+  EXPECT_NE(refusal(o).find("add --outer-delay"), std::string::npos) << refusal(o);
+  o.outer.mix = 0.5f;
   o.outer.sites = 0;
   o.outer.every = 10;
   EXPECT_NE(refusal(o).find("add --sites S"), std::string::npos);
