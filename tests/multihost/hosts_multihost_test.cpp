@@ -196,11 +196,12 @@ MetricsRows read_metrics(const std::string& path) {
 
 // Elastic restart (issue 27): dp 3 x tp 2 on 3 hosts of 2 ranks; faults are injected one
 // after the other (a host's link cut, its processes SIGKILLed; mid-step or while a checkpoint
-// is being written); scripts/elastic-mpirun.sh restarts the job on the hosts that answer, in
-// the largest layout that fits, from the newest valid checkpoint. The run ends with the
-// uninterrupted run's losses, every step once in its metrics, one restart record per fault.
+// is being written) and a cut link healed; `meshtrain launch` restarts the job on the hosts
+// that answer, in the largest layout that fits, from the newest valid checkpoint, and grows
+// back when a host answers again. The run ends with the uninterrupted run's losses, every
+// step once in its metrics, one restart record per fault (a heal included).
 struct Fault {
-  std::string command;  // hosts.sh cut / kill
+  std::string command;  // hosts.sh cut / kill / heal
   int host;             // its index
   int at_step;          // once the metrics show this step (or, during_save, a save of it or later)
   bool during_save;     // while a checkpoint (step >= at_step) is being written: its .tmp is there
@@ -242,19 +243,17 @@ class Elastic : public NamespaceHosts {
     const std::string probe = kHosts + " probe --prefix " + prefix_;
     const std::string fence = kHosts + " kill --prefix " + prefix_;
     const RunResult args = run_command(kHosts + " mpirun-args --no-hostfile --prefix " + prefix_);
-    std::string opts;
-    std::istringstream words(args.output);
-    for (std::string w; words >> w;) opts += " --mpirun-opt " + w;
-    const std::string log = (dir / "elastic.log").string();
+    const std::string opts = args.output.substr(0, args.output.find('\n'));
+    const std::string log = (dir / "launch.log").string();
     std::string hostfile = run_command(kHosts + " hostfile --prefix " + prefix_).output;
     hostfile = hostfile.substr(0, hostfile.find('\n'));
     const RunResult bg = run_command(
         "(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 setsid timeout 300 " +
-        std::string(MT_SOURCE_DIR) + "/scripts/elastic-mpirun.sh --hostfile " + hostfile +
-        " --probe '" + probe + "' --fence '" + fence + "' --hang-grace 3 --max-restarts " +
-        std::to_string(faults.size()) + " --log " + log + " --mpirun-opt --oversubscribe" + opts +
-        " -- " + MT_BINARY + " " + train_args(d) + " --comm-timeout 4 --checkpoint-dir " +
-        ck.string() + " --checkpoint-every 4 --resume auto --metrics " + metrics + " > " +
+        std::string(MT_BINARY) + " launch --hostfile " + hostfile + " --probe '" + probe +
+        "' --fence '" + fence + "' --hang-grace 3 --max-restarts " +
+        std::to_string(faults.size()) + " --log " + log + " --mpirun-args='--oversubscribe " +
+        opts + "' -- " + train_args(d) + " --comm-timeout 4 --checkpoint-dir " + ck.string() +
+        " --checkpoint-every 4 --resume auto --metrics " + metrics + " > " +
         (dir / "out").string() + " 2>&1; echo $? > " + (dir / "rc").string() +
         ") >/dev/null 2>&1 & echo");
     ASSERT_EQ(bg.exit_code, 0) << bg.output;
@@ -285,8 +284,16 @@ class Elastic : public NamespaceHosts {
     const nlohmann::json& last = m.restarts.back();
     EXPECT_EQ(last["layout"]["dp"].dump() + " " + last["hosts"].dump(), expect) << out;
     for (size_t k = 1; k <= faults.size(); ++k)
-      EXPECT_NE(slurp(log).find("elastic: restart " + std::to_string(k) + ":"), std::string::npos)
+      EXPECT_NE(slurp(log).find("launch: restart " + std::to_string(k) + ":"), std::string::npos)
           << out;
+    // The recovery time of each restart, split (detection, restart, resharded load).
+    for (const nlohmann::json& rec : m.restarts) {
+      EXPECT_GE(rec["detect_s"].get<double>(), 0) << rec.dump();
+      EXPECT_TRUE(rec["restart_s"].is_number()) << rec.dump();
+      EXPECT_TRUE(rec["load_s"].is_number()) << rec.dump();
+      // Growing stops the job after a step with a checkpoint of it: nothing trained again.
+      if (rec["reason"] == "grow") EXPECT_EQ(rec["steps_lost"], 0) << rec.dump();
+    }
     // Each restart resumed from a checkpoint the trainer found complete and valid (index,
     // sizes, CRC32C: a save cut off left only its .tmp, which is never read).
     size_t resumed = 0;
@@ -326,6 +333,14 @@ TEST_F(Elastic, AHostCutOffDuringACheckpointSave) {
 // The second cut comes once the first restart has trained up to step 14.
 TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
   run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " cut", 1, 14, false}}, 1, {0});
+}
+
+// Growing back: host 2 cut at step 6 (dp 2 on the two left, from the checkpoint of step 4),
+// healed once the smaller job has trained step 8; the launcher stops the job after its step
+// (a checkpoint) and goes on in dp 3 on all three hosts, with no step lost.
+TEST_F(Elastic, ALostHostThatAnswersAgainIsGrownBackTo) {
+  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3,
+                  {0, 1, 2});
 }
 
 }  // namespace
