@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -51,7 +52,7 @@ struct Flags {
 };
 
 volatile sig_atomic_t g_stop = 0;
-extern "C" void on_stop_signal(int) { g_stop = 1; }
+void on_stop_signal(int) { g_stop = 1; }
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -94,13 +95,15 @@ JobCommand parse_job(std::vector<std::string> words) {
   job.dp = f.run.dp;
   const train::TrainOptions& o = job.options;
   if (o.checkpoint_dir.empty() || o.resume != "auto")
-    fail("the job needs --checkpoint-dir DIR and --resume auto (each restart goes on from the "
-         "newest checkpoint there); it has --checkpoint-dir '{}' --resume '{}'",
-         o.checkpoint_dir, o.resume);
+    fail(
+        "the job needs --checkpoint-dir DIR and --resume auto (each restart goes on from the "
+        "newest checkpoint there); it has --checkpoint-dir '{}' --resume '{}'",
+        o.checkpoint_dir, o.resume);
   if (o.backend != "mpi" && o.backend != "auto")
-    fail("the job's --backend {} cannot run under mpirun across hosts (use --backend mpi, or "
-         "leave it out)",
-         o.backend);
+    fail(
+        "the job's --backend {} cannot run under mpirun across hosts (use --backend mpi, or "
+        "leave it out)",
+        o.backend);
   job.argv = {words[0], words[1]};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -156,16 +159,18 @@ void append_line(const std::string& path, const std::string& text) {
 
 class Launcher {
  public:
-  explicit Launcher(const Flags& f) : f_(f), job_(parse_job(f.job)), hosts_(launch::read_hostfile(f.hostfile)) {
+  explicit Launcher(const Flags& f)
+      : f_(f), job_(parse_job(f.job)), hosts_(launch::read_hostfile(f.hostfile)) {
     if (f.max_restarts < 0) fail("--max-restarts {} must be 0 or more", f.max_restarts);
-    if (!(f.hang_grace_s > 0)) fail("--hang-grace {} must be a positive number of seconds", f.hang_grace_s);
+    if (!(f.hang_grace_s > 0))
+      fail("--hang-grace {} must be a positive number of seconds", f.hang_grace_s);
     const train::TrainOptions& o = job_.options;
     int slots = 0;
     for (const Host& h : hosts_) slots += h.slots;
     cap_ = {job_.dp ? *job_.dp : std::max(1, slots / (o.tp * o.pipeline.pp)), o.tp, o.pipeline.pp};
     model_ = launch::planner_step_time(o, f.cluster, &no_model_);
-    work_ = std::filesystem::temp_directory_path() /
-            ("meshtrain-launch." + std::to_string(::getpid()));
+    work_ =
+        std::filesystem::temp_directory_path() / ("meshtrain-launch." + std::to_string(::getpid()));
     std::filesystem::create_directories(work_);
   }
   ~Launcher() {
@@ -175,7 +180,7 @@ class Launcher {
   void run();
 
  private:
-  struct Pending {  // what the next start is a restart after
+  struct Pending {       // what the next start is a restart after
     std::string reason;  // "failure" or "grow"
     std::vector<std::string> lost, returned;
     int exit_code = 0;
@@ -188,7 +193,8 @@ class Launcher {
   bool answers(const std::string& host) const { return launch::run_for_host(probe_cmd(), host, 5); }
   std::string probe_cmd() const {
     const size_t at = f_.probe.find("{}");
-    return at == std::string::npos ? f_.probe : f_.probe.substr(0, at) + "\"$0\"" + f_.probe.substr(at + 2);
+    return at == std::string::npos ? f_.probe
+                                   : f_.probe.substr(0, at) + "\"$0\"" + f_.probe.substr(at + 2);
   }
   int slots_of(const std::vector<std::string>& names) const {
     int s = 0;
@@ -197,7 +203,27 @@ class Launcher {
     return s;
   }
 
+  nlohmann::json restart_record(const Pending& p, const std::vector<std::string>& up,
+                                const Layout& l, int64_t from, int64_t steps_lost, double start,
+                                double up_at, double first_step_at) const;
+  std::string restart_line(const Pending& p, const std::vector<std::string>& up, const Layout& l,
+                           const std::string& why, int64_t from, int64_t steps_lost, double start,
+                           double up_at, double first_step_at) const;
+  // The restart's line (unless said at its first step) and its metrics record, once the job
+  // it started has ended.
+  void report(const Pending& p, const std::vector<std::string>& up, const Layout& l,
+              const std::string& why, int64_t from, int64_t steps_lost, double start, double up_at,
+              double first_step_at) {
+    ++restarts_;
+    if (first_step_at == 0)
+      say(restart_line(p, up, l, why, from, steps_lost, start, up_at, first_step_at));
+    const nlohmann::json rec =
+        restart_record(p, up, l, from, steps_lost, start, up_at, first_step_at);
+    if (!job_.options.metrics.empty()) append_line(job_.options.metrics, rec.dump());
+  }
+
   Flags f_;
+  int restarts_ = 0;  // restarts reported
   JobCommand job_;
   std::vector<Host> hosts_;
   Layout cap_;
@@ -206,11 +232,53 @@ class Launcher {
   std::filesystem::path work_;
 };
 
+double rounded(double s) { return std::round(s * 100) / 100; }
+
+nlohmann::json Launcher::restart_record(const Pending& p, const std::vector<std::string>& up,
+                                        const Layout& l, int64_t from, int64_t steps_lost,
+                                        double start, double up_at, double first_step_at) const {
+  nlohmann::json rec = {{"event", "restart"},
+                        {"restart", restarts_},
+                        {"reason", p.reason},
+                        {"hosts", up},
+                        {"lost_hosts", p.lost},
+                        {"returned_hosts", p.returned},
+                        {"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}}},
+                        {"batch", job_.options.batch},
+                        {"from_step", from},
+                        {"steps_lost", steps_lost},
+                        {"previous_exit_code", p.exit_code},
+                        {"previous_ran_s", rounded(p.ran_s)},
+                        {"detect_s", rounded(p.detect_s)}};
+  rec["restart_s"] = up_at > 0 ? nlohmann::json(rounded(up_at - start)) : nlohmann::json(nullptr);
+  rec["load_s"] =
+      first_step_at > 0 ? nlohmann::json(rounded(first_step_at - up_at)) : nlohmann::json(nullptr);
+  return rec;
+}
+
+std::string Launcher::restart_line(const Pending& p, const std::vector<std::string>& up,
+                                   const Layout& l, const std::string& why, int64_t from,
+                                   int64_t steps_lost, double start, double up_at,
+                                   double first_step_at) const {
+  const bool grow = p.reason == "grow";
+  const auto secs = [](double from_s, double to_s) {
+    return to_s > 0 ? fmt::format("{:.1f} s", to_s - from_s) : std::string("-");
+  };
+  // restarts_ counts those reported; a line said at the first step comes before its report.
+  const int number = restarts_ + (first_step_at > 0 ? 1 : 0);
+  return fmt::format(
+      "restart {}: {} {}; {} host(s) answer ({}); layout {}, batch {} ({}); from checkpoint step "
+      "{} ({} step(s) trained again); {} {:.1f} s, restart {}, resharded load {}",
+      number, grow ? "host(s) back:" : "lost host(s)", list(grow ? p.returned : p.lost), up.size(),
+      list(up), l.text(), job_.options.batch, why, from, steps_lost, grow ? "stop" : "detection",
+      p.detect_s, secs(start, up_at), secs(up_at, first_step_at));
+}
+
 void Launcher::run() {
   const train::TrainOptions& o = job_.options;
   std::set<std::string> fenced;
   std::optional<Pending> pending;
-  int failures = 0, restarts = 0;
+  int failures = 0;
   bool first = true;
   while (true) {
     std::vector<std::string> up, lost;
@@ -218,20 +286,21 @@ void Launcher::run() {
     for (const std::string& h : lost)
       if (fenced.insert(h).second && !f_.fence.empty()) {
         const size_t at = f_.fence.find("{}");
-        launch::run_for_host(at == std::string::npos ? f_.fence
-                                                     : f_.fence.substr(0, at) + "\"$0\"" + f_.fence.substr(at + 2),
+        launch::run_for_host(at == std::string::npos
+                                 ? f_.fence
+                                 : f_.fence.substr(0, at) + "\"$0\"" + f_.fence.substr(at + 2),
                              h, 30);
       }
     for (const std::string& h : up) fenced.erase(h);
     const int slots = slots_of(up);
     const std::optional<Choice> choice = launch::choose_layout(o, cap_, slots, model_);
     if (!choice)
-      fail_run("no layout fits the hosts that answer: {} of {} ({}) with {} slot(s); the job needs "
-               "tp x pp ranks of a divisor of tp {} x pp {} and a dp dividing --batch {} (bring "
-               "hosts back, or give the hostfile more slots)",
-               up.size(), hosts_.size(), list(up), slots, cap_.tp, cap_.pp, o.batch);
+      fail_run(
+          "no layout fits the hosts that answer: {} of {} ({}) with {} slot(s); the job needs "
+          "tp x pp ranks of a divisor of tp {} x pp {} and a dp dividing --batch {} (bring "
+          "hosts back, or give the hostfile more slots)",
+          up.size(), hosts_.size(), list(up), slots, cap_.tp, cap_.pp, o.batch);
     const Layout l = choice->layout;
-    if (first) cap_ = l;  // never past the first layout: it grows back to it
     // The hostfile of this start: the hosts that answer, in the hostfile's order.
     std::vector<Host> use;
     for (const Host& h : hosts_)
@@ -280,7 +349,12 @@ void Launcher::run() {
         if (::stat(o.metrics.c_str(), &now) == 0 && had_metrics &&
             (now.st_ino != before.st_ino || now.st_size < before.st_size))
           rewritten = true;
-        if (rewritten && last_metrics_step(o.metrics) > from) first_step_at = now_s();
+        if (rewritten && last_metrics_step(o.metrics) > from) {
+          first_step_at = now_s();
+          if (pending)
+            say(restart_line(*pending, up, l, choice->why, from, steps_lost, start, up_at,
+                             first_step_at));
+        }
       }
       if (t - last_probe < 1) continue;
       last_probe = t;
@@ -307,9 +381,11 @@ void Launcher::run() {
         if (!back.empty()) {
           std::vector<std::string> more = up;
           more.insert(more.end(), back.begin(), back.end());
-          const std::optional<Choice> bigger = launch::choose_layout(o, cap_, slots_of(more), model_);
+          const std::optional<Choice> bigger =
+              launch::choose_layout(o, cap_, slots_of(more), model_);
           if (bigger && bigger->layout.ranks() > l.ranks()) {
-            say(fmt::format("host(s) {} answer again: stopping the job after its step (SIGUSR1: "
+            say(
+                fmt::format("host(s) {} answer again: stopping the job after its step (SIGUSR1: "
                             "it saves a checkpoint) to grow to {}",
                             list(back), bigger->layout.text()));
             job.signal(SIGUSR1);
@@ -323,37 +399,8 @@ void Launcher::run() {
     const double ended = now_s();
     job.kill_group();  // what is left of the job (a lost host's daemon)
     const int rc = job.exit_code();
-    if (pending) {
-      ++restarts;
-      const Pending& p = *pending;
-      nlohmann::json rec = {{"event", "restart"},
-                            {"restart", restarts},
-                            {"reason", p.reason},
-                            {"hosts", up},
-                            {"lost_hosts", p.lost},
-                            {"returned_hosts", p.returned},
-                            {"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}}},
-                            {"batch", o.batch},
-                            {"from_step", from},
-                            {"steps_lost", steps_lost},
-                            {"previous_exit_code", p.exit_code},
-                            {"previous_ran_s", std::round(p.ran_s * 100) / 100},
-                            {"detect_s", std::round(p.detect_s * 100) / 100}};
-      rec["restart_s"] = up_at > 0 ? nlohmann::json(std::round((up_at - start) * 100) / 100) : nullptr;
-      rec["load_s"] = first_step_at > 0 ? nlohmann::json(std::round((first_step_at - up_at) * 100) / 100)
-                                        : nullptr;
-      const auto secs = [](const nlohmann::json& v) {
-        return v.is_null() ? std::string("-") : fmt::format("{:.1f} s", v.get<double>());
-      };
-      say(fmt::format(
-          "restart {}: {} {}; {} host(s) answer ({}); layout {}, batch {} ({}); from checkpoint "
-          "step {} ({} step(s) trained again); {} {:.1f} s, restart {}, resharded load {}",
-          restarts, p.reason == "grow" ? "host(s) back:" : "lost host(s)",
-          list(p.reason == "grow" ? p.returned : p.lost), up.size(), list(up), l.text(), o.batch,
-          choice->why, from, steps_lost, p.reason == "grow" ? "stop" : "detection", p.detect_s,
-          secs(rec["restart_s"]), secs(rec["load_s"])));
-      if (!o.metrics.empty()) append_line(o.metrics, rec.dump());
-    }
+    if (pending)
+      report(*pending, up, l, choice->why, from, steps_lost, start, up_at, first_step_at);
     first = false;
     if (g_stop) {
       if (rc == 0) return;

@@ -27,8 +27,9 @@ std::vector<Host> read_hostfile(const std::string& path) {
     for (std::string w; words >> w;) {
       if (w.rfind("slots=", 0) != 0) continue;  // max_slots=, ...: Open MPI's, not ours
       const std::string v = w.substr(6);
-      const bool digits = !v.empty() && v.size() < 6 &&
-                          std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const bool digits = !v.empty() && v.size() < 6 && std::all_of(v.begin(), v.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      });
       if (!digits || std::stoi(v) < 1)
         fail("--hostfile '{}' line {}: '{}' is not a slot count (write slots=N, N >= 1)", path,
              number, w);
@@ -40,7 +41,8 @@ std::vector<Host> read_hostfile(const std::string& path) {
              h.name);
     hosts.push_back(h);
   }
-  if (hosts.empty()) fail("--hostfile '{}' names no host (write one line `HOST slots=N` per host)", path);
+  if (hosts.empty())
+    fail("--hostfile '{}' names no host (write one line `HOST slots=N` per host)", path);
   return hosts;
 }
 
@@ -153,14 +155,14 @@ StepTimeModel planner_step_time(const train::TrainOptions& job, const std::strin
     p.cp = job.cp;
     p.sp = job.sp;
     p.zero = job.zero;
-    train::TrainOptions o = job;
-    o.dp = l.dp;
-    o.tp = l.tp;
-    o.pipeline.pp = l.pp;
-    p.microbatch = o.microbatch_size();
     p.schedule = l.pp > 1 ? job.pipeline.schedule : "1f1b";
-    p.recompute = plan::parse_recompute(job.recompute);
     try {
+      train::TrainOptions o = job;
+      o.dp = l.dp;
+      o.tp = l.tp;
+      o.pipeline.pp = l.pp;
+      p.microbatch = o.microbatch_size();
+      p.recompute = plan::parse_recompute(job.recompute);
       p = plan::as_run(j, p);
       if (plan::invalid_reason(j, p)) return std::nullopt;
       return plan::estimate(j, p).step_time_s;

@@ -50,8 +50,8 @@ pid_t spawn(const std::vector<std::string>& argv, int err_fd, int close_fd) {
   sigemptyset(&dflt);
   for (int s : {SIGINT, SIGTERM, SIGUSR1, SIGPIPE, SIGCHLD}) sigaddset(&dflt, s);
   posix_spawnattr_setsigdefault(&at, &dflt);
-  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                    POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&at,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -68,7 +68,8 @@ pid_t spawn(const std::vector<std::string>& argv, int err_fd, int close_fd) {
 
 Job::Job(const std::vector<std::string>& argv) {
   int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) fail_run("cannot make a pipe for the job: {}", std::strerror(errno));
+  if (pipe2(p, O_CLOEXEC) != 0)
+    fail_run("cannot make a pipe for the job: {}", std::strerror(errno));
   try {
     pid_ = spawn(argv, p[1], p[0]);
   } catch (...) {

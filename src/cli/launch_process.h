@@ -24,8 +24,8 @@ class Job {
   // last unterminated one at its end) to `line`. Returns false once the child has exited and
   // its stderr is drained; then exit_code() holds its status (128 + signal when killed).
   bool pump(double wait_s, const std::function<void(const std::string&)>& line);
-  void signal(int sig);        // to the child alone (mpirun: it forwards SIGUSR1 to the ranks)
-  void kill_group();           // SIGKILL to its whole process group
+  void signal(int sig);  // to the child alone (mpirun: it forwards SIGUSR1 to the ranks)
+  void kill_group();     // SIGKILL to its whole process group
   int exit_code() const { return code_; }
   pid_t pid() const { return pid_; }
 

@@ -1,14 +1,11 @@
 // `meshtrain train`: a preset or a JSON config, every field overridable by a flag.
-#include <cmath>
 #include <memory>
-#include <string_view>
 
 #include "cli/commands.h"
 #include "cli/memory_check.h"
 #include "cli/train_command.h"
 #include "comm/mpi.h"
 #include "core/error.h"
-#include "train/init_from.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
 

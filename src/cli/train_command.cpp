@@ -12,27 +12,27 @@ namespace mt::cli {
 void add_train_command_flags(CLI::App& cmd, TrainCommandFlags& f) {
   f.run.add_to(cmd);
   cmd.add_option("--trace", f.trace,
-                  "write a Chrome/Perfetto trace of the pipeline (one row per rank)");
+                 "write a Chrome/Perfetto trace of the pipeline (one row per rank)");
   cmd.add_option("--metrics", f.metrics, "write one JSON object per step to FILE");
   cmd.add_option("--tensorboard", f.tensorboard,
-                  "write the step scalars as TensorBoard event files into DIR (made if missing)");
+                 "write the step scalars as TensorBoard event files into DIR (made if missing)");
   cmd.add_option("--export", f.export_path,
-                  "write the final weights in Hugging Face names: a FILE.safetensors, or a "
-                  "folder (model.safetensors + config.json)");
+                 "write the final weights in Hugging Face names: a FILE.safetensors, or a "
+                 "folder (model.safetensors + config.json)");
   cmd.add_option("--init-from", f.init_from,
-                  "start from Hugging Face weights (a .safetensors file, or a folder with "
-                  "config.json and model.safetensors or the hub's shards): fine-tuning, any "
-                  "layout; without --model, the file's model");
+                 "start from Hugging Face weights (a .safetensors file, or a folder with "
+                 "config.json and model.safetensors or the hub's shards): fine-tuning, any "
+                 "layout; without --model, the file's model");
   cmd.add_option("--peak-gflops", f.peak_gflops, "GEMM peak for MFU (default: measured, cached)");
   cmd.add_flag("--profile", f.profile, "print where the time went, by kernel");
   cmd.add_option("--checkpoint-dir", f.checkpoint_dir,
-                  "save sharded checkpoints into DIR/step-N (and after the last step)");
+                 "save sharded checkpoints into DIR/step-N (and after the last step)");
   cmd.add_option("--checkpoint-every", f.checkpoint_every, "save every N steps (0: at the end)");
   cmd.add_option("--keep", f.keep, "checkpoints kept in --checkpoint-dir (0: all; default 3)");
   cmd.add_option("--resume", f.resume,
-                  "auto (newest valid in --checkpoint-dir, or from scratch) or a checkpoint");
+                 "auto (newest valid in --checkpoint-dir, or from scratch) or a checkpoint");
   cmd.add_option("--max-restarts", f.max_restarts,
-                  "restart a failed run from the newest checkpoint up to N times (local backend)");
+                 "restart a failed run from the newest checkpoint up to N times (local backend)");
 }
 
 train::TrainOptions train_command_options(const TrainCommandFlags& f) {
@@ -75,6 +75,5 @@ train::TrainOptions train_command_options(const TrainCommandFlags& f) {
   }
   return o;
 }
-
 
 }  // namespace mt::cli

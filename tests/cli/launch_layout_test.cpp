@@ -29,8 +29,8 @@ std::string write(const std::filesystem::path& dir, const std::string& text) {
 
 TEST(LaunchHostfile, ReadsNamesAndSlots) {
   const auto dir = test::scratch_dir("launch-hostfile");
-  const std::vector<Host> h =
-      read_hostfile(write(dir, "# two hosts\nmt-h0 slots=2\n\n  mt-h1 slots=4 max_slots=8 # x\nlone\n"));
+  const std::vector<Host> h = read_hostfile(
+      write(dir, "# two hosts\nmt-h0 slots=2\n\n  mt-h1 slots=4 max_slots=8 # x\nlone\n"));
   ASSERT_EQ(h.size(), 3u);
   EXPECT_EQ(h[0].name, "mt-h0");
   EXPECT_EQ(h[0].slots, 2);
@@ -50,7 +50,8 @@ TEST(LaunchHostfile, RefusesWhatItCannotUse) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(message("a slots=x\n").find("line 1: 'slots=x' is not a slot count"), std::string::npos);
+  EXPECT_NE(message("a slots=x\n").find("line 1: 'slots=x' is not a slot count"),
+            std::string::npos);
   EXPECT_NE(message("a slots=0\n").find("slots=N, N >= 1"), std::string::npos);
   EXPECT_NE(message("a\nb\na\n").find("line 3: host 'a' is named twice"), std::string::npos);
   EXPECT_NE(message("# none\n").find("names no host"), std::string::npos);

@@ -250,9 +250,9 @@ class Elastic : public NamespaceHosts {
     const RunResult bg = run_command(
         "(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 setsid timeout 300 " +
         std::string(MT_BINARY) + " launch --hostfile " + hostfile + " --probe '" + probe +
-        "' --fence '" + fence + "' --hang-grace 3 --max-restarts " +
-        std::to_string(faults.size()) + " --log " + log + " --mpirun-args='--oversubscribe " +
-        opts + "' -- " + train_args(d) + " --comm-timeout 4 --checkpoint-dir " + ck.string() +
+        "' --fence '" + fence + "' --hang-grace 3 --max-restarts " + std::to_string(faults.size()) +
+        " --log " + log + " --mpirun-args='--oversubscribe " + opts + "' -- " + train_args(d) +
+        " --comm-timeout 4 --checkpoint-dir " + ck.string() +
         " --checkpoint-every 4 --resume auto --metrics " + metrics + " > " +
         (dir / "out").string() + " 2>&1; echo $? > " + (dir / "rc").string() +
         ") >/dev/null 2>&1 & echo");
@@ -339,8 +339,7 @@ TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
 // healed once the smaller job has trained step 8; the launcher stops the job after its step
 // (a checkpoint) and goes on in dp 3 on all three hosts, with no step lost.
 TEST_F(Elastic, ALostHostThatAnswersAgainIsGrownBackTo) {
-  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3,
-                  {0, 1, 2});
+  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3, {0, 1, 2});
 }
 
 }  // namespace
