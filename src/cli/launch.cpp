@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -318,9 +319,10 @@ void Launcher::run() {
     const int64_t done = last_metrics_step(o.metrics);
     const int64_t steps_lost = pending && done > from ? done - from : 0;
     if (first)
-      say(fmt::format("starting {} on {} host(s) ({}), batch {} ({}){}", l.text(), up.size(),
+      say(fmt::format("starting {} on {} host(s) ({}), batch {} ({}){}{}", l.text(), up.size(),
                       list(up), o.batch, choice->why,
-                      lost.empty() ? "" : "; not answering: " + list(lost)));
+                      lost.empty() ? "" : "; not answering: " + list(lost),
+                      model_ ? "" : "; layouts of as many ranks unranked: " + no_model_));
     // The metrics file as it was: the trainer rewrites it on resume (a new file, or truncated).
     struct stat before {};
     const bool had_metrics = !o.metrics.empty() && ::stat(o.metrics.c_str(), &before) == 0;

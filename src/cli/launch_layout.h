@@ -3,7 +3,7 @@
 // while keeping the global batch. dp shrinks first (tp x pp as the first layout had them);
 // only where even dp 1 does not fit do tp and pp shrink (to divisors of theirs), and where
 // several such layouts use the most ranks, the planner's model (src/plan) ranks them by step
-// time. Never more ranks than the first layout: a job grows back to it, not past it.
+// time. Never more ranks than `cap` (the whole hostfile's layout, or --dp's).
 #pragma once
 
 #include <functional>
@@ -41,10 +41,10 @@ struct Choice {
   std::string why;
 };
 
-// The largest layout of at most `cap.ranks()` ranks on `slots` slots, for the job `job`
-// (its model and batch; each candidate checked by TrainOptions::validate with its dp, tp and
-// pp). `cap` is the first layout (its tp and pp are where shrinking starts). Nothing when no
-// layout fits.
+// The largest layout of at most `cap.ranks()` ranks on `slots`
+// slots, for the job `job` (its model and batch; each candidate checked by
+// TrainOptions::validate with its dp, tp and pp). `cap`'s tp and pp are where shrinking
+// starts. Nothing when no layout fits.
 std::optional<Choice> choose_layout(const train::TrainOptions& job, const Layout& cap, int slots,
                                     const StepTimeModel& model);
 
