@@ -113,6 +113,47 @@ std::string slurp(const std::filesystem::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// `calibrate` under mpirun over 2 hosts of 2 ranks, the link between them shaped to 100 Mbit/s
+// each way: the cluster file's nodes are the hosts (2 ranks each, 2 of them), its inter-node
+// link is the shaped TCP one and its intra-node link shared memory; `plan` then costs tp
+// across the hosts above tp inside them.
+TEST_F(NamespaceHosts, CalibrateMeasuresTheLinksInsideAndBetweenHosts) {
+  make_hosts(2, 2);
+  if (IsSkipped()) return;
+  ASSERT_EQ(run_command(kHosts + " shape --rate 100mbit --prefix " + prefix_).exit_code, 0);
+  const std::filesystem::path dir = scratch_dir("multihost-calibrate");
+  const std::string cluster = (dir / "hosts.json").string();
+  const RunResult r = mpirun(4, "calibrate --backend mpi --quick --out " + cluster);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 hosts of 2 ranks: all_reduce inside a host"), std::string::npos)
+      << r.output;
+  const nlohmann::json c = nlohmann::json::parse(slurp(cluster));
+  EXPECT_EQ(c["gpus_per_node"].get<int>(), 2);
+  EXPECT_EQ(c["max_nodes"].get<int>(), 2);
+  EXPECT_EQ(c["backend"].get<std::string>(), "mpi");
+  EXPECT_TRUE(c["host_links"].empty());
+  // A 2-rank all-reduce's bus bandwidth is its algorithm bandwidth (each rank sends and
+  // receives half the buffer twice): at most the shaped 12.5 MB/s, and shared memory is more
+  // than 10 times that.
+  const double inter = c["inter_bytes_per_s"].get<double>(),
+               intra = c["intra_bytes_per_s"].get<double>();
+  EXPECT_LT(inter, 12.5e6 * 1.1) << r.output;
+  EXPECT_GT(intra, 10 * inter) << r.output;
+  auto predict = [&](const std::string& extra) {
+    const RunResult p =
+        run_command("(" + std::string(MT_BINARY) + " plan --cluster " + cluster +
+                    " --model tiny --batch 8 --gpus 4 --dp 2 --tp 2 --pp 1 --zero 0 --microbatch 4 "
+                    "--recompute none --no-sp --dtype f32 --meshtrain-runtime --json " +
+                    extra + " 2>/dev/null)");
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    const size_t at = p.output.find('{');
+    const nlohmann::json j = nlohmann::json::parse(
+        at == std::string::npos ? std::string() : p.output.substr(at), nullptr, false);
+    return j.is_object() ? j["layouts"][0]["step_time_s"].get<double>() : -1.0;
+  };
+  EXPECT_GT(predict("--tp-across-hosts"), predict("")) << r.output;
+}
+
 // Issue 27, diagnosis: a host cut off mid-run (its link down) is named, host and ranks, by
 // the watchdog within --comm-timeout + 5 s, in the log of every rank on the other hosts.
 TEST_F(NamespaceHosts, ACutOffHostIsNamedInEverySurvivorsLog) {
