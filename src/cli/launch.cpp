@@ -100,6 +100,11 @@ JobCommand parse_job(std::vector<std::string> words) {
         "the job needs --checkpoint-dir DIR and --resume auto (each restart goes on from the "
         "newest checkpoint there); it has --checkpoint-dir '{}' --resume '{}'",
         o.checkpoint_dir, o.resume);
+  if (o.cp > 1 || o.ep > 1)
+    fail(
+        "the job's --cp {} / --ep {}: launch sizes dp, tp and pp only (leave --cp and --ep out, "
+        "or run the job under mpirun yourself)",
+        o.cp, o.ep);
   if (o.backend != "mpi" && o.backend != "auto")
     fail(
         "the job's --backend {} cannot run under mpirun across hosts (use --backend mpi, or "
