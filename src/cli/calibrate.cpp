@@ -262,9 +262,7 @@ void write_hosts(plan::ClusterSpec c, const comm::HostMap& hosts, int per_host, 
   c.host_links.clear();
   c.backend = "mpi";
   std::fprintf(
-      stderr,
-      "%s
-      ",
+      stderr, "%s\n",
       fmt::format("memory copy {:.1f} GB/s; gemm curve eff_max {:.2f}, d0 {:.0f}; {} hosts "
                   "of {} ranks: all_reduce inside a host alpha {:.1f} us, bus bandwidth "
                   "{:.2f} GB/s; between hosts alpha {:.1f} us, bus bandwidth {:.3f} GB/s",

@@ -140,11 +140,14 @@ TEST_F(NamespaceHosts, CalibrateMeasuresTheLinksInsideAndBetweenHosts) {
   EXPECT_LT(inter, 12.5e6 * 1.1) << r.output;
   EXPECT_GT(intra, 10 * inter) << r.output;
   auto predict = [&](const std::string& extra) {
-    const RunResult p =
-        run_command("(" + std::string(MT_BINARY) + " plan --cluster " + cluster +
-                    " --model tiny --batch 8 --gpus 4 --dp 2 --tp 2 --pp 1 --zero 0 --microbatch 4 "
-                    "--recompute none --no-sp --dtype f32 --meshtrain-runtime --json " +
-                    extra + " 2>/dev/null)");
+    // (appended piece by piece: GCC 12's -Wrestrict misfires on "(" + std::string)
+    std::string cmd = "(";
+    cmd += MT_BINARY;
+    cmd += " plan --cluster " + cluster +
+           " --model tiny --batch 8 --gpus 4 --dp 2 --tp 2 --pp 1 --zero 0 --microbatch 4 "
+           "--recompute none --no-sp --dtype f32 --meshtrain-runtime --json " +
+           extra + " 2>/dev/null)";
+    const RunResult p = run_command(cmd);
     EXPECT_EQ(p.exit_code, 0) << p.output;
     const size_t at = p.output.find('{');
     const nlohmann::json j = nlohmann::json::parse(
@@ -333,7 +336,9 @@ class Elastic : public NamespaceHosts {
       EXPECT_TRUE(rec["restart_s"].is_number()) << rec.dump();
       EXPECT_TRUE(rec["load_s"].is_number()) << rec.dump();
       // Growing stops the job after a step with a checkpoint of it: nothing trained again.
-      if (rec["reason"] == "grow") EXPECT_EQ(rec["steps_lost"], 0) << rec.dump();
+      if (rec["reason"] == "grow") {
+        EXPECT_EQ(rec["steps_lost"], 0) << rec.dump();
+      }
     }
     // Each restart resumed from a checkpoint the trainer found complete and valid (index,
     // sizes, CRC32C: a save cut off left only its .tmp, which is never read).
