@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/hosts.h"
 #include "comm/launch.h"
 #include "comm/mpi.h"
 #include "core/error.h"
@@ -246,6 +247,35 @@ void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& li
   std::printf("wrote %s\n", out_path.c_str());
 }
 
+// Under mpirun on several hosts (docs/multihost.md): the planner's nodes are the hosts. The
+// all-reduce inside rank 0's host (its ranks: shared memory) is the intra-node link, the
+// all-reduce over one rank of each host (TCP) the inter-node link; gpus_per_node is rank 0's
+// host's rank count, max_nodes the host count. No host_links: they would stand for both links.
+void write_hosts(plan::ClusterSpec c, const comm::HostMap& hosts, int per_host, AlphaBeta intra,
+                 AlphaBeta inter, const std::string& out_path) {
+  c.gpus_per_node = per_host;
+  c.max_nodes = hosts.hosts();
+  c.intra_latency_s = intra.alpha;
+  c.intra_bytes_per_s = intra.bus_bytes_per_s;
+  c.inter_latency_s = inter.alpha;
+  c.inter_bytes_per_s = inter.bus_bytes_per_s;
+  c.host_links.clear();
+  c.backend = "mpi";
+  std::fprintf(
+      stderr, "%s\n",
+      fmt::format("memory copy {:.1f} GB/s; gemm curve eff_max {:.2f}, d0 {:.0f}; {} hosts "
+                  "of {} ranks: all_reduce inside a host alpha {:.1f} us, bus bandwidth "
+                  "{:.2f} GB/s; between hosts alpha {:.1f} us, bus bandwidth {:.3f} GB/s",
+                  c.gpu.hbm_bytes_per_s / 1e9, c.gpu.gemm.eff_max, c.gpu.gemm.d0, hosts.hosts(),
+                  per_host, intra.alpha * 1e6, intra.bus_bytes_per_s / 1e9, inter.alpha * 1e6,
+                  inter.bus_bytes_per_s / 1e9)
+          .c_str());
+  if (const auto dir = std::filesystem::path(out_path).parent_path(); !dir.empty())
+    std::filesystem::create_directories(dir);
+  io::write_file(out_path, plan::to_json(c).dump(2) + "\n");
+  std::printf("wrote %s\n", out_path.c_str());
+}
+
 // local: the host measured by this process, the all-reduce over 2 rank threads. mpi (under
 // mpirun, every process runs this): rank 0 measures the host while the others wait, then
 // all time MPI's all_reduce, and rank 0 writes the preset.
@@ -333,6 +363,49 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
       } else {
         wait_for_rank0();
       }
+    }
+    const comm::HostMap hosts = comm::exchange_host_names(world);
+    if (hosts.hosts() > 1) {
+      // The link inside rank 0's host, then between hosts (the lowest rank of each); the
+      // ranks outside the group wait asleep.
+      std::vector<int> first_of(static_cast<size_t>(hosts.hosts()), -1);
+      int per_host = 0;
+      for (int r = 0; r < world.size(); ++r) {
+        const int h = hosts.host_of_rank[static_cast<size_t>(r)];
+        if (first_of[static_cast<size_t>(h)] < 0) first_of[static_cast<size_t>(h)] = r;
+        per_host += h == 0;
+      }
+      if (per_host < 2)
+        fail(
+            "calibrate across {} hosts needs at least 2 ranks on rank 0's host ({}) to time the "
+            "link inside a host: give each host 2 slots or more (hostfile slots=2) and -np to "
+            "match",
+            hosts.hosts(), hosts.names[0]);
+      auto timed = [&](const std::function<bool(int)>& member, const std::string& name) {
+        std::unique_ptr<comm::Group> g =
+            world.split(member(world.rank()) ? 0 : -1, world.rank(), name);
+        AlphaBeta ab;
+        if (g) {
+          ab = allreduce_alpha_beta(*g);
+          float token = 0;
+          if (world.rank() == 0)
+            for (int r = 0; r < world.size(); ++r)
+              if (!member(r)) world.send(comm::Buf(&token, 1), r);
+        } else {
+          wait_for_rank0();
+        }
+        return ab;
+      };
+      const AlphaBeta intra =
+          timed([&](int r) { return hosts.host_of_rank[static_cast<size_t>(r)] == 0; },
+                "calibrate-intra");
+      const AlphaBeta inter = timed(
+          [&](int r) {
+            return first_of[static_cast<size_t>(hosts.host_of_rank[static_cast<size_t>(r)])] == r;
+          },
+          "calibrate-inter");
+      if (world.rank() == 0) write_hosts(c, hosts, per_host, intra, inter, out_path);
+      return;
     }
     // MPI's all-reduce over the first k processes, k = 2, 4, ... up to -np: the others wait
     // asleep (Open MPI's barrier spins, which would take a core from the ones measuring).

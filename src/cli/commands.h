@@ -16,6 +16,7 @@ void register_simulate(CLI::App& app);    // simulate.cpp
 void register_calibrate(CLI::App& app);   // calibrate.cpp
 void register_schedule(CLI::App& app);    // pipeline schedules: print and verify
 void register_checkpoint(CLI::App& app);  // checkpoint.cpp: inspect, reshard, export
+void register_launch(CLI::App& app);      // launch.cpp: an elastic mpirun job over a hostfile
 // `meshtrain bench NAME`: each benchmark of meshtrain itself prints a table, or with
 // --json one JSON document.
 void register_bench_kernels(CLI::App& bench);  // gemm, peak

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   mt::cli::register_calibrate(app);
   mt::cli::register_schedule(app);
   mt::cli::register_checkpoint(app);
+  mt::cli::register_launch(app);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks of meshtrain itself");
   bench->require_subcommand(1);
   mt::cli::register_bench_kernels(*bench);

@@ -56,6 +56,8 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_flag("--tp-comm-overlap", tp_comm_overlap,
                "overlap every TP collective with its GEMM (Transformer Engine userbuffers, "
                "Megatron-Core --tp-comm-overlap; needs --sp; plan: on the SP layouts)");
+  app.add_flag("--tp-across-hosts", tp_across_hosts,
+               "tp across nodes (hosts), dp inside them: train's --mesh-order pp,tp,cp,dp");
   app.add_flag("--unfused-attention", unfused_attention,
                "attention as separate softmax (+ dropout) kernels that keep the T x T "
                "probabilities (Megatron-LM 2021/2022, our CUDA backend by default) instead of "
@@ -316,6 +318,7 @@ plan::SearchPins PlanFlags::pins() const {
   if (sp) p.sp = true;
   if (no_sp) p.sp = false;
   p.tp_comm_overlap = tp_comm_overlap;
+  p.tp_across_nodes = tp_across_hosts;
   if (unfused_attention) p.fused_attention = false;
   if (unfused_grad_accum) p.grad_accum_fusion = false;
   return p;
@@ -373,6 +376,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"recompute", plan::recompute_name(l.recompute)},
           {"sp", l.sp},
           {"schedule", l.schedule},
+          {"tp_across_nodes", l.tp_across_nodes},
           {"software",
            {{"dp_overlap", l.dp_overlap},  // as they take effect (plan::as_run)
             {"tp_overlap", l.tp_overlap},

@@ -26,6 +26,7 @@ struct PlanFlags {
   std::optional<std::string> pp_layers;  // "5,7,7,5", as train takes it
   bool sp = false, no_sp = false;
   bool tp_comm_overlap = false;
+  bool tp_across_hosts = false;  // plan::Layout::tp_across_nodes (train --mesh-order pp,tp,cp,dp)
   bool unfused_attention = false;
   bool unfused_grad_accum = false;
   bool no_dropout = false;

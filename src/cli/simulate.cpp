@@ -51,6 +51,7 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, plan::Software so
   plan::set_software(l,
                      software);  // Megatron-LM 2021 (Narayanan et al.), DeepSpeed 2021 or today's
   l.tp_comm_overlap = f.tp_comm_overlap;
+  l.tp_across_nodes = f.tp_across_hosts;
   if (f.unfused_attention) l.fused_attention = false;
   l.cp_comm = f.cp_comm;
   if (f.unfused_grad_accum) l.grad_accum_fusion = false;

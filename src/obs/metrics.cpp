@@ -25,7 +25,7 @@ std::vector<std::string> rows_through(const std::string& path, int64_t step) {
   while (std::getline(in, line)) {
     const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     // Step rows through `step`; event rows (no step: a supervisor's restart record,
-    // scripts/elastic-mpirun.sh) all stay.
+    // meshtrain launch) all stay.
     if (row.is_object() && ((row.contains("step") && row["step"].is_number_integer() &&
                              row["step"].get<int64_t>() <= step) ||
                             (!row.contains("step") && row.contains("event"))))

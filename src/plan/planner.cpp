@@ -86,7 +86,12 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   // TP: two all-reduces (or all-gather + reduce-scatter with SP) per layer and pass.
   const double act_bytes = n * h * wb;
   double tp_one = 0;
-  if (l.tp > 1) {
+  if (l.tp > 1 && l.tp_across_nodes) {
+    // dp x cp fill a node first: tp's ranks are dp·cp apart, per_node of them share a node.
+    const int per_node = std::max(1, j.cluster.gpus_per_node / (l.dp * l.cp));
+    tp_one = l.sp ? 2 * hier_collective(j, act_bytes, l.tp, per_node, 1)
+                  : hier_collective(j, act_bytes, l.tp, per_node, 2);
+  } else if (l.tp > 1) {
     tp_one = l.sp ? 2 * ring_time(act_bytes, l.tp, 1, j.cluster.intra_bytes_per_s,
                                   j.cluster.intra_latency_s)
                   : ring_time(act_bytes, l.tp, 2, j.cluster.intra_bytes_per_s,
@@ -347,7 +352,10 @@ Prepared prepare(const Job& j, const Layout& l) {
       p.dp_comm += double(p.microbatches) * (2 * ag + rs);
     }
   };
-  reduction(psi - psi_e, dpn, std::max(1, c.gpus_per_node / l.tp));
+  // tp across nodes: dp x cp are the fastest dimensions, as many as fit share a node.
+  reduction(
+      psi - psi_e, dpn,
+      l.tp_across_nodes ? std::min(dpn, c.gpus_per_node) : std::max(1, c.gpus_per_node / l.tp));
   if (psi_e > 0) reduction(psi_e, dpn / l.ep, std::max(1, c.gpus_per_node / (l.tp * l.ep)));
   // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
   // parameter with fp32 master and moments; f32: 28).
@@ -651,6 +659,7 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                   l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
                   l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
                   l.pp_layers = pins.pp_layers;
+                  l.tp_across_nodes = pins.tp_across_nodes;
                   l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
                   l = as_run(j, l);
                   ++res.considered;

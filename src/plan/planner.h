@@ -85,6 +85,10 @@ struct Layout {
   // even_layers Megatron-LM's n_layer / (pp·v) each (which it requires to divide).
   std::vector<int> pp_layers;
   bool even_layers = false;
+  // tp placed across nodes (hosts): train's `--mesh-order pp,tp,cp,dp`, where dp (then cp)
+  // fills a node first and a tp group's ranks are dp·cp apart. Its collectives then cross the
+  // inter-node link (docs/multihost.md); false: tp inside a node, the default order.
+  bool tp_across_nodes = false;
 };
 
 struct Job {
@@ -244,6 +248,7 @@ struct SearchPins {
   std::optional<bool> fused_attention;    // unset: as the software has it
   std::optional<bool> grad_accum_fusion;  // unset: as the software has it
   std::vector<int> pp_layers;             // Layout::pp_layers (only layouts with that many chunks)
+  bool tp_across_nodes = false;           // Layout::tp_across_nodes on every layout
   // Only what Megatron-LM could do when Narayanan et al. 2021 ran it (docs/planner.md,
   // "Megatron-LM 2021"): no ZeRO (no distributed optimizer); no sequence parallelism
   // nor selective recomputation (Korthikanti et al. 2022); n_layer divisible by pp; the interleaved

@@ -113,6 +113,50 @@ std::string slurp(const std::filesystem::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// `calibrate` under mpirun over 2 hosts of 2 ranks, the link between them shaped to 100 Mbit/s
+// each way: the cluster file's nodes are the hosts (2 ranks each, 2 of them), its inter-node
+// link is the shaped TCP one and its intra-node link shared memory; `plan` then costs tp
+// across the hosts above tp inside them.
+TEST_F(NamespaceHosts, CalibrateMeasuresTheLinksInsideAndBetweenHosts) {
+  make_hosts(2, 2);
+  if (IsSkipped()) return;
+  ASSERT_EQ(run_command(kHosts + " shape --rate 100mbit --prefix " + prefix_).exit_code, 0);
+  const std::filesystem::path dir = scratch_dir("multihost-calibrate");
+  const std::string cluster = (dir / "hosts.json").string();
+  const RunResult r = mpirun(4, "calibrate --backend mpi --quick --out " + cluster);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 hosts of 2 ranks: all_reduce inside a host"), std::string::npos)
+      << r.output;
+  const nlohmann::json c = nlohmann::json::parse(slurp(cluster));
+  EXPECT_EQ(c["gpus_per_node"].get<int>(), 2);
+  EXPECT_EQ(c["max_nodes"].get<int>(), 2);
+  EXPECT_EQ(c["backend"].get<std::string>(), "mpi");
+  EXPECT_TRUE(c["host_links"].empty());
+  // A 2-rank all-reduce's bus bandwidth is its algorithm bandwidth (each rank sends and
+  // receives half the buffer twice): at most the shaped 12.5 MB/s, and shared memory is more
+  // than 10 times that.
+  const double inter = c["inter_bytes_per_s"].get<double>(),
+               intra = c["intra_bytes_per_s"].get<double>();
+  EXPECT_LT(inter, 12.5e6 * 1.1) << r.output;
+  EXPECT_GT(intra, 10 * inter) << r.output;
+  auto predict = [&](const std::string& extra) {
+    // (appended piece by piece: GCC 12's -Wrestrict misfires on "(" + std::string)
+    std::string cmd = "(";
+    cmd += MT_BINARY;
+    cmd += " plan --cluster " + cluster +
+           " --model tiny --batch 8 --gpus 4 --dp 2 --tp 2 --pp 1 --zero 0 --microbatch 4 "
+           "--recompute none --no-sp --dtype f32 --meshtrain-runtime --json " +
+           extra + " 2>/dev/null)";
+    const RunResult p = run_command(cmd);
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    const size_t at = p.output.find('{');
+    const nlohmann::json j = nlohmann::json::parse(
+        at == std::string::npos ? std::string() : p.output.substr(at), nullptr, false);
+    return j.is_object() ? j["layouts"][0]["step_time_s"].get<double>() : -1.0;
+  };
+  EXPECT_GT(predict("--tp-across-hosts"), predict("")) << r.output;
+}
+
 // Issue 27, diagnosis: a host cut off mid-run (its link down) is named, host and ranks, by
 // the watchdog within --comm-timeout + 5 s, in the log of every rank on the other hosts.
 TEST_F(NamespaceHosts, ACutOffHostIsNamedInEverySurvivorsLog) {
@@ -196,11 +240,12 @@ MetricsRows read_metrics(const std::string& path) {
 
 // Elastic restart (issue 27): dp 3 x tp 2 on 3 hosts of 2 ranks; faults are injected one
 // after the other (a host's link cut, its processes SIGKILLed; mid-step or while a checkpoint
-// is being written); scripts/elastic-mpirun.sh restarts the job on the hosts that answer, in
-// the largest layout that fits, from the newest valid checkpoint. The run ends with the
-// uninterrupted run's losses, every step once in its metrics, one restart record per fault.
+// is being written) and a cut link healed; `meshtrain launch` restarts the job on the hosts
+// that answer, in the largest layout that fits, from the newest valid checkpoint, and grows
+// back when a host answers again. The run ends with the uninterrupted run's losses, every
+// step once in its metrics, one restart record per fault (a heal included).
 struct Fault {
-  std::string command;  // hosts.sh cut / kill
+  std::string command;  // hosts.sh cut / kill / heal
   int host;             // its index
   int at_step;          // once the metrics show this step (or, during_save, a save of it or later)
   bool during_save;     // while a checkpoint (step >= at_step) is being written: its .tmp is there
@@ -242,19 +287,17 @@ class Elastic : public NamespaceHosts {
     const std::string probe = kHosts + " probe --prefix " + prefix_;
     const std::string fence = kHosts + " kill --prefix " + prefix_;
     const RunResult args = run_command(kHosts + " mpirun-args --no-hostfile --prefix " + prefix_);
-    std::string opts;
-    std::istringstream words(args.output);
-    for (std::string w; words >> w;) opts += " --mpirun-opt " + w;
-    const std::string log = (dir / "elastic.log").string();
+    const std::string opts = args.output.substr(0, args.output.find('\n'));
+    const std::string log = (dir / "launch.log").string();
     std::string hostfile = run_command(kHosts + " hostfile --prefix " + prefix_).output;
     hostfile = hostfile.substr(0, hostfile.find('\n'));
     const RunResult bg = run_command(
         "(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 setsid timeout 300 " +
-        std::string(MT_SOURCE_DIR) + "/scripts/elastic-mpirun.sh --hostfile " + hostfile +
-        " --probe '" + probe + "' --fence '" + fence + "' --hang-grace 3 --max-restarts " +
-        std::to_string(faults.size()) + " --log " + log + " --mpirun-opt --oversubscribe" + opts +
-        " -- " + MT_BINARY + " " + train_args(d) + " --comm-timeout 4 --checkpoint-dir " +
-        ck.string() + " --checkpoint-every 4 --resume auto --metrics " + metrics + " > " +
+        std::string(MT_BINARY) + " launch --hostfile " + hostfile + " --probe '" + probe +
+        "' --fence '" + fence + "' --hang-grace 3 --max-restarts " + std::to_string(faults.size()) +
+        " --log " + log + " --mpirun-args='--oversubscribe " + opts + "' -- " + train_args(d) +
+        " --comm-timeout 4 --checkpoint-dir " + ck.string() +
+        " --checkpoint-every 4 --resume auto --metrics " + metrics + " > " +
         (dir / "out").string() + " 2>&1; echo $? > " + (dir / "rc").string() +
         ") >/dev/null 2>&1 & echo");
     ASSERT_EQ(bg.exit_code, 0) << bg.output;
@@ -285,8 +328,18 @@ class Elastic : public NamespaceHosts {
     const nlohmann::json& last = m.restarts.back();
     EXPECT_EQ(last["layout"]["dp"].dump() + " " + last["hosts"].dump(), expect) << out;
     for (size_t k = 1; k <= faults.size(); ++k)
-      EXPECT_NE(slurp(log).find("elastic: restart " + std::to_string(k) + ":"), std::string::npos)
+      EXPECT_NE(slurp(log).find("launch: restart " + std::to_string(k) + ":"), std::string::npos)
           << out;
+    // The recovery time of each restart, split (detection, restart, resharded load).
+    for (const nlohmann::json& rec : m.restarts) {
+      EXPECT_GE(rec["detect_s"].get<double>(), 0) << rec.dump();
+      EXPECT_TRUE(rec["restart_s"].is_number()) << rec.dump();
+      EXPECT_TRUE(rec["load_s"].is_number()) << rec.dump();
+      // Growing stops the job after a step with a checkpoint of it: nothing trained again.
+      if (rec["reason"] == "grow") {
+        EXPECT_EQ(rec["steps_lost"], 0) << rec.dump();
+      }
+    }
     // Each restart resumed from a checkpoint the trainer found complete and valid (index,
     // sizes, CRC32C: a save cut off left only its .tmp, which is never read).
     size_t resumed = 0;
@@ -326,6 +379,13 @@ TEST_F(Elastic, AHostCutOffDuringACheckpointSave) {
 // The second cut comes once the first restart has trained up to step 14.
 TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
   run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " cut", 1, 14, false}}, 1, {0});
+}
+
+// Growing back: host 2 cut at step 6 (dp 2 on the two left, from the checkpoint of step 4),
+// healed once the smaller job has trained step 8; the launcher stops the job after its step
+// (a checkpoint) and goes on in dp 3 on all three hosts, with no step lost.
+TEST_F(Elastic, ALostHostThatAnswersAgainIsGrownBackTo) {
+  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3, {0, 1, 2});
 }
 
 }  // namespace

@@ -1,0 +1,57 @@
+// What `meshtrain launch` (cli/launch.cpp, docs/multihost.md) decides before each start of
+// the job: the hosts of a hostfile, and the largest layout that fits the hosts that answer
+// while keeping the global batch. dp shrinks first (tp x pp as the first layout had them);
+// only where even dp 1 does not fit do tp and pp shrink (to divisors of theirs), and where
+// several such layouts use the most ranks, the planner's model (src/plan) ranks them by step
+// time. Never more ranks than `cap` (the whole hostfile's layout, or --dp's).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/trainer.h"
+
+namespace mt::cli::launch {
+
+struct Host {
+  std::string name;
+  int slots = 1;
+};
+
+// An Open MPI hostfile: `NAME [slots=N] ...` per line, `#` comments. Throws mt::Error (bad
+// input) naming the file and line of a malformed entry, or a file naming no host.
+std::vector<Host> read_hostfile(const std::string& path);
+std::string hostfile_text(const std::vector<Host>& hosts);  // the same format, one per line
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  int ranks() const { return dp * tp * pp; }
+  bool operator==(const Layout& o) const { return dp == o.dp && tp == o.tp && pp == o.pp; }
+  std::string text() const;  // "dp 2 x tp 2 x pp 1"
+};
+
+// A layout's predicted step time in seconds, or nothing where the model has none for it.
+using StepTimeModel = std::function<std::optional<double>(const Layout&)>;
+
+struct Choice {
+  Layout layout;
+  // Why: "dp shrinks" / "the planner ranks N layouts of R ranks: ..." (for the log).
+  std::string why;
+};
+
+// The largest layout of at most `cap.ranks()` ranks on `slots`
+// slots, for the job `job` (its model and batch; each candidate checked by
+// TrainOptions::validate with its dp, tp and pp). `cap`'s tp and pp are where shrinking
+// starts. Nothing when no layout fits.
+std::optional<Choice> choose_layout(const train::TrainOptions& job, const Layout& cap, int slots,
+                                    const StepTimeModel& model);
+
+// The planner's step time for `job` in a layout, on the cluster preset `cluster`
+// (plan --cluster: "this-host" as `meshtrain calibrate` measured it, or a cluster file).
+// Returns an empty model (never called) when the preset cannot be read, saying why in `why`.
+StepTimeModel planner_step_time(const train::TrainOptions& job, const std::string& cluster,
+                                std::string* why);
+
+}  // namespace mt::cli::launch
