@@ -172,14 +172,7 @@ void Group::execute(Pending& p) {
     // An op still queued when the job aborted never starts (its buffers may be gone).
     if (ctx_->job && ctx_->job->aborted())
       throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
-    const double t0 = now_s();
-    run_call(*p.call);
-    // A simulated link (comm/simulated_link.h): the op lasts at least the link's time.
-    const double link = simulated_link_s(*this, p.call->op, size_, p.call->recv_bytes);
-    if (link > 0) {
-      const double left = t0 + link - now_s();
-      if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
-    }
+    run_over_link(*p.call);
   } catch (...) {
     ctx_->recorder.on_failed(p.record_id);
     p.finish(std::current_exception());
@@ -187,6 +180,21 @@ void Group::execute(Pending& p) {
   }
   ctx_->recorder.on_done(p.record_id, p.call->sent_bytes, p.call->recv_bytes);
   p.finish(nullptr);
+}
+
+// A simulated link (comm/simulated_link.h): the op lasts at least the link's time.
+void Group::run_over_link(OpCall& c) {
+  if (!any_simulated_link()) {
+    run_call(c);
+    return;
+  }
+  const double t0 = now_s();
+  run_call(c);
+  const double link = simulated_link_s(*this, c.op, size_, c.recv_bytes);
+  if (link > 0) {
+    const double left = t0 + link - now_s();
+    if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+  }
 }
 
 void Group::run_call(OpCall& c) {
@@ -214,7 +222,7 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
       try {
         if (ctx_->job && ctx_->job->aborted())
           throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
-        run_call(*call);
+        run_over_link(*call);
       } catch (...) {
         ctx_->recorder.on_failed(id);
         throw;

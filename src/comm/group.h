@@ -173,6 +173,7 @@ class Group {
   static WorkPtr done_work();
   void execute(Pending& p);
   void run_call(OpCall& c);
+  void run_over_link(OpCall& c);  // run_call, lasting at least a simulated link's time
   void check_peer(int peer, const char* what) const;
 
   std::shared_ptr<RankContext> ctx_;

@@ -42,8 +42,8 @@ double hops(OpType op, int n) {
 
 void simulate_link(const Group& g, double bytes_per_s, double latency_s) {
   if (!(bytes_per_s > 0) || !(latency_s >= 0))
-    fail("a simulated link needs a rate > 0 and a latency >= 0 (got {} bytes/s, {} s)",
-         bytes_per_s, latency_s);
+    fail("a simulated link needs a rate > 0 and a latency >= 0 (got {} bytes/s, {} s)", bytes_per_s,
+         latency_s);
   Links& l = links();
   std::lock_guard lock(l.mu);
   l.rate_latency[&g] = {bytes_per_s, latency_s};
@@ -59,6 +59,8 @@ double simulated_link_s(const Group& g, OpType op, int ranks, int64_t recv_bytes
   const auto [rate, latency] = it->second;
   return hops(op, ranks) * latency + static_cast<double>(recv_bytes) / rate;
 }
+
+bool any_simulated_link() { return links().count.load() > 0; }
 
 void forget_simulated_link(const Group& g) {
   Links& l = links();

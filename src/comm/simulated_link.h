@@ -21,5 +21,7 @@ void simulate_link(const Group& g, double bytes_per_s, double latency_s);
 // rank (0 when the group has no simulated link).
 double simulated_link_s(const Group& g, OpType op, int ranks, int64_t recv_bytes);
 void forget_simulated_link(const Group& g);  // the group is going away
+// Whether any group has a simulated link (one atomic load: every op asks).
+bool any_simulated_link();
 
 }  // namespace mt::comm
