@@ -23,23 +23,13 @@ TEST(MoeMpi, ExpertParallelLayoutsMatchTheSingleRank) {
   test::Layout3d composed{2, 2, 2, 3, "1f1b", 1, true};
   composed.ep = 2;
   for (const test::Layout3d& l : {folded, composed}) {
-    TrainOptions o = test::moe_options(l, 10, "f32", {});
-    o.backend = "mpi";
-    o.export_path = test::dir3d() / "moe_layout.safetensors";
-    const TrainResult r = run_training(o);
+    const test::MpiAgainstOracle m = test::train_mpi_against_oracle(
+        test::moe_options(l, 10, "f32", {}), test::moe_options({}, 10, "f32", {}),
+        "moe " + test::name_of(l));
     if (rank != 0) continue;
-    TrainOptions ref_opts = test::moe_options({}, 10, "f32", {});
-    ref_opts.export_path = test::dir3d() / "moe_oracle.safetensors";
-    const TrainResult ref = run_training(ref_opts);
-    ASSERT_EQ(r.steps.size(), ref.steps.size());
-    for (size_t i = 0; i < r.steps.size(); ++i)
-      EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, 5e-5)
-          << test::name_of(l) << " step " << i + 1;
-    const double pd = test::max_weight_diff(o.export_path, ref_opts.export_path, nullptr);
-    EXPECT_LT(pd, 5e-5) << test::name_of(l);
-    EXPECT_GT(r.steps.back().ep_bytes, 0) << "the tokens went over the ep groups";
-    std::printf("mpi moe %s: max |weight diff| %.2e, ep bytes/step %.0f\n",
-                test::name_of(l).c_str(), pd, r.steps.back().ep_bytes);
+    EXPECT_GT(m.layout.steps.back().ep_bytes, 0) << "the tokens went over the ep groups";
+    std::printf("mpi moe %s: ep bytes/step %.0f\n", test::name_of(l).c_str(),
+                m.layout.steps.back().ep_bytes);
   }
 }
 

@@ -15,25 +15,11 @@ namespace {
 TEST(Parallel3dMpi, Dp2Tp2Pp2MatchesTheSingleRank) {
   ASSERT_TRUE(comm::started_by_mpirun()) << "run under mpirun";
   ASSERT_EQ(test::env_int("OMPI_COMM_WORLD_SIZE", 1), 8) << "run with mpirun -np 8";
-  const int rank = test::env_int("OMPI_COMM_WORLD_RANK", 0);
   for (const test::Layout3d& l :
        {test::Layout3d{2, 2, 2, 1}, test::Layout3d{2, 2, 2, 3, "interleaved", 2, true}}) {
-    TrainOptions o = test::options3d(l, 10);
-    o.backend = "mpi";
-    o.export_path = test::dir3d() / "layout.safetensors";
     // Every process writes the demo data into its own scratch directory; rank 0 exports.
-    const TrainResult r = run_training(o);
-    if (rank != 0) continue;
-    TrainOptions ref_opts = test::options3d({}, 10);
-    ref_opts.export_path = test::dir3d() / "oracle.safetensors";
-    const TrainResult ref = run_training(ref_opts);
-    ASSERT_EQ(r.steps.size(), ref.steps.size());
-    for (size_t i = 0; i < r.steps.size(); ++i)
-      EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, 5e-5)
-          << test::name_of(l) << " step " << i + 1;
-    const double pd = test::max_weight_diff(o.export_path, ref_opts.export_path, nullptr);
-    EXPECT_LT(pd, 5e-5) << test::name_of(l);
-    std::printf("mpi %s: max |weight diff| %.2e\n", test::name_of(l).c_str(), pd);
+    test::train_mpi_against_oracle(test::options3d(l, 10), test::options3d({}, 10),
+                                   test::name_of(l));
   }
 }
 

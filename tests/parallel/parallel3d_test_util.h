@@ -4,7 +4,9 @@
 // runs' exported weights.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "test_util.h"
@@ -108,6 +110,34 @@ inline double max_weight_diff(const std::string& a, const std::string& b, std::s
     }
   }
   return worst;
+}
+
+// Under mpirun: every process trains `layout` on the mpi backend, then rank 0 trains
+// `oracle` (one rank, local backend) and checks every step's loss and the exported weights
+// within 5e-5 (the f32 bound of equiv_check.h). Both export into dir3d() under `tag`.
+// Returns the layout's result (on every rank) and, on rank 0, the largest weight difference.
+struct MpiAgainstOracle {
+  train::TrainResult layout;
+  double weight_diff = 0;
+};
+inline MpiAgainstOracle train_mpi_against_oracle(train::TrainOptions layout,
+                                                 train::TrainOptions oracle,
+                                                 const std::string& tag) {
+  std::string file = tag;
+  std::replace(file.begin(), file.end(), ' ', '_');
+  layout.backend = "mpi";
+  layout.export_path = dir3d() / (file + "_layout.safetensors");
+  MpiAgainstOracle m{train::run_training(layout)};
+  if (env_int("OMPI_COMM_WORLD_RANK", 0) != 0) return m;
+  oracle.export_path = dir3d() / (file + "_oracle.safetensors");
+  const train::TrainResult ref = train::run_training(oracle);
+  EXPECT_EQ(m.layout.steps.size(), ref.steps.size()) << tag;
+  for (size_t i = 0; i < std::min(m.layout.steps.size(), ref.steps.size()); ++i)
+    EXPECT_NEAR(m.layout.steps[i].loss, ref.steps[i].loss, 5e-5) << tag << " step " << i + 1;
+  m.weight_diff = max_weight_diff(layout.export_path, oracle.export_path, nullptr);
+  EXPECT_LT(m.weight_diff, 5e-5) << tag;
+  std::printf("mpi %s: max |weight diff| %.2e\n", tag.c_str(), m.weight_diff);
+  return m;
 }
 
 }  // namespace mt::test
