@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/calibrate_gpu.h"
 #include "cli/commands.h"
 #include "comm/hosts.h"
 #include "comm/launch.h"
@@ -190,16 +192,12 @@ plan::ClusterSpec measure_host(bool quick, int cores, int threads,
   c.gpu.peak_flops_f32 = best_rate;
   c.gpu.peak_flops_bf16 /= scale;
   eff.push_back({Shape{big, big, big}, 1.0});
-  for (auto& x : eff) x.second *= scale;
-  double best_err = 1e30;
-  for (double em = 0.30; em <= 1.001; em += 0.01)
-    for (double d0 = 0; d0 <= 256; d0 += 4) {
-      plan::GemmCurve g{em, d0};
-      double err = 0;
-      for (const auto& [s, e] : eff)
-        err += std::pow(std::log(g.efficiency(double(s.m), double(s.n), double(s.k)) / e), 2);
-      if (err < best_err) best_err = err, c.gpu.gemm = g;
-    }
+  std::vector<std::array<double, 4>> points;
+  for (auto& x : eff) {
+    x.second *= scale;
+    points.push_back({double(x.first.m), double(x.first.n), double(x.first.k), x.second});
+  }
+  c.gpu.gemm = plan::fit_gemm_curve(points);
   c.gpu.hbm_bytes_per_s = host_rate(memory_bandwidth);  // all cores copying at once
   c.gpu.hbm_efficiency = 1.0;                           // measured as achieved
   c.gpu.hbm_bytes = 0;
@@ -434,14 +432,39 @@ void register_calibrate(CLI::App& app) {
   auto out = std::make_shared<std::string>(plan::this_host_path());
   auto quick = std::make_shared<bool>(false);
   auto backend = std::make_shared<std::string>("auto");
+  auto dev = std::make_shared<std::string>("cpu");
+  auto links_from = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand(
-      "calibrate", "measure this host (GEMM by shape, memory, collectives) as --cluster this-host");
-  cmd->add_option("--out", *out, "where to write the preset (default: the this-host cache)");
+      "calibrate",
+      "measure this host (GEMM by shape, memory, collectives) as --cluster this-host, or one "
+      "GPU (--device cuda) as a cluster file");
+  cmd->add_option("--out", *out,
+                  "where to write the preset (default: the this-host cache; with --device cuda "
+                  "this-gpu.json)");
+  cmd->add_option("--device", *dev,
+                  "cpu (this host's cores and collectives) or cuda (GPU 0: GEMM by shape, "
+                  "memory, fused attention, launch floor)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--links-from", *links_from,
+                  "with --device cuda: the preset whose NVLink and network figures the file "
+                  "takes (default: by the GPU's generation, e.g. dgx-h100)");
   cmd->add_flag("--quick", *quick, "smaller shapes, fewer repetitions (tests)");
   cmd->add_option("--backend", *backend,
                   "whose collectives to time: local (rank threads), mpi (under mpirun), auto "
                   "(mpi under mpirun, else local)");
-  cmd->callback([out, quick, backend] { run_calibrate(*out, *quick, *backend); });
+  cmd->callback([cmd, out, quick, backend, dev, links_from] {
+    if (*dev == "cuda") {
+      const bool out_given = cmd->count("--out") > 0;
+      run_calibrate_gpu(out_given ? *out : std::string("this-gpu.json"), *quick, *links_from);
+      return;
+    }
+    if (!links_from->empty())
+      fail(
+          "calibrate --links-from {}: only with --device cuda (a CPU host measures its own "
+          "links)",
+          *links_from);
+    run_calibrate(*out, *quick, *backend);
+  });
 }
 
 }  // namespace mt::cli

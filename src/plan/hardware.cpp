@@ -111,6 +111,12 @@ nlohmann::json gpu_json(const GpuSpec& g) {
           {"gemm_d0", g.gemm.d0},
           {"kernel_overhead_s", g.kernel_overhead_s},
           {"kernel_launch_s", g.kernel_launch_s},
+          {"gemm_table",
+           {{"dtype", g.gemm_table.dtype},
+            {"m", g.gemm_table.m},
+            {"n", g.gemm_table.n},
+            {"k", g.gemm_table.k},
+            {"efficiency", g.gemm_table.efficiency}}},
           {"attention",
            {{"head_dim", g.attention.head_dim},
             {"seq", g.attention.seq},
@@ -120,6 +126,61 @@ nlohmann::json gpu_json(const GpuSpec& g) {
 }
 
 }  // namespace
+
+double GemmTable::at(double M, double N, double K) const {
+  // Position of x on an axis: the lower index and the weight of the next point, in log2;
+  // `below` is how far under the first point x lies (1 when on or above it).
+  struct Pos {
+    size_t i = 0;
+    double w = 0, below = 1;
+  };
+  auto locate = [](const std::vector<double>& g, double x) {
+    Pos p;
+    if (x <= g.front()) {
+      p.below = std::max(x, 1e-9) / g.front();
+      return p;
+    }
+    if (x >= g.back()) {
+      p.i = g.size() - 1;
+      return p;
+    }
+    while (p.i + 1 < g.size() && g[p.i + 1] <= x) ++p.i;
+    if (p.i + 1 < g.size())
+      p.w = (std::log2(x) - std::log2(g[p.i])) / (std::log2(g[p.i + 1]) - std::log2(g[p.i]));
+    return p;
+  };
+  const Pos a = locate(m, M), b = locate(n, N), c = locate(k, K);
+  const size_t nn = n.size(), nk = k.size();
+  double e = 0;
+  for (int di = 0; di < 2; ++di)
+    for (int dj = 0; dj < 2; ++dj)
+      for (int dk = 0; dk < 2; ++dk) {
+        const double w = (di ? a.w : 1 - a.w) * (dj ? b.w : 1 - b.w) * (dk ? c.w : 1 - c.w);
+        if (w == 0) continue;
+        e += w * efficiency[((a.i + di) * nn + (b.i + dj)) * nk + (c.i + dk)];
+      }
+  return e * a.below * b.below * c.below;
+}
+
+GemmCurve fit_gemm_curve(const std::vector<std::array<double, 4>>& points) {
+  GemmCurve best;
+  double best_err = 1e300;
+  for (double em = 0.30; em <= 1.001; em += 0.01)
+    for (double d0 = 0; d0 <= 256; d0 += 4) {
+      const GemmCurve g{em, d0};
+      double err = 0;
+      for (const auto& p : points)
+        err += std::pow(std::log(g.efficiency(p[0], p[1], p[2]) / p[3]), 2);
+      if (err < best_err) best_err = err, best = g;
+    }
+  return best;
+}
+
+double GpuSpec::gemm_efficiency(double M, double N, double K, const std::string& dtype) const {
+  const bool mixed = dtype != "f32";
+  if (!gemm_table.empty() && mixed == (gemm_table.dtype != "f32")) return gemm_table.at(M, N, K);
+  return gemm.efficiency(M, N, K);
+}
 
 AttentionRates h100_cudnn_attention() {
   // cuDNN's fused attention (what Transformer Engine runs on H100), head dim 128, BF16:
@@ -247,6 +308,14 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.gpu.gemm.d0 = g.value("gemm_d0", 48.0);
   c.gpu.kernel_overhead_s = g.value("kernel_overhead_s", 0.0);
   c.gpu.kernel_launch_s = g.value("kernel_launch_s", 0.0);
+  if (g.contains("gemm_table")) {
+    const auto& t = g.at("gemm_table");
+    c.gpu.gemm_table.dtype = t.value("dtype", std::string("bf16"));
+    c.gpu.gemm_table.m = t.at("m").get<std::vector<double>>();
+    c.gpu.gemm_table.n = t.at("n").get<std::vector<double>>();
+    c.gpu.gemm_table.k = t.at("k").get<std::vector<double>>();
+    c.gpu.gemm_table.efficiency = t.at("efficiency").get<std::vector<double>>();
+  }
   if (g.contains("attention")) {
     const auto& a = g.at("attention");
     c.gpu.attention.head_dim = int(count(a.at("head_dim"), "gpu.attention.head_dim"));
@@ -310,6 +379,27 @@ void validate(const ClusterSpec& c) {
     check("gpu.attention.bwd_flops_per_s[]", a.bwd_flops_per_s[i], false, "FLOP/s");
     if (i > 0 && !(a.seq[i] > a.seq[i - 1]))
       fail("gpu.attention.seq must ascend ({} after {}): fix the file", a.seq[i], a.seq[i - 1]);
+  }
+  const GemmTable& t = c.gpu.gemm_table;
+  if (!t.empty() || !t.m.empty()) {
+    if (t.dtype != "bf16" && t.dtype != "f32")
+      fail("gpu.gemm_table.dtype is \"{}\"; it must be bf16 or f32: fix the file", t.dtype);
+    if (t.efficiency.size() != t.m.size() * t.n.size() * t.k.size())
+      fail(
+          "gpu.gemm_table has {} x {} x {} grid points but {} efficiencies; give one per (m, n, "
+          "k), row-major: fix the file (or rerun `meshtrain calibrate --device cuda`)",
+          t.m.size(), t.n.size(), t.k.size(), t.efficiency.size());
+    for (const auto& [axis, v] : {std::pair{"m", &t.m}, {"n", &t.n}, {"k", &t.k}})
+      for (size_t i = 0; i < v->size(); ++i)
+        if (!((*v)[i] >= 1) || (i > 0 && !((*v)[i] > (*v)[i - 1])))
+          fail("gpu.gemm_table.{} must ascend from 1 or more ({} at index {}): fix the file", axis,
+               (*v)[i], i);
+    for (double e : t.efficiency)
+      if (!(e > 0 && e <= 1 + 1e-6))
+        fail(
+            "gpu.gemm_table.efficiency holds {}; each must be in (0, 1], an achieved fraction "
+            "of the peak: fix the file",
+            e);
   }
   // Achieved fractions of a peak (calibrate's fit reaches 1.0 by summing 0.01 steps).
   for (auto [field, v] : {std::pair{"gpu.hbm_efficiency", c.gpu.hbm_efficiency},

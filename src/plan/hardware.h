@@ -4,6 +4,7 @@
 // is written by `meshtrain calibrate`; any other name is read as a JSON file.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,25 @@ struct GemmCurve {
     return eff_max / ((1 + d0 / m) * (1 + d0 / n) * (1 + d0 / k));
   }
 };
+
+// Achieved GEMM efficiency (rate / the dtype's peak) measured on a grid of shapes: `meshtrain
+// calibrate --device cuda` times C[M, N] = A[M, K] B[N, K]^T at every (m, n, k) of the grid.
+// Where a table is given it replaces the curve for its dtype (docs/planner.md, "Kernel
+// costs").
+struct GemmTable {
+  std::string dtype = "bf16";      // the operands' type it was measured in (bf16: mixed runs)
+  std::vector<double> m, n, k;     // ascending grid points of each dimension
+  std::vector<double> efficiency;  // [m.size()][n.size()][k.size()], row-major
+  bool empty() const { return efficiency.empty(); }
+  // Trilinear in log2 of each dimension between grid points. Above the largest point the
+  // efficiency is held; below the smallest the GEMM takes the smallest one's time (a kernel
+  // that small is bound by its launch and tail), so the efficiency falls in proportion.
+  double at(double M, double N, double K) const;
+};
+
+// The curve closest to measured points {m, n, k, efficiency}: a grid search over eff_max and
+// d0 minimising the squared log error (calibrate's fit, on a CPU or a GPU's table).
+GemmCurve fit_gemm_curve(const std::vector<std::array<double, 4>>& points);
 
 // A fused (flash) attention kernel's achieved rate by sequence length, forward and backward,
 // at one head dimension, as a published kernel benchmark measured it. FLOP/s are counted as
@@ -45,6 +65,7 @@ struct GpuSpec {
   double hbm_bytes_per_s = 0;
   double hbm_efficiency = 0.7;  // achieved fraction of HBM bandwidth by elementwise kernels
   GemmCurve gemm;
+  GemmTable gemm_table;          // measured by shape; empty: the curve
   double kernel_overhead_s = 0;  // fixed time per layer pass (launches, small kernels)
   // The least time any kernel takes (its launch and tail): a GEMM or memory-bound kernel
   // shorter than this costs this. 0: none.
@@ -54,6 +75,9 @@ struct GpuSpec {
   // kernel_launch_s): a measurement, a published table, or an estimate.
   std::map<std::string, std::string> sources;
   double peak_flops(const std::string& dtype) const;
+  // The GEMM efficiency of an [M, K] x [K, N] product in `dtype`: the measured table where it
+  // covers the dtype (a bf16 table covers the mixed-precision dtypes), else the curve.
+  double gemm_efficiency(double M, double N, double K, const std::string& dtype) const;
 };
 
 // A collective link measured on a shared host with `ranks` rank threads (or processes)

@@ -56,7 +56,7 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
   // One kernel of `batch` GEMMs [M, K] × [K, N] (batched over heads for attention), at the
   // curve's rate for its shape, and never shorter than a launch.
   auto gemm = [&](double M, double N, double K, double batch) {
-    return std::max(launch, 2 * M * N * K * batch / (peak * g.gemm.efficiency(M, N, K)));
+    return std::max(launch, 2 * M * N * K * batch / (peak * g.gemm_efficiency(M, N, K, j.dtype)));
   };
   // With userbuffers each GEMM beside a TP collective runs as t chunks of n / t rows.
   const bool ub = l.tp_comm_overlap && l.tp > 1 && j.cluster.compute_units == 0;
@@ -70,7 +70,7 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
     // Averaged over the blocks: the dense ones' MLP (of mo.d_ff), the MoE ones' GEMMs by shape.
     const double moe = double(mo.moe_layers) / double(mo.n_layer), Fd = double(mo.d_ff);
     auto raw = [&](double M, double N, double K) {
-      return 2 * M * N * K / (peak * g.gemm.efficiency(M, N, K));
+      return 2 * M * N * K / (peak * g.gemm_efficiency(M, N, K, j.dtype));
     };
     const auto [in, out] = moe_gemms(job, l, n, raw);
     k.mlp_in = (1 - moe) * chunks * gemm(rows, (m.swiglu ? 2 : 1) * Fd / t, h, 1) +

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -119,6 +120,95 @@ TEST(PlanKernels, AMalformedAttentionTableIsRefusedByName) {
   j = to_json(c);
   j["gpu"]["kernel_launch_s"] = -1e-6;
   refused(j, "gpu.kernel_launch_s");
+}
+
+// A 2 x 2 x 2 table whose efficiency is a known function of the grid point, so every
+// interpolated value has a closed form.
+GemmTable two_point_table() {
+  GemmTable t;
+  t.m = {1024, 4096};
+  t.n = {256, 1024};
+  t.k = {512, 2048};
+  for (double m : t.m)
+    for (double n : t.n)
+      for (double k : t.k)
+        t.efficiency.push_back(0.1 * std::log2(m / 512) + 0.05 * std::log2(n / 128) +
+                               0.02 * std::log2(k / 256));
+  return t;
+}
+
+TEST(PlanKernels, AGemmTableInterpolatesInLogShapeAndHoldsTimeBelowItsGrid) {
+  const GemmTable t = two_point_table();
+  auto f = [](double m, double n, double k) {  // the function the corners sample
+    return 0.1 * std::log2(m / 512) + 0.05 * std::log2(n / 128) + 0.02 * std::log2(k / 256);
+  };
+  // Grid points exactly; between them trilinear in log2 (exact for a function linear in the
+  // logs); above the grid held at the edge.
+  EXPECT_NEAR(t.at(4096, 256, 2048), f(4096, 256, 2048), 1e-15);
+  EXPECT_NEAR(t.at(2048, 512, 1024), f(2048, 512, 1024), 1e-15);
+  EXPECT_NEAR(t.at(3000, 700, 900), f(3000, 700, 900), 1e-15);
+  EXPECT_NEAR(t.at(1e6, 512, 1024), f(4096, 512, 1024), 1e-15);
+  // Below the smallest m the GEMM takes the m = 1024 one's time: efficiency x m / 1024.
+  EXPECT_NEAR(t.at(256, 256, 512), f(1024, 256, 512) * 256 / 1024, 1e-15);
+  EXPECT_NEAR(t.at(256, 64, 512), f(1024, 256, 512) * (256.0 / 1024) * (64.0 / 256), 1e-15);
+}
+
+TEST(PlanKernels, AMeasuredGemmTableReplacesTheCurveForItsDtypeOnly) {
+  Job j = llama8b(4096);
+  const Layout l = one_gpu();
+  const LayerKernels curve = layer_kernels(j, l, 1.0);
+  j.cluster.gpu.gemm_table = two_point_table();
+  const LayerKernels table = layer_kernels(j, l, 1.0);
+  // The qkv GEMM [n, h + 2 kv] x [h] of one microbatch: n = 4096 tokens, N = 4096 + 2 * 1024,
+  // K = 4096: above the grid on every side, so the corner (4096, 1024, 2048).
+  const double n = 4096, N = 4096 + 2 * 1024, K = 4096;
+  const double e = 0.1 * std::log2(8.0) + 0.05 * std::log2(8.0) + 0.02 * std::log2(8.0);
+  EXPECT_NEAR(table.qkv, 2 * n * N * K / (j.cluster.gpu.peak_flops_bf16 * e), 1e-12);
+  EXPECT_NE(table.qkv, curve.qkv);
+  // An f32 job keeps the curve: the table was measured in bf16.
+  j.dtype = "f32";
+  Job f32 = j;
+  f32.cluster.gpu.gemm_table = GemmTable{};
+  EXPECT_DOUBLE_EQ(layer_kernels(j, l, 1.0).qkv, layer_kernels(f32, l, 1.0).qkv);
+}
+
+TEST(PlanKernels, AGemmTableTravelsInTheClusterFileAndAMalformedOneIsRefused) {
+  ClusterSpec c = cluster_preset("dgx-h100");
+  c.gpu.gemm_table = two_point_table();
+  const ClusterSpec back = cluster_from_json(to_json(c));
+  EXPECT_EQ(back.gpu.gemm_table.efficiency, c.gpu.gemm_table.efficiency);
+  EXPECT_EQ(back.gpu.gemm_table.k, c.gpu.gemm_table.k);
+  auto refused = [](nlohmann::json j, const std::string& what) {
+    try {
+      cluster_from_json(j);
+      ADD_FAILURE() << "accepted: " << j.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json j = to_json(c);
+  j["gpu"]["gemm_table"]["efficiency"].erase(0);
+  refused(j, "gpu.gemm_table has 2 x 2 x 2 grid points but 7 efficiencies");
+  j = to_json(c);
+  j["gpu"]["gemm_table"]["n"] = {1024, 256};
+  refused(j, "gpu.gemm_table.n must ascend");
+  j = to_json(c);
+  j["gpu"]["gemm_table"]["efficiency"][3] = 1.5;
+  refused(j, "gpu.gemm_table.efficiency holds 1.5");
+  j = to_json(c);
+  j["gpu"]["gemm_table"]["dtype"] = "fp8";
+  refused(j, "gpu.gemm_table.dtype is \"fp8\"");
+}
+
+TEST(PlanKernels, TheCurveFitRecoversTheCurveItsPointsCameFrom) {
+  const GemmCurve truth{0.71, 88};
+  std::vector<std::array<double, 4>> points;
+  for (double m : {128.0, 1024.0, 8192.0})
+    for (double n : {64.0, 512.0, 4096.0})
+      for (double k : {256.0, 2048.0}) points.push_back({m, n, k, truth.efficiency(m, n, k)});
+  const GemmCurve fit = fit_gemm_curve(points);
+  EXPECT_NEAR(fit.eff_max, 0.71, 1e-9);
+  EXPECT_NEAR(fit.d0, 88, 1e-9);
 }
 
 }  // namespace

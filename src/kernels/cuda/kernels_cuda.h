@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "kernels/kernels.h"
@@ -47,8 +49,8 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
                       const float* rstd, int64_t n, int64_t c);
 void rope_forward(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t col0, int64_t heads,
                   int64_t hd, const float* cos, const float* sin);
-void rope_backward(float* dx, int64_t B, int64_t T, int64_t row_stride, int64_t col0,
-                   int64_t heads, int64_t hd, const float* cos, const float* sin);
+void rope_backward(float* dx, int64_t B, int64_t T, int64_t row_stride, int64_t col0, int64_t heads,
+                   int64_t hd, const float* cos, const float* sin);
 void swiglu_forward(float* y, const float* h, int64_t n, int64_t f);
 void swiglu_backward(float* dh, const float* h, const float* dy, int64_t n, int64_t f);
 void expand_kv_heads(float* full, const float* qkv, int64_t n, int64_t heads, int64_t kv_heads,
@@ -137,5 +139,35 @@ void adamw_update_mixed(float* master, bf16* param_out, const float* grad, float
 // The measured bf16/f32 GEMM rate of the current GPU (FLOP/s) on an M=N=K=n product, for
 // MFU and `meshtrain bench peak --device cuda` (median of `reps` timed runs with events).
 double time_gemm_flops(int64_t n, bool bf16_operands, int reps);
+
+// ---- microbenchmarks of `meshtrain calibrate --device cuda` (microbench.cu)
+// FLOP/s of C[M, N] = A[M, K] B[N, K]^T (linear_forward's product), per call in a stream of
+// back-to-back calls (the median of `reps` batches).
+double time_gemm_shape(int64_t M, int64_t N, int64_t K, bool bf16_operands, int reps);
+// The bf16 rate of every (m, n, k) of the grid, row-major [m][n][k], on buffers allocated
+// once for the largest shape.
+std::vector<double> time_gemm_table(const std::vector<double>& m, const std::vector<double>& n,
+                                    const std::vector<double>& k, int reps);
+struct MemoryRates {
+  double copy_bytes_per_s = 0;  // copy(): read + write
+  double add_bytes_per_s = 0;   // add(): two reads + one write, our elementwise kernel
+};
+MemoryRates time_memory_rates(int64_t bytes, int reps);
+struct LaunchTimes {
+  double gpu_s = 0;   // per empty kernel, back to back on the GPU
+  double host_s = 0;  // per launch call on the host (enqueue only)
+};
+LaunchTimes time_launches(int launches);
+struct AttentionTimes {
+  double forward_s = 0, backward_s = 0;  // per call of the fused (flash) kernels
+};
+AttentionTimes time_flash_attention(int64_t B, int64_t T, int64_t C, int64_t NH, int reps);
+struct GpuInfo {
+  std::string name;
+  int sms = 0, cc_major = 0, cc_minor = 0;
+  double memory_bytes = 0, sm_clock_hz = 0;
+  double memory_bytes_per_s = 0;  // the data sheet's: memory clock x 2 x bus width
+};
+GpuInfo gpu_info();
 
 }  // namespace mt::kernels::cuda
