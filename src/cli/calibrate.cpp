@@ -434,6 +434,7 @@ void register_calibrate(CLI::App& app) {
   auto backend = std::make_shared<std::string>("auto");
   auto dev = std::make_shared<std::string>("cpu");
   auto links_from = std::make_shared<std::string>();
+  auto sustain_s = std::make_shared<double>(30.0);
   CLI::App* cmd = app.add_subcommand(
       "calibrate",
       "measure this host (GEMM by shape, memory, collectives) as --cluster this-host, or one "
@@ -448,14 +449,19 @@ void register_calibrate(CLI::App& app) {
   cmd->add_option("--links-from", *links_from,
                   "with --device cuda: the preset whose NVLink and network figures the file "
                   "takes (default: by the GPU's generation, e.g. dgx-h100)");
+  cmd->add_option("--sustain-seconds", *sustain_s,
+                  "with --device cuda: seconds of back-to-back GEMMs to measure the rate kept "
+                  "at the power limit (compute_sustain; 0: skip)")
+      ->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--quick", *quick, "smaller shapes, fewer repetitions (tests)");
   cmd->add_option("--backend", *backend,
                   "whose collectives to time: local (rank threads), mpi (under mpirun), auto "
                   "(mpi under mpirun, else local)");
-  cmd->callback([cmd, out, quick, backend, dev, links_from] {
+  cmd->callback([cmd, out, quick, backend, dev, links_from, sustain_s] {
     if (*dev == "cuda") {
       const bool out_given = cmd->count("--out") > 0;
-      run_calibrate_gpu(out_given ? *out : std::string("this-gpu.json"), *quick, *links_from);
+      run_calibrate_gpu(out_given ? *out : std::string("this-gpu.json"), *quick, *links_from,
+                        *sustain_s);
       return;
     }
     if (!links_from->empty())

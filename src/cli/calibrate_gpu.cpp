@@ -59,7 +59,7 @@ std::vector<double> grid(bool quick) {
   return g;
 }
 
-plan::ClusterSpec measure_gpu(bool quick, const std::string& links_from) {
+plan::ClusterSpec measure_gpu(bool quick, const std::string& links_from, double sustain_s) {
   namespace kc = kernels::cuda;
   device::use_cuda(0);
   const kc::GpuInfo info = kc::gpu_info();
@@ -113,6 +113,23 @@ plan::ClusterSpec measure_gpu(bool quick, const std::string& links_from) {
       "{1:.0f}..{2:.0f}, median of {3} batches",
       t.m.size(), t.m.front(), t.m.back(), reps);
   g.sources["gemm"] = "fitted (least squares on log efficiency) to the measured gemm_table";
+  // The table's rates are bursts; a training run holds the card at its power limit.
+  if (sustain_s > 0) {
+    const kc::SustainedRate su = kc::time_gemm_sustained(quick ? 2048 : 8192, sustain_s);
+    g.compute_sustain = std::min(1.0, su.sustained_flops_per_s / su.burst_flops_per_s);
+    g.sources["compute_sustain"] = fmt::format(
+        "measured: an 8192^3 bf16 GEMM back to back for {:.0f} s, the last half's median rate "
+        "{:.0f} TFLOP/s over its burst rate {:.0f} TFLOP/s",
+        sustain_s, su.sustained_flops_per_s / 1e12, su.burst_flops_per_s / 1e12);
+    std::fprintf(stderr, "%s\n",
+                 fmt::format("sustained: {:.0f} TFLOP/s after {:.0f} s against {:.0f} burst: "
+                             "compute_sustain {:.3f}",
+                             su.sustained_flops_per_s / 1e12, sustain_s,
+                             su.burst_flops_per_s / 1e12, g.compute_sustain)
+                     .c_str());
+  } else {
+    g.sources["compute_sustain"] = "not measured (--sustain-seconds 0): burst rates as they are";
+  }
   // A slice a person can read: m = 8192 tokens, n x k.
   {
     const size_t mi = std::min<size_t>(t.m.size() - 1, quick ? 2 : 7);
@@ -192,7 +209,8 @@ plan::ClusterSpec measure_gpu(bool quick, const std::string& links_from) {
 
 }  // namespace
 
-void run_calibrate_gpu(const std::string& out_path, bool quick, const std::string& links_from) {
+void run_calibrate_gpu(const std::string& out_path, bool quick, const std::string& links_from,
+                       double sustain_s) {
 #if MESHTRAIN_CUDA
   if (device::cuda_device_count() < 1)
     fail(
@@ -202,14 +220,14 @@ void run_calibrate_gpu(const std::string& out_path, bool quick, const std::strin
   if (const auto dir = std::filesystem::path(out_path).parent_path(); !dir.empty())
     train::check_output_dir(dir.string(), "--out");
   train::check_output_file(out_path, "--out");
-  const plan::ClusterSpec c = measure_gpu(quick, links_from);
+  const plan::ClusterSpec c = measure_gpu(quick, links_from, sustain_s);
   plan::validate(c);
   if (const auto dir = std::filesystem::path(out_path).parent_path(); !dir.empty())
     std::filesystem::create_directories(dir);
   io::write_file(out_path, plan::to_json(c).dump(2) + "\n");
   std::printf("wrote %s (plan with --cluster %s)\n", out_path.c_str(), out_path.c_str());
 #else
-  (void)out_path, (void)quick, (void)links_from;
+  (void)out_path, (void)quick, (void)links_from, (void)sustain_s;
   fail(
       "calibrate --device cuda: this meshtrain was built without CUDA; rebuild with "
       "-DMESHTRAIN_CUDA=ON (nvcc found), or plan with a preset (--cluster dgx-a100, dgx-h100, "

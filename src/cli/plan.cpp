@@ -30,7 +30,7 @@ void PlanFlags::add_to(CLI::App& app) {
       "MLP width (default: the preset's d_ff, scaled with --d-model by the preset's d_ff / "
       "d_model ratio)");
   app.add_option("--cluster", cluster,
-                 "dgx-a100, dgx-h100 (default), hgx-b200, this-host (meshtrain calibrate) or a "
+                 "dgx-a100, dgx-h100 (default), dgx-h100-measured, hgx-b200, this-host (meshtrain calibrate) or a "
                  "JSON file");
   app.add_option("--gpus", gpus, "GPUs (ranks) in the job")->required();
   app.add_option("--batch", batch, "global batch, in sequences (default: --gpus)");

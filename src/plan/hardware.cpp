@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "plan/measured_h100.h"
 
 namespace mt::plan {
 
@@ -83,6 +84,28 @@ GpuSpec h100_sxm() {
   return g;
 }
 
+// The H100 with its kernel costs measured on a lent H100 80GB HBM3 (measured_h100.h): GEMM
+// efficiency by shape, fused attention, elementwise bandwidth and the launch floor, each at its
+// burst rate, times the fraction of the burst rate a GEMM keeps under sustained load (the
+// clock falls to what 700 W allows). Nothing in it is fitted to a published run.
+GpuSpec h100_sxm_measured() {
+  GpuSpec g = h100_sxm();
+  g.name = "H100-SXM5-80GB (measured kernels)";
+  g.gemm_table = h100_measured_gemm_table();
+  g.attention = h100_measured_attention();
+  g.hbm_efficiency = h100_measured_hbm_efficiency();
+  g.kernel_launch_s = h100_measured_launch_s();
+  g.compute_sustain = h100_measured_compute_sustain();
+  const std::string src = h100_measured_source();
+  g.sources["gemm_table"] = "torch.matmul bf16 (cuBLAS) by (m, n, k), " + src;
+  g.sources["attention"] = "torch scaled_dot_product_attention, causal, head dim 128, " + src;
+  g.sources["hbm_efficiency"] = "torch.add over 1 GiB / 3.35 TB/s, " + src;
+  g.sources["kernel_launch_s"] = "meshtrain calibrate --device cuda, " + src;
+  g.sources["compute_sustain"] =
+      "sustained / burst rate of bf16 GEMMs over 30 s at the 700 W limit, " + src;
+  return g;
+}
+
 GpuSpec b200() {
   GpuSpec g;
   g.name = "B200-180GB";
@@ -111,6 +134,7 @@ nlohmann::json gpu_json(const GpuSpec& g) {
           {"gemm_d0", g.gemm.d0},
           {"kernel_overhead_s", g.kernel_overhead_s},
           {"kernel_launch_s", g.kernel_launch_s},
+          {"compute_sustain", g.compute_sustain},
           {"gemm_table",
            {{"dtype", g.gemm_table.dtype},
             {"m", g.gemm_table.m},
@@ -178,7 +202,8 @@ GemmCurve fit_gemm_curve(const std::vector<std::array<double, 4>>& points) {
 
 double GpuSpec::gemm_efficiency(double M, double N, double K, const std::string& dtype) const {
   const bool mixed = dtype != "f32";
-  if (!gemm_table.empty() && mixed == (gemm_table.dtype != "f32")) return gemm_table.at(M, N, K);
+  if (!gemm_table.empty() && mixed == (gemm_table.dtype != "f32"))
+    return compute_sustain * gemm_table.at(M, N, K);
   return gemm.efficiency(M, N, K);
 }
 
@@ -210,7 +235,7 @@ double GpuSpec::peak_flops(const std::string& dtype) const {
 }
 
 std::vector<std::string> cluster_preset_names() {
-  return {"dgx-a100", "dgx-h100", "hgx-b200", "this-host"};
+  return {"dgx-a100", "dgx-h100", "dgx-h100-measured", "hgx-b200", "this-host"};
 }
 
 std::string this_host_path() {
@@ -227,6 +252,8 @@ ClusterSpec cluster_preset(const std::string& name) {
   // (A100: ~230 of 300 GB/s), an IB rail ~90% of its line rate (docs/planner.md).
   if (name == "dgx-a100") return dgx("dgx-a100", a100_80gb(), 230e9, 22.5e9);
   if (name == "dgx-h100") return dgx("dgx-h100", h100_sxm(), 360e9, 45e9);
+  if (name == "dgx-h100-measured")
+    return dgx("dgx-h100-measured", h100_sxm_measured(), 360e9, 45e9);
   if (name == "hgx-b200") return dgx("hgx-b200", b200(), 720e9, 45e9);
   std::string path = name == "this-host" ? this_host_path() : name;
   std::error_code ec;
@@ -308,6 +335,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
   c.gpu.gemm.d0 = g.value("gemm_d0", 48.0);
   c.gpu.kernel_overhead_s = g.value("kernel_overhead_s", 0.0);
   c.gpu.kernel_launch_s = g.value("kernel_launch_s", 0.0);
+  c.gpu.compute_sustain = g.value("compute_sustain", 1.0);
   if (g.contains("gemm_table")) {
     const auto& t = g.at("gemm_table");
     c.gpu.gemm_table.dtype = t.value("dtype", std::string("bf16"));
@@ -366,6 +394,8 @@ void validate(const ClusterSpec& c) {
   check("gpu.gemm_d0", c.gpu.gemm.d0, true, "GEMM dimension");
   check("gpu.kernel_overhead_s", c.gpu.kernel_overhead_s, true, "seconds");
   check("gpu.kernel_launch_s", c.gpu.kernel_launch_s, true, "seconds");
+  check("gpu.compute_sustain", c.gpu.compute_sustain, false,
+        "the fraction of burst rates kept under sustained load, up to 1");
   const AttentionRates& a = c.gpu.attention;
   if (a.fwd_flops_per_s.size() != a.seq.size() || a.bwd_flops_per_s.size() != a.seq.size())
     fail(
@@ -403,7 +433,8 @@ void validate(const ClusterSpec& c) {
   }
   // Achieved fractions of a peak (calibrate's fit reaches 1.0 by summing 0.01 steps).
   for (auto [field, v] : {std::pair{"gpu.hbm_efficiency", c.gpu.hbm_efficiency},
-                          {"gpu.gemm_eff_max", c.gpu.gemm.eff_max}})
+                          {"gpu.gemm_eff_max", c.gpu.gemm.eff_max},
+                          {"gpu.compute_sustain", c.gpu.compute_sustain}})
     if (v > 1 + 1e-6)
       fail("{} is {}; it must be at most 1 (an achieved fraction of the peak): fix the file", field,
            v);

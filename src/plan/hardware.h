@@ -71,6 +71,11 @@ struct GpuSpec {
   // shorter than this costs this. 0: none.
   double kernel_launch_s = 0;
   AttentionRates attention;  // fused attention; empty: the GEMM curve
+  // The fraction of a measured burst rate (gemm_table, attention: timed in ~2 ms batches)
+  // that compute-bound kernels keep under sustained load, where the clock falls to what the
+  // power limit allows (an H100 SXM at 700 W: 0.874, bench/gpu/sustained_gemm.py). Applies
+  // to the table and the attention rates, not to the curve (fitted or estimated as sustained).
+  double compute_sustain = 1.0;
   // Where each number comes from, by field (gemm, hbm_efficiency, attention,
   // kernel_launch_s): a measurement, a published table, or an estimate.
   std::map<std::string, std::string> sources;

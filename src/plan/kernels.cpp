@@ -91,8 +91,9 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
     const AttentionRates& r = g.attention;
     const double hd_scale = (1 + g.gemm.d0 / r.head_dim) / (1 + g.gemm.d0 / hd);
     const double flops = 4 * b * (a / t) * s * S * hd / 2;
-    const double fwd_rate = AttentionRates::at(r.seq, r.fwd_flops_per_s, S) * hd_scale * share;
-    const double bwd_rate = AttentionRates::at(r.seq, r.bwd_flops_per_s, S) * hd_scale * share;
+    const double sustain = g.compute_sustain * hd_scale * share;
+    const double fwd_rate = AttentionRates::at(r.seq, r.fwd_flops_per_s, S) * sustain;
+    const double bwd_rate = AttentionRates::at(r.seq, r.bwd_flops_per_s, S) * sustain;
     k.attention = std::max(launch, flops / fwd_rate);
     k.attention_bwd = std::max(launch, 2.5 * flops / bwd_rate);
   } else {

@@ -39,7 +39,12 @@ json load_rows() {
   return json::parse(in);
 }
 
-Job job_of(const json& r, bool cudnn_attention = false) {
+// How the set is asked: as the presets stand (the default), with the H100's fused attention at
+// cuDNN's published rates, or with every dgx-h100 row on dgx-h100-measured (kernel costs
+// measured on a lent H100).
+enum class H100 { kPreset, kCudnnAttention, kMeasured };
+
+Job job_of(const json& r, H100 h100 = H100::kPreset) {
   Job j;
   j.model = model_preset(r.at("model").get<std::string>());
   if (r.contains("shape")) {
@@ -65,9 +70,11 @@ Job job_of(const json& r, bool cudnn_attention = false) {
     // A MoE preset's blocks are all MoE: as many as the row's layers.
     if (j.model.n_experts > 0) j.model.moe_layers = s.value("moe_layers", j.model.n_layer);
   }
-  j.cluster = cluster_preset(r.at("cluster").get<std::string>());
-  if (cudnn_attention && r.at("cluster") == "dgx-h100")
-    j.cluster.gpu.attention = h100_cudnn_attention();
+  const bool on_h100 = r.at("cluster") == "dgx-h100";
+  j.cluster =
+      cluster_preset(on_h100 && h100 == H100::kMeasured ? std::string("dgx-h100-measured")
+                                                        : r.at("cluster").get<std::string>());
+  if (on_h100 && h100 == H100::kCudnnAttention) j.cluster.gpu.attention = h100_cudnn_attention();
   j.gpus = r.at("gpus").get<int64_t>();
   j.batch = r.at("batch").get<int64_t>();
   j.seq = r.at("seq").get<int64_t>();
@@ -120,8 +127,8 @@ std::vector<int> lighter_ends_split(const json& r, int64_t n_layer, const Layout
 
 // The row's estimate: its v, or the best v the planner finds where the source gives none
 // (every v up to 16 that the software can split the layers into).
-Estimate estimate_row(const json& r, bool cudnn_attention) {
-  const Job j = job_of(r, cudnn_attention);
+Estimate estimate_row(const json& r, H100 h100) {
+  const Job j = job_of(r, h100);
   const bool ends = r.contains("lighter_ends");
   if (!r.at("v").is_null()) {
     Layout l = layout_of(r, r.at("v").get<int>());
@@ -175,14 +182,14 @@ struct Result {
 
 std::string goal_status(const Result& res);
 
-Result run_all(bool print, bool cudnn_attention = false) {
+Result run_all(bool print, H100 h100 = H100::kPreset) {
   const json data = load_rows();
   Result res;
   if (print)
     fmt::print("{:<16} {:<62} {:>10} {:>10} {:>7}\n", "source", "run", "published", "predicted",
                "error");
   for (const json& r : data.at("rows")) {
-    const Estimate e = estimate_row(r, cudnn_attention);
+    const Estimate e = estimate_row(r, h100);
     const double err = error_of(r, e);
     const bool fitted = r.value("fitted", false);
     const std::string src = r.at("source").get<std::string>();
@@ -282,10 +289,34 @@ TEST(PublishedRuns, WithTheH100CudnnAttentionRates) {
   // The same set with the dgx-h100 preset's fused attention costed at cuDNN's published
   // rates (h100_cudnn_attention: FlashAttention-3 paper, Figures 5-6) instead of the GEMM
   // curve on the full T×T. Reported, not the default: docs/planner.md, "Kernel costs".
-  const Result base = run_all(false), cudnn = run_all(true, true);
+  const Result base = run_all(false), cudnn = run_all(true, H100::kCudnnAttention);
   // The kernel is faster than the curve says: every H100 row with fused attention speeds up.
   EXPECT_LT(cudnn.by_source.at("nvidia-dgxc").mape(), 1.0);
   EXPECT_NE(cudnn.all.mape(), base.all.mape());
+}
+
+TEST(PublishedRuns, WithTheMeasuredH100Kernels) {
+  // Every dgx-h100 row on dgx-h100-measured: GEMM efficiency by shape, fused attention and
+  // elementwise bandwidth as PyTorch reached them on a lent H100, times the measured fraction
+  // of a burst rate kept under sustained load (0.874), and the measured launch floor
+  // (docs/planner.md, "Kernel costs measured on an H100"). Reported beside the default: the
+  // measured kernels leave the H100 rows uniformly optimistic — every NVIDIA recipe row
+  // between -6% and -13% (2026-11-27) — where the estimated curve scores better by errors that
+  // cancel (its attention on the full T×T is slow, its GEMMs fast). The uniform residual is
+  // what the model lacks (communication kernels sharing the SMs, memory-bound kernels under
+  // load), not a shape it gets wrong.
+  const Result measured = run_all(true, H100::kMeasured);
+  const json data = load_rows();
+  for (const json& r : data.at("rows")) {
+    if (r.at("source") != "nvidia-dgxc") continue;
+    const double err = error_of(r, estimate_row(r, H100::kMeasured));
+    EXPECT_LT(err, -0.04) << r.at("where") << ": the measured kernels are optimistic";
+    EXPECT_GT(err, -0.15) << r.at("where") << ": by the uniform residual only";
+  }
+  // A regression guard on the figures measured on 2026-11-27 (plus 0.5 point of slack).
+  EXPECT_LE(measured.by_source.at("nvidia-dgxc").mape(), 0.0974 + 0.005);
+  EXPECT_LE(measured.by_source.at("nvidia-dgxc-grok1").mape(), 0.1546 + 0.005);
+  EXPECT_LE(measured.by_source.at("meta-llama3").mape(), 0.1755 + 0.005);
 }
 
 TEST(PublishedRuns, MetaLlama3ByVirtualStages) {

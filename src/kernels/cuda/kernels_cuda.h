@@ -148,6 +148,14 @@ double time_gemm_shape(int64_t M, int64_t N, int64_t K, bool bf16_operands, int 
 // once for the largest shape.
 std::vector<double> time_gemm_table(const std::vector<double>& m, const std::vector<double>& n,
                                     const std::vector<double>& k, int reps);
+// An n^3 bf16 GEMM's burst rate (after a second's rest) and its rate after `seconds` back to
+// back, where the clock has fallen to what the power limit allows (the median of the last
+// half of ~0.5 s windows).
+struct SustainedRate {
+  double burst_flops_per_s = 0, sustained_flops_per_s = 0;
+  int windows = 0;
+};
+SustainedRate time_gemm_sustained(int64_t n, double seconds);
 struct MemoryRates {
   double copy_bytes_per_s = 0;  // copy(): read + write
   double add_bytes_per_s = 0;   // add(): two reads + one write, our elementwise kernel

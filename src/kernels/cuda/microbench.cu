@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/device.h"
@@ -139,6 +140,45 @@ std::vector<double> time_gemm_table(const std::vector<double>& m, const std::vec
         rates.push_back(2.0 * dm * dn * dk / s);
       }
   return rates;
+}
+
+SustainedRate time_gemm_sustained(int64_t n, double seconds) {
+  if (n < 1) fail_input("time_gemm_sustained: n must be >= 1, got " + str(n));
+  DeviceBuffer a(n * n * 2), b(n * n * 2), c(n * n * 4);
+  fill_random(a.p, n * n, true, 21u);
+  fill_random(b.p, n * n, true, 22u);
+  auto once = [&] {
+    gemm_bf16(false, true, n, n, n, 1.0f, static_cast<const bf16*>(a.p), n,
+              static_cast<const bf16*>(b.p), n, 0.0f, static_cast<float*>(c.p), n);
+  };
+  const double flops = 2.0 * static_cast<double>(n) * n * n;
+  // After a second's rest the card is back at its boost clock: the burst rate is what
+  // calibrate's table measures (~2 ms batches).
+  check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  SustainedRate r;
+  r.burst_flops_per_s = flops / seconds_per_call(5, once);
+  // Then back to back for `seconds`, in windows of about 0.5 s; the median of the last half's
+  // windows is the rate the power limit allows.
+  const int per_window = std::max(1, static_cast<int>(0.5 * r.burst_flops_per_s / flops));
+  Event start, stop;
+  std::vector<double> rates;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    check_cuda(cudaEventRecord(start.e, stream()), "cudaEventRecord (start)");
+    for (int i = 0; i < per_window; ++i) once();
+    check_cuda(cudaEventRecord(stop.e, stream()), "cudaEventRecord (stop)");
+    check_cuda(cudaEventSynchronize(stop.e), "cudaEventSynchronize");
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, start.e, stop.e), "cudaEventElapsedTime");
+    rates.push_back(flops * per_window / (static_cast<double>(ms) * 1e-3));
+  }
+  std::vector<double> tail(rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2),
+                           rates.end());
+  std::sort(tail.begin(), tail.end());
+  r.sustained_flops_per_s = tail.empty() ? r.burst_flops_per_s : tail[tail.size() / 2];
+  r.windows = static_cast<int>(rates.size());
+  return r;
 }
 
 MemoryRates time_memory_rates(int64_t bytes, int reps) {
