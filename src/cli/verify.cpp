@@ -85,7 +85,6 @@ void print_table(std::FILE* out, const train::TrainOptions& layout,
                "routing: the oracle replayed the layout's routing decisions ({} microbatch x "
                "MoE layer records), so both trained the same model\n",
                r.routing_records);
-  if (!r.routing_note.empty()) fmt::print(out, "routing: {}\n", r.routing_note);
   fmt::print(out,
              "worst: loss {:.2e} relative (tolerance {:.0e}), grad norm {:.2e} relative ({:.0e}), "
              "parameters {} absolute ({})\n",

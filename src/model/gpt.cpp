@@ -400,7 +400,7 @@ void Gpt::set_moe_options(const MoeOptions& o) {
 void Gpt::set_replay(BlockActivations& b, const Activations& a, int k) const {
   const Block& blk = blocks_[static_cast<size_t>(k)];
   if (!blk.is_moe) return;
-  b.moe.replay = {tape_, tape_record_, a.routing_sample, blk.layer};
+  b.moe.replay = {tape_, tape_record_, a.routing_sample, blk.layer, a.T};
 }
 
 void Gpt::blocks_forward(Activations& a, int k0, int n) {

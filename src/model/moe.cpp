@@ -174,7 +174,21 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
       ro.forced_dropped = e.dropped.data();
     }
     route(r, s.logits.f32(), ro);
-    if (rp.active() && rp.record) rp.tape->record(rp.sample, rp.layer, r.expert, r.slot, n * k);
+    if (rp.active() && rp.record) {
+      if (cp && cp->active()) {
+        // This rank's rows are its two chunks of every sequence: row t of sequence b is row
+        // b·T + position(t) of the whole microbatch (the oracle's order).
+        const int64_t lt = rp.local_T, T = lt * cp->size, B = n / lt;
+        const std::vector<int32_t> pos = cp->positions(T);
+        std::vector<int64_t> rows(static_cast<size_t>(n));
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t t = 0; t < lt; ++t)
+            rows[static_cast<size_t>(b * lt + t)] = b * T + pos[static_cast<size_t>(t)];
+        rp.tape->record_rows(rp.sample, rp.layer, r.expert, r.slot, k, rows, B * T);
+      } else {
+        rp.tape->record(rp.sample, rp.layer, r.expert, r.slot, n * k);
+      }
+    }
     a.kept = r.kept;
     if (cp && cp->active()) {  // the whole microbatch's loads: sums over the cp pieces
       a.whole = balance_sums(r);

@@ -13,6 +13,25 @@ void RoutingTape::record(int64_t sample, int layer, const int32_t* expert, const
   add(sample, layer, std::move(e));
 }
 
+void RoutingTape::record_rows(int64_t sample, int layer, const int32_t* expert, const int32_t* slot,
+                              int64_t k, const std::vector<int64_t>& rows, int64_t whole_rows) {
+  Entry e;
+  e.expert.assign(static_cast<size_t>(whole_rows * k), kUnrecorded);
+  e.dropped.assign(static_cast<size_t>(whole_rows * k), 0);
+  for (size_t t = 0; t < rows.size(); ++t) {
+    if (rows[t] < 0 || rows[t] >= whole_rows)
+      fail_run("routing replay: row {} of a cp rank maps outside the microbatch's {} rows", rows[t],
+               whole_rows);
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t from = t * static_cast<size_t>(k) + static_cast<size_t>(j);
+      const size_t to = static_cast<size_t>(rows[t] * k + j);
+      e.expert[to] = expert[from];
+      e.dropped[to] = slot[from] < 0 ? 1 : 0;
+    }
+  }
+  add(sample, layer, std::move(e));
+}
+
 void RoutingTape::add(int64_t sample, int layer, Entry e) {
   std::lock_guard lock(mu_);
   const auto key = std::make_pair(sample, layer);
@@ -21,11 +40,24 @@ void RoutingTape::add(int64_t sample, int layer, Entry e) {
     entries_.emplace(key, std::move(e));
     return;
   }
-  if (it->second.expert != e.expert || it->second.dropped != e.dropped)
+  Entry& have = it->second;
+  if (have.expert.size() != e.expert.size())
     fail_run(
-        "routing replay: two ranks routed the microbatch of sample {} differently in layer {} "
-        "(tp ranks must route alike)",
-        sample, layer);
+        "routing replay: two ranks recorded the microbatch of sample {} in layer {} with {} and "
+        "{} assignments",
+        sample, layer, have.expert.size(), e.expert.size());
+  for (size_t a = 0; a < e.expert.size(); ++a) {
+    if (e.expert[a] == kUnrecorded) continue;
+    if (have.expert[a] == kUnrecorded) {
+      have.expert[a] = e.expert[a];
+      have.dropped[a] = e.dropped[a];
+    } else if (have.expert[a] != e.expert[a] || have.dropped[a] != e.dropped[a]) {
+      fail_run(
+          "routing replay: two ranks routed the microbatch of sample {} differently in layer {} "
+          "(assignment {}; tp ranks must route alike)",
+          sample, layer, a);
+    }
+  }
 }
 
 const RoutingTape::Entry& RoutingTape::find(int64_t sample, int layer, int64_t nk) const {
@@ -36,6 +68,12 @@ const RoutingTape::Entry& RoutingTape::find(int64_t sample, int layer, int64_t n
         "routing replay: no recorded routing of {} assignments for the microbatch of sample {} "
         "in layer {} (the replaying run must use the recording run's microbatch size)",
         nk, sample, layer);
+  for (size_t a = 0; a < it->second.expert.size(); ++a)
+    if (it->second.expert[a] == kUnrecorded)
+      fail_run(
+          "routing replay: assignment {} of the microbatch of sample {} in layer {} was never "
+          "recorded (a cp rank's rows are missing from the tape)",
+          a, sample, layer);
   return it->second;
 }
 

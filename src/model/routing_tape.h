@@ -7,6 +7,7 @@
 // gradients are still its own arithmetic, only the choices are the layout's.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -17,15 +18,22 @@ namespace mt::model {
 
 class RoutingTape {
  public:
+  // An assignment no rank has recorded yet (a cp rank records its pieces of each sequence).
+  static constexpr int32_t kUnrecorded = INT32_MIN;
   struct Entry {
-    std::vector<int32_t> expert;   // [n·k]
+    std::vector<int32_t> expert;   // [n·k]; kUnrecorded where no rank has recorded it
     std::vector<uint8_t> dropped;  // [n·k] 1: dropped by the capacity
   };
   // The decisions of layer `layer` for the microbatch whose first sample is `sample`
   // (n tokens, k each; slot < 0: dropped). Several ranks may record the same microbatch
-  // (tp ranks route alike): the first record stays, a different one is an error.
+  // (tp ranks route alike; cp ranks each their own rows): the records merge assignment by
+  // assignment, and one recorded differently by two ranks is an error.
   void record(int64_t sample, int layer, const int32_t* expert, const int32_t* slot, int64_t nk);
-  // The record, or an error naming the key when there is none.
+  // A cp rank's share of the microbatch: its `rows` rows (token t of its n = rows.size() is
+  // row rows[t] of the whole microbatch's `whole_rows`), k assignments each.
+  void record_rows(int64_t sample, int layer, const int32_t* expert, const int32_t* slot, int64_t k,
+                   const std::vector<int64_t>& rows, int64_t whole_rows);
+  // The record, or an error naming the key when there is none or part of it is missing.
   const Entry& find(int64_t sample, int layer, int64_t nk) const;
   size_t size() const;
   // The whole tape as int32 words (per entry: sample's low and high word, layer, nk, the nk
@@ -47,6 +55,7 @@ struct RoutingReplay {
   bool record = false;  // true: record the decisions; false: replay them
   int64_t sample = -1;  // the microbatch's first sample; -1: neither (e.g. validation)
   int layer = -1;
+  int64_t local_T = 0;  // rows of each sequence on this rank (T / cp)
   bool active() const { return tape && sample >= 0; }
 };
 

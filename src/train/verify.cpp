@@ -246,14 +246,11 @@ VerifyReport run_verify(const TrainOptions& layout_options, const TrainOptions& 
   // routing choice flips on the last bit of a router probability; model/routing_tape.h).
   // Under mpirun each process records its own microbatches and rank 0 gathers them.
   auto tape = std::make_shared<model::RoutingTape>();
-  const bool replay = layout.model.moe.enabled() && layout.cp == 1;
+  // (cp: each cp rank records its rows of every sequence, and the tape merges the pieces.)
+  const bool replay = layout.model.moe.enabled();
   if (replay) {
     layout_exporting.routing_tape = tape;
     layout_exporting.record_routing = true;
-  } else if (layout.model.moe.enabled()) {
-    report.routing_note =
-        "no routing replay with cp (a cp rank routes a piece of each sequence): a routing choice "
-        "that flips on rounding makes the layout another model from that step on";
   }
   const TrainResult b = run_training(layout_exporting);
   if (replay && mpi_rank >= 0) {

@@ -69,9 +69,8 @@ struct VerifyReport {
   VerifyTolerances tol;
   bool lead = true;  // false on mpirun's ranks other than 0: they ran the layout only
   // MoE models: the layout's routing decisions the oracle replayed (model/routing_tape.h;
-  // microbatch x layer records), or why it could not (under mpirun).
+  // microbatch x layer records).
   size_t routing_records = 0;
-  std::string routing_note;
   double worst_loss_rel() const;
   double worst_grad_norm_rel() const;
   bool pass() const;

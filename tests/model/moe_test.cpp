@@ -98,6 +98,45 @@ TEST(RoutingTape, SerializedTapesMergeIntoTheSameEntries) {
   EXPECT_THROW(RoutingTape().merge(cut), Error) << "words cut inside a header";
 }
 
+// Context parallelism: each cp rank records its rows of the microbatch (cp 2 of one sequence
+// of 8: rank 0 holds rows 0, 1, 6, 7 and rank 1 rows 2..5); the pieces merge into the whole
+// microbatch's routing, also through serialize/merge (under mpirun), and a tape missing a
+// piece, or two pieces that disagree on a row, are refused.
+TEST(RoutingTape, ContextParallelPiecesMergeIntoTheWholeMicrobatch) {
+  const int64_t k = 2;
+  // Rank r's local token t chose experts {10 r + t, 10 r + t + 5}; rank 1's token 2 dropped one.
+  auto piece = [&](int r, std::vector<int32_t>& e, std::vector<int32_t>& s) {
+    for (int t = 0; t < 4; ++t)
+      for (int j = 0; j < k; ++j) {
+        e.push_back(10 * r + t + 5 * j);
+        s.push_back(r == 1 && t == 2 && j == 1 ? -1 : 0);
+      }
+  };
+  const std::vector<int64_t> rows0 = {0, 1, 6, 7}, rows1 = {2, 3, 4, 5};
+  std::vector<int32_t> e0, s0, e1, s1;
+  piece(0, e0, s0);
+  piece(1, e1, s1);
+  RoutingTape half;
+  half.record_rows(3, 0, e0.data(), s0.data(), k, rows0, 8);
+  EXPECT_THROW(half.find(3, 0, 16), Error) << "rank 1's rows are missing";
+  RoutingTape other;
+  other.record_rows(3, 0, e1.data(), s1.data(), k, rows1, 8);
+  half.merge(other.serialize());
+  const RoutingTape::Entry& w = half.find(3, 0, 16);
+  const std::vector<int32_t> want = {0, 5, 1, 6, 10, 15, 11, 16, 12, 17, 13, 18, 2, 7, 3, 8};
+  EXPECT_EQ(w.expert, want);
+  std::vector<uint8_t> dropped(16, 0);
+  dropped[2 * 4 + 1] = 1;  // rank 1's token 2 is row 4
+  EXPECT_EQ(w.dropped, dropped);
+  // A piece recorded again by a tp rank of the same cp rank is the same: kept once.
+  half.record_rows(3, 0, e0.data(), s0.data(), k, rows0, 8);
+  EXPECT_EQ(half.size(), 1u);
+  // Two pieces claiming the same row with other experts (a wrong position map) are refused.
+  RoutingTape clash;
+  clash.record_rows(3, 0, e0.data(), s0.data(), k, rows0, 8);
+  EXPECT_THROW(clash.record_rows(3, 0, e1.data(), s1.data(), k, {0, 1, 2, 3}, 8), Error);
+}
+
 TEST(MoeRouting, TheTwoOrdersGiveTheSameGatesToRounding) {
   const int64_t n = 64, e = 8, k = 2;
   std::vector<float> logits(n * e);

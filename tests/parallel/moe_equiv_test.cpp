@@ -195,5 +195,23 @@ TEST(MoeRoutingReplay, CapacityLayoutsPassVerifyOnTheLayoutsRouting) {
   }
 }
 
+// Routing replay with context parallelism: each cp rank records its two chunks of every
+// sequence, the tape merges them into the microbatch's order, and the oracle (cp 1) replays
+// the whole. A wrong position map would hand the oracle other tokens' experts: order-1 loss
+// differences from step 1, far outside verify's tolerances.
+TEST(MoeRoutingReplay, ContextParallelLayoutsReplayTheirPieces) {
+  for (const L& l : {with_cp(L{}, 2), with_cp(with_ep(L{2, 1, 1, 1}, 2), 2)}) {
+    TrainOptions o = moe_options(l, kF32, {});
+    const VerifyReport r = run_verify(o, oracle_options(o), VerifyTolerances{});
+    // Every microbatch x MoE layer once, merged from the cp ranks' pieces.
+    EXPECT_GT(r.routing_records, 0u) << test::name_of(l);
+    EXPECT_TRUE(r.pass()) << test::name_of(l) << ": loss " << r.worst_loss_rel() << ", norm "
+                          << r.worst_grad_norm_rel() << ", params " << r.params.abs_diff;
+    std::printf("replayed %s: loss %.2e, norm %.2e, params %.2e (%zu records)\n",
+                test::name_of(l).c_str(), r.worst_loss_rel(), r.worst_grad_norm_rel(),
+                r.params.abs_diff, r.routing_records);
+  }
+}
+
 }  // namespace
 }  // namespace mt::train
