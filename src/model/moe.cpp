@@ -159,6 +159,55 @@ void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of, float* dy_d
   }
 }
 
+void MoeLayer::cp_capacity(MoeActivations& a, const Routing& r, double capacity_factor,
+                           int64_t n) const {
+  const int64_t k = top_k, lt = a.replay.local_T;
+  if (lt <= 0 || n % lt != 0)
+    fail(
+        "moe: the capacity with cp needs the rows per sequence of this rank (got {} for {} "
+        "rows): set by the model before the forward",
+        lt, n);
+  const int64_t T = lt * cp->size, B = n / lt, nk = n * k, whole = B * T;
+  // Each rank's choices as (expert, probability) per assignment, gathered over cp.
+  // Per thread, grown once: the steady-state step allocates nothing here.
+  thread_local std::vector<float> mine, all, prob;
+  thread_local std::vector<int32_t> expert;
+  thread_local std::vector<int64_t> where;
+  thread_local std::vector<uint8_t> dropped;
+  mine.resize(static_cast<size_t>(2 * nk));
+  all.resize(static_cast<size_t>(2 * nk * cp->size));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t ex = r.expert[t * k + j];
+      mine[static_cast<size_t>(2 * (t * k + j))] = static_cast<float>(ex);  // exact: ex < 2^24
+      mine[static_cast<size_t>(2 * (t * k + j) + 1)] = r.probs[t * experts + ex];
+    }
+  cp->group->all_gather(comm::Buf(mine.data(), 2 * nk), comm::Buf(all.data(), 2 * nk * cp->size));
+  // In the whole microbatch's order: row t of sequence b on rank q is row b·T + position.
+  expert.resize(static_cast<size_t>(whole * k));
+  prob.resize(static_cast<size_t>(whole * k));
+  where.resize(static_cast<size_t>(nk));  // this rank's assignments' places
+  for (int q = 0; q < cp->size; ++q)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < lt; ++t) {
+        const int64_t row = b * T + cp->position(T, t, q);
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t from = static_cast<size_t>(2 * (q * nk + (b * lt + t) * k + j));
+          const size_t to = static_cast<size_t>(row * k + j);
+          expert[to] = static_cast<int32_t>(all[from]);
+          prob[to] = all[from + 1];
+          if (q == cp->rank) where[static_cast<size_t>((b * lt + t) * k + j)] = row * k + j;
+        }
+      }
+  dropped.resize(static_cast<size_t>(whole * k));
+  capacity_drops(dropped.data(), expert.data(), prob.data(), whole, k, experts, capacity_factor);
+  a.cp_expert.assign(r.expert, r.expert + nk);
+  a.cp_dropped.resize(static_cast<size_t>(nk));
+  for (int64_t x = 0; x < nk; ++x)
+    a.cp_dropped[static_cast<size_t>(x)] =
+        dropped[static_cast<size_t>(where[static_cast<size_t>(x)])];
+}
+
 void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
                        MoeScratch& s) const {
   const int64_t C = c, k = top_k;
@@ -172,6 +221,15 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
       const RoutingTape::Entry& e = rp.tape->find(rp.sample, rp.layer, n * k);
       ro.forced_expert = e.expert.data();
       ro.forced_dropped = e.dropped.data();
+    } else if (cp && cp->active() && ro.capacity_factor > 0) {
+      // The capacity compares the probabilities of the whole microbatch: route the piece
+      // dropless, decide the drops on every piece's choices, then route with them.
+      RouteOptions free = ro;
+      free.capacity_factor = 0;
+      route(r, s.logits.f32(), free);
+      cp_capacity(a, r, ro.capacity_factor, n);
+      ro.forced_expert = a.cp_expert.data();
+      ro.forced_dropped = a.cp_dropped.data();
     }
     route(r, s.logits.f32(), ro);
     if (rp.active() && rp.record) {

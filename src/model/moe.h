@@ -71,6 +71,10 @@ struct MoeActivations {
   BalanceLosses losses;
   RoutingReplay replay;  // set by the model before each forward (verify's routing replay)
   BalanceSums whole;     // cp: the balancing sums of the whole microbatch (all cp pieces)
+  // cp with a capacity: this rank's chosen experts and the drops decided on the whole
+  // microbatch's gathered choices (cp_capacity), routed with as given.
+  std::vector<int32_t> cp_expert;
+  std::vector<uint8_t> cp_dropped;
 };
 
 // Scratch shared by the MoE layers of a rank.
@@ -121,6 +125,9 @@ struct MoeLayer {
 
   // y [n, C] = the layer's output for x [n, C] (overwritten).
   void forward(MoeActivations& a, float* y, const float* x, int64_t n, MoeScratch& s) const;
+  // cp with a capacity: gathers every cp rank's choices (r routed dropless) and decides the
+  // whole microbatch's drops as the single rank would (a.cp_expert, a.cp_dropped).
+  void cp_capacity(MoeActivations& a, const Routing& r, double capacity_factor, int64_t n) const;
   // dx [n, C] overwritten with d(loss)/dx for dy = d(loss)/dy; parameter gradients added.
   // loss_weight: d(loss)/d(this microbatch's mean balancing losses), the trainer's dloss
   // times the microbatch's tokens, so that the losses enter as token-weighted means.

@@ -112,6 +112,22 @@ void route(Routing& r, const float* logits, const RouteOptions& o) {
   }
 }
 
+void capacity_drops(uint8_t* dropped, const int32_t* expert, const float* prob, int64_t n,
+                    int64_t k, int64_t e, double capacity_factor) {
+  const int64_t cap = expert_capacity(capacity_factor, n, k, e);
+  std::fill(dropped, dropped + n * k, uint8_t{0});
+  thread_local std::vector<int32_t> mine;  // grown once
+  for (int64_t i = 0; i < e; ++i) {
+    mine.clear();
+    for (int64_t a = 0; a < n * k; ++a)
+      if (expert[a] == i) mine.push_back(static_cast<int32_t>(a));
+    if (static_cast<int64_t>(mine.size()) <= cap) continue;
+    std::stable_sort(mine.begin(), mine.end(),
+                     [&](int32_t x, int32_t y) { return prob[x] > prob[y]; });
+    for (size_t m = static_cast<size_t>(cap); m < mine.size(); ++m) dropped[mine[m]] = 1;
+  }
+}
+
 BalanceSums balance_sums(const Routing& r) {
   const int64_t n = r.n, e = r.e;
   BalanceSums s;

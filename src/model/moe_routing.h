@@ -47,6 +47,14 @@ int64_t expert_capacity(double capacity_factor, int64_t n, int64_t k, int64_t e)
 // Fills r from logits [n, e].
 void route(Routing& r, const float* logits, const RouteOptions& o);
 
+// The capacity's decision over a whole microbatch whose assignments are given one by one:
+// expert[a] and prob[a] (the router probability of that expert for assignment a's token),
+// a = token·k + j in the microbatch's order. Per expert, by descending probability (ties: the
+// earlier assignment), those past expert_capacity(capacity_factor, n, k, e) get dropped[a] = 1.
+// route's own rule; context parallelism decides with it on the gathered pieces (moe.cpp).
+void capacity_drops(uint8_t* dropped, const int32_t* expert, const float* prob, int64_t n,
+                    int64_t k, int64_t e, double capacity_factor);
+
 // The balancing losses of one microbatch, before their coefficients: Switch's
 // E·Σᵢ fᵢ·Pᵢ (fᵢ the share of the n·k assignments routed to expert i, Pᵢ the mean router
 // probability of i; 1 when perfectly balanced) and the z-loss's mean of lse².

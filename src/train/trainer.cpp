@@ -141,14 +141,6 @@ void check_context_parallel(const TrainOptions& o) {
   parallel::cp::check_split(o.model.seq_len, o.cp);
   const parallel::cp::CpComm comm = parallel::cp::parse_cp_comm(o.cp_comm);
   if (o.cp == 1) return;
-  // The balancing losses are the microbatch's (sums over the cp pieces); the capacity would
-  // compare router probabilities across all pieces of the microbatch: not built.
-  if (o.model.moe.enabled() && o.moe.capacity_factor > 0)
-    fail(
-        "--cp {} with --moe-capacity-factor {}: the capacity's drop decisions would need every "
-        "cp piece of the microbatch (not supported yet: use --moe-capacity-factor 0, dropless, "
-        "or --cp 1)",
-        o.cp, o.moe.capacity_factor);
   if (comm == parallel::cp::CpComm::kA2a)
     parallel::cp::check_a2a(o.model.n_head / o.tp, o.model.kv_heads() / o.tp, o.model.seq_len,
                             o.cp);

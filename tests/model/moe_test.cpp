@@ -137,6 +137,36 @@ TEST(RoutingTape, ContextParallelPiecesMergeIntoTheWholeMicrobatch) {
   EXPECT_THROW(clash.record_rows(3, 0, e1.data(), s1.data(), k, {0, 1, 2, 3}, 8), Error);
 }
 
+// capacity_drops (context parallelism's decision on the gathered pieces) is route's own rule:
+// on random logits at capacities that drop, the same assignments.
+TEST(MoeRouting, CapacityDropsIsRoutesRule) {
+  const int64_t n = 64, e = 4, k = 2;
+  std::vector<float> logits(n * e);
+  uint32_t h = 12345;
+  for (float& v : logits) {
+    h = h * 1664525u + 1013904223u;
+    v = static_cast<float>(h >> 8) / 16777216.0f * 4.0f - 2.0f;
+  }
+  for (double c : {0.5, 0.75, 1.0}) {
+    RoutingBuffers b(n, e, k);
+    RouteOptions o;
+    o.capacity_factor = c;
+    route(b.r, logits.data(), o);
+    const std::vector<int32_t>& expert = b.expert;
+    const std::vector<int32_t>& slot = b.slot;
+    std::vector<float> prob(n * k);
+    for (int64_t a = 0; a < n * k; ++a) prob[a] = b.probs[a / k * e + expert[a]];
+    std::vector<uint8_t> dropped(n * k);
+    capacity_drops(dropped.data(), expert.data(), prob.data(), n, k, e, c);
+    int64_t drops = 0;
+    for (int64_t a = 0; a < n * k; ++a) {
+      EXPECT_EQ(dropped[a] == 1, slot[a] < 0) << "capacity " << c << ", assignment " << a;
+      drops += dropped[a];
+    }
+    EXPECT_GT(drops, 0) << "capacity " << c << " drops something";
+  }
+}
+
 TEST(MoeRouting, TheTwoOrdersGiveTheSameGatesToRounding) {
   const int64_t n = 64, e = 8, k = 2;
   std::vector<float> logits(n * e);
