@@ -162,6 +162,9 @@ void run(const VerifyFlags& f) {
       tol.param_abs = layout.init_from.empty() ? bf16.param_abs : kParamAbsBf16InitFrom;
     if (!f.update_given) tol.update_rel = bf16.update_rel;
   }
+  // MoE in f32: the grad-norm bound of gradient spikes (VerifyTolerances::kGradNormRelMoe).
+  if (layout.dtype != "bf16" && layout.model.moe.enabled() && !f.norm_given)
+    tol.grad_norm_rel = train::VerifyTolerances::kGradNormRelMoe;
   if (f.layout_seed >= 0) layout.seed = static_cast<uint64_t>(f.layout_seed);
   const train::VerifyReport r = train::run_verify(layout, oracle, tol);
   if (!r.lead) return;  // under mpirun, rank 0 compares and reports
@@ -185,9 +188,10 @@ void register_verify(CLI::App& app) {
           "(exit 0) or FAIL (exit 1); --steps defaults to 20. Default tolerances (f32): 10-20x "
           "the worst difference measured on `tiny` over 20 steps across dp/ZeRO/tp/sp/pp "
           "layouts; with --dtype bf16 (the oracle in bf16 too): loss {:.0e}, norm {:.0e}, "
-          "updates {:.2g} of their size, no absolute parameter bound (docs/verify.md)",
+          "updates {:.2g} of their size, no absolute parameter bound; mixture-of-experts "
+          "models in f32: norm {:.0e} (gradient spikes; docs/verify.md)",
           train::VerifyTolerances::kLossRelBf16, train::VerifyTolerances::kGradNormRelBf16,
-          train::VerifyTolerances::kUpdateRelBf16));
+          train::VerifyTolerances::kUpdateRelBf16, train::VerifyTolerances::kGradNormRelMoe));
   f->run.add_to(*cmd);
   cmd->add_option("--tol-loss", f->tol.loss_rel,
                   "largest relative loss difference at any step (worst measured: 1.0e-6)")

@@ -68,6 +68,10 @@ struct Group::Worker {
   std::deque<std::shared_ptr<Pending>> queue;
   bool busy = false;
   bool stop = false;
+  // Ops queued and not yet finished. Only the group's one calling thread queues, so a
+  // blocking call that reads 0 has nothing ahead of it and runs inline without taking mu
+  // (the decrement after an op's execute releases its effects to that reader).
+  std::atomic<int64_t> outstanding{0};
 };
 
 Group::Group(std::shared_ptr<RankContext> ctx, std::unique_ptr<Backend> backend, std::string name,
@@ -140,30 +144,17 @@ std::shared_ptr<OpCall> Group::make_call(OpType op, Buf in, Buf out) {
 }
 
 int64_t Group::record(const OpCall& c, bool started) {
-  OpRecord r;
-  r.group = name_;
-  r.op = c.op;
-  r.seq = c.seq;
-  r.dtype = c.dtype;
-  r.elems = c.op == OpType::kRecv ? c.out_elems : c.in_elems;
-  r.peer = c.peer;
-  r.tag = c.tag;
-  r.queued_s = now_s();
-  if (started) {
-    r.state = OpState::kStarted;
-    r.started_s = r.queued_s;
-  }
-  return ctx_->recorder.on_queued(std::move(r));
-}
-
-// The handle of a blocking op that ran inline: done by the time it is returned.
-WorkPtr Group::done_work() {
-  struct Done : Work {
-    void wait() override {}
-    bool test() override { return true; }
-  };
-  static const WorkPtr done = std::make_shared<Done>();
-  return done;
+  FlightRecorder::Start s;
+  s.group = &name_;
+  s.op = c.op;
+  s.seq = c.seq;
+  s.dtype = c.dtype;
+  s.elems = c.op == OpType::kRecv ? c.out_elems : c.in_elems;
+  s.peer = c.peer;
+  s.tag = c.tag;
+  s.started = started;
+  s.at = now_s();
+  return ctx_->recorder.on_queued(s);
 }
 
 void Group::execute(Pending& p) {
@@ -212,24 +203,20 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
   call->seq = next_seq_++;
   if (async && call->device == mem::Device::kCuda) call->cuda_ready = device::record_event();
   Worker& w = *worker_;
-  {
-    std::unique_lock lock(w.mu);
-    if (!async && w.queue.empty() && !w.busy) {
-      lock.unlock();
-      // Nothing ahead of it: run on the caller's thread, queued and started at once. No
-      // Pending: the caller waits by running it, and a failure is thrown from here.
-      const int64_t id = record(*call, /*started=*/true);
-      try {
-        if (ctx_->job && ctx_->job->aborted())
-          throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
-        run_over_link(*call);
-      } catch (...) {
-        ctx_->recorder.on_failed(id);
-        throw;
-      }
-      ctx_->recorder.on_done(id, call->sent_bytes, call->recv_bytes);
-      return done_work();
+  if (!async && w.outstanding.load(std::memory_order_acquire) == 0) {
+    // Nothing ahead of it: run on the caller's thread, queued and started at once. No
+    // Pending: the caller waits by running it, and a failure is thrown from here.
+    const int64_t id = record(*call, /*started=*/true);
+    try {
+      if (ctx_->job && ctx_->job->aborted())
+        throw Error(ctx_->job->abort_reason(), ExitCode::kRunFailure);
+      run_over_link(*call);
+    } catch (...) {
+      ctx_->recorder.on_failed(id);
+      throw;
     }
+    ctx_->recorder.on_done(id, call->sent_bytes, call->recv_bytes);
+    return WorkPtr{};  // (only the blocking forms get here, and they drop the handle)
   }
   auto p = std::make_shared<Pending>();
   p->call = std::move(call);
@@ -237,6 +224,7 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
   p->record_id = record(*p->call, /*started=*/false);
   {
     std::unique_lock lock(w.mu);
+    w.outstanding.fetch_add(1, std::memory_order_relaxed);
     w.queue.push_back(p);
     if (!w.thread.joinable()) {
       w.thread = std::thread([this] {
@@ -253,6 +241,7 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
           execute(*next);
           lk.lock();
           wk.busy = false;
+          wk.outstanding.fetch_sub(1, std::memory_order_release);
         }
       });
     }

@@ -170,7 +170,6 @@ class Group {
   WorkPtr submit_p2p(std::shared_ptr<OpCall> call);
   // The flight recorder's record of c: queued, or (an op run inline) queued and started.
   int64_t record(const OpCall& c, bool started);
-  static WorkPtr done_work();
   void execute(Pending& p);
   void run_call(OpCall& c);
   void run_over_link(OpCall& c);  // run_call, lasting at least a simulated link's time

@@ -52,29 +52,54 @@ std::string describe(const OpRecord& r) {
   return s;
 }
 
-// Ids are handed out in order and the ring keeps the newest capacity_ of them, so a record
-// still in the ring sits at index id - front's id: no search, and no allocation per op (the
+// Ids are handed out in order and the ring keeps the newest capacity_ of them in a circle
+// of slots from the oldest's on: no search, and no allocation per op once the ring is full (the
 // collectives of MoE's dispatch are a few microseconds each). An op that leaves the ring
 // before it is done moves to evicted_.
+OpRecord& FlightRecorder::slot_locked(int64_t id) {
+  // All slots at the first op: growing the ring as ops come would reallocate and move it
+  // (and fault its new pages in) again and again while it fills.
+  if (ring_.empty()) ring_.resize(capacity_);
+  if (id - first_id_ < static_cast<int64_t>(capacity_)) return ring_[index_locked(id)];
+  OpRecord& old = ring_[first_slot_];  // the oldest op's slot takes the new one
+  if (old.state == OpState::kQueued || old.state == OpState::kStarted)
+    evicted_.emplace(old.id, old);
+  first_id_ += 1;
+  first_slot_ = first_slot_ + 1 == capacity_ ? 0 : first_slot_ + 1;
+  return old;
+}
+
 int64_t FlightRecorder::on_queued(OpRecord r) {
   std::lock_guard lock(mu_);
   r.id = next_id_++;
   if (r.state != OpState::kStarted) r.state = OpState::kQueued;  // (an op run inline starts)
-  ring_.push_back(std::move(r));
-  const int64_t id = ring_.back().id;
-  while (ring_.size() > capacity_) {
-    OpRecord& old = ring_.front();
-    const int64_t old_id = old.id;
-    if (old.state == OpState::kQueued || old.state == OpState::kStarted)
-      evicted_.emplace(old_id, std::move(old));
-    ring_.pop_front();
-  }
+  OpRecord& slot = slot_locked(r.id);
+  slot = std::move(r);
+  return slot.id;
+}
+
+int64_t FlightRecorder::on_queued(const Start& s) {
+  std::lock_guard lock(mu_);
+  const int64_t id = next_id_++;
+  OpRecord& r = slot_locked(id);
+  r.id = id;
+  r.group = *s.group;  // into the slot's own string: no allocation once it was as long
+  r.op = s.op;
+  r.seq = s.seq;
+  r.dtype = s.dtype;
+  r.elems = s.elems;
+  r.peer = s.peer;
+  r.tag = s.tag;
+  r.state = s.started ? OpState::kStarted : OpState::kQueued;
+  r.queued_s = s.at;
+  r.started_s = s.started ? s.at : 0;
+  r.done_s = 0;
+  r.sent_bytes = r.recv_bytes = 0;
   return id;
 }
 
 OpRecord* FlightRecorder::find_locked(int64_t id) {
-  if (!ring_.empty() && id >= ring_.front().id && id <= ring_.back().id)
-    return &ring_[static_cast<size_t>(id - ring_.front().id)];
+  if (id >= first_id_ && id < next_id_) return &ring_[index_locked(id)];
   auto it = evicted_.find(id);
   return it == evicted_.end() ? nullptr : &it->second;
 }
@@ -88,18 +113,19 @@ void FlightRecorder::on_started(int64_t id) {
 }
 
 void FlightRecorder::on_done(int64_t id, int64_t sent_bytes, int64_t recv_bytes) {
+  const double t = mt::now_s();  // (read before the lock: a shorter critical section)
   std::lock_guard lock(mu_);
   OpRecord* r = find_locked(id);
   if (!r) return;
   r->state = OpState::kDone;
-  r->done_s = mt::now_s();
+  r->done_s = t;
   r->sent_bytes = sent_bytes;
   r->recv_bytes = recv_bytes;
   ByteCount& c = counter_locked(r->group, r->op);
   c.sent_bytes += sent_bytes;
   c.recv_bytes += recv_bytes;
   c.ops += 1;
-  evicted_.erase(id);
+  if (!evicted_.empty()) evicted_.erase(id);
 }
 
 ByteCount& FlightRecorder::counter_locked(const std::string& group, OpType op) {
@@ -123,26 +149,33 @@ void FlightRecorder::on_failed(int64_t id) {
 
 std::vector<OpRecord> FlightRecorder::last(size_t n) const {
   std::lock_guard lock(mu_);
-  size_t k = std::min(n, ring_.size());
-  return std::vector<OpRecord>(ring_.end() - static_cast<std::ptrdiff_t>(k), ring_.end());
+  const int64_t k = std::min(static_cast<int64_t>(n), next_id_ - first_id_);
+  std::vector<OpRecord> v;
+  v.reserve(static_cast<size_t>(k));
+  for (int64_t id = next_id_ - k; id < next_id_; ++id) v.push_back(at_locked(id));
+  return v;
 }
 
 std::vector<OpRecord> FlightRecorder::in_flight() const {
   std::lock_guard lock(mu_);
   std::vector<OpRecord> v;
   for (const auto& [id, r] : evicted_) v.push_back(r);  // older than the ring's
-  for (const OpRecord& r : ring_)
+  for (int64_t id = first_id_; id < next_id_; ++id) {
+    const OpRecord& r = at_locked(id);
     if (r.state == OpState::kQueued || r.state == OpState::kStarted) v.push_back(r);
+  }
   return v;
 }
 
 bool FlightRecorder::find_collective(const std::string& group, int64_t seq, OpRecord* out) const {
   std::lock_guard lock(mu_);
-  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it)
-    if (is_collective(it->op) && it->group == group && it->seq == seq) {
-      *out = *it;
+  for (int64_t id = next_id_ - 1; id >= first_id_; --id) {
+    const OpRecord& r = at_locked(id);
+    if (is_collective(r.op) && r.group == group && r.seq == seq) {
+      *out = r;
       return true;
     }
+  }
   for (const auto& [id, r] : evicted_)
     if (is_collective(r.op) && r.group == group && r.seq == seq) {
       *out = r;

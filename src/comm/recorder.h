@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -43,12 +42,27 @@ struct ByteCount {
 class FlightRecorder {
  public:
   explicit FlightRecorder(int world_rank, size_t capacity = 2048)
-      : world_rank_(world_rank), capacity_(capacity) {}
+      : world_rank_(world_rank), capacity_(capacity > 0 ? capacity : 1) {}
   int world_rank() const { return world_rank_; }
 
   // Writers (the Group). on_queued takes r's state kStarted (with started_s) as it is: an op
   // that runs at once on the caller's thread; any other state becomes kQueued.
   int64_t on_queued(OpRecord r);
+  // on_queued without building an OpRecord: the fields written into the ring's slot in
+  // place (the blocking collectives run inline, a few microseconds each for MoE's dispatch:
+  // no allocation, no copy of the group's name once the slot held one).
+  struct Start {
+    const std::string* group = nullptr;
+    OpType op = OpType::kBarrier;
+    int64_t seq = 0;
+    DType dtype = DType::kF32;
+    int64_t elems = 0;
+    int peer = -1;
+    int tag = 0;
+    bool started = false;  // kStarted at `at` (run inline), else kQueued
+    double at = 0;         // now_s() when queued
+  };
+  int64_t on_queued(const Start& s);
   void on_started(int64_t id);
   void on_done(int64_t id, int64_t sent_bytes, int64_t recv_bytes);
   void on_failed(int64_t id);
@@ -67,12 +81,23 @@ class FlightRecorder {
  private:
   using Counters = std::map<std::pair<std::string, OpType>, ByteCount>;
   OpRecord* find_locked(int64_t id);
+  OpRecord& slot_locked(int64_t id);  // the ring's slot for a new op `id`, evicting its old one
+  size_t index_locked(int64_t id) const {  // id in [first_id_, next_id_): no division
+    size_t i = first_slot_ + static_cast<size_t>(id - first_id_);
+    return i >= capacity_ ? i - capacity_ : i;
+  }
+  const OpRecord& at_locked(int64_t id) const { return ring_[index_locked(id)]; }
   ByteCount& counter_locked(const std::string& group, OpType op);
   int world_rank_;
   size_t capacity_;
   mutable std::mutex mu_;
   int64_t next_id_ = 1;
-  std::deque<OpRecord> ring_;            // the last `capacity_` ops, ids consecutive
+  int64_t first_id_ = 1;   // the oldest op still in the ring
+  size_t first_slot_ = 0;  // its slot
+  // The last `capacity_` ops, ids first_id_ .. next_id_ - 1 in slots from first_slot_ on
+  // (wrapping): a slot is overwritten in place (its strings keep their capacity), so a
+  // recorder that filled its ring allocates nothing per op.
+  std::vector<OpRecord> ring_;
   std::map<int64_t, OpRecord> evicted_;  // ops that left the ring before they were done
   Counters counters_;
   Counters::value_type* last_counter_ = nullptr;  // the counter on_done added to last

@@ -19,7 +19,7 @@ struct VerifyTolerances {
   double loss_rel = 1e-5;       // |Δ loss| / oracle loss, at any step (worst measured 1.0e-6)
   double grad_norm_rel = 1e-4;  // |Δ grad norm| / oracle grad norm, any step (worst
                                 // measured 1.3e-5: docs/verify.md)
-  double param_abs = 1e-4;  // largest |Δ| of any final parameter element (worst 1.0e-5)
+  double param_abs = 1e-4;      // largest |Δ| of any final parameter element (worst 1.0e-5)
   // The update check, for every tensor: ||Δ_layout - Δ_oracle|| / ||Δ_oracle||, where Δ is the
   // change of the tensor over the run (final weights - initial weights). A tensor the layout
   // never updates scores exactly 1, a slice shifted to another rank's place 0.85 or more
@@ -34,6 +34,12 @@ struct VerifyTolerances {
   // bounds are 2-20x those. The absolute parameter bound is off: an element whose tiny
   // gradient flips sign moves by ~lr per step either way, so an absolute bound loose enough
   // for that passes a layout that never updates; the update check replaces it.
+  // Mixture-of-experts models, f32, grad norm only: mixtral-tiny's oracle has a gradient
+  // spike at step 15 of verify's default run (norm 9.3 against ~2) that amplifies rounding
+  // ~10x in every layout: worst measured there 6.8e-4 (dp 4 x ep 2), 6.5e-4 (tp 2, no ep),
+  // 3.9e-4 (dp 2 x ep 2), while the loss stays within 2.1e-6 and the weights within 1.4e-5
+  // (docs/verify.md, "Gradient spikes"). ~7x the worst; the other bounds stay the dense ones.
+  static constexpr double kGradNormRelMoe = 5e-3;
   static constexpr double kLossRelBf16 = 3e-3;
   static constexpr double kGradNormRelBf16 = 3e-2;
   static constexpr double kUpdateRelBf16 = 0.25;

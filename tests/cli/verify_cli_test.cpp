@@ -32,6 +32,21 @@ TEST(VerifyCli, DataParallelPasses) {
   EXPECT_NE(r.output.find("\nPASS\n"), std::string::npos) << r.output;
 }
 
+// Mixture of experts in f32 (docs/verify.md, "Gradient spikes"): issue 25's dp 2 x ep 2 run
+// meets a gradient spike at step 15 that takes every layout's grad norm past the dense 1e-4
+// (3.9e-4 here, tp 2 6.5e-4) with the loss within 1.3e-6: it PASSes on the MoE norm bound,
+// and the bound is MoE's only (a dense model keeps 1e-4).
+TEST(VerifyCli, MixtureOfExpertsPassesThroughAGradientSpike) {
+  const std::string run =
+      "verify --model mixtral-tiny --data " + data() + " --dp 2 --ep 2 --steps 20 --batch 8";
+  const RunResult r = run_meshtrain(run);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("relative (5e-03)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nPASS\n"), std::string::npos) << r.output;
+  const RunResult dense = run_meshtrain(small_verify() + " --dp 2");
+  EXPECT_NE(dense.output.find("relative (1e-04)"), std::string::npos) << dense.output;
+}
+
 // Context parallelism (docs/context_parallel.md): the layout on the blockwise kernel against
 // the oracle on the naive one, in f32 and with bf16 GEMMs.
 TEST(VerifyCli, ContextParallelPasses) {

@@ -197,6 +197,45 @@ TEST(Local, RecorderKeepsAnOpInFlightAfterItLeftTheRing) {
   EXPECT_EQ(rec.bytes_of_group("ep[0]").ops, 4);
 }
 
+// The ring's slots are reused in place (a circle from the oldest op on): after it wrapped
+// several times it holds exactly the newest ops, oldest first, each with its own fields
+// (a long group name in a slot, then a short one, reads back as the short one).
+TEST(Local, RecorderRingWrapsInPlaceKeepingTheNewestOpsInOrder) {
+  FlightRecorder rec(0, 3);
+  for (int64_t seq = 1; seq <= 10; ++seq) {
+    FlightRecorder::Start s;
+    const std::string name = seq % 2 ? "ep_grads[a long group name, past SSO]" : "dp";
+    s.group = &name;
+    s.op = seq % 3 ? OpType::kAllReduce : OpType::kAllToAll;
+    s.seq = seq;
+    s.elems = 10 * seq;
+    s.started = true;
+    s.at = static_cast<double>(seq);
+    const int64_t id = rec.on_queued(s);
+    EXPECT_EQ(id, seq);
+    rec.on_done(id, seq, 2 * seq);
+  }
+  const auto last = rec.last(5);
+  ASSERT_EQ(last.size(), 3u);
+  for (size_t i = 0; i < last.size(); ++i) {
+    const int64_t seq = 8 + static_cast<int64_t>(i);
+    EXPECT_EQ(last[i].id, seq);
+    EXPECT_EQ(last[i].seq, seq);
+    EXPECT_EQ(last[i].elems, 10 * seq);
+    EXPECT_EQ(last[i].group, seq % 2 ? "ep_grads[a long group name, past SSO]" : "dp");
+    EXPECT_EQ(last[i].state, OpState::kDone);
+    EXPECT_EQ(last[i].started_s, static_cast<double>(seq));
+    EXPECT_EQ(last[i].sent_bytes, seq);
+  }
+  OpRecord found;
+  EXPECT_TRUE(rec.find_collective("dp", 10, &found));
+  EXPECT_EQ(found.id, 10);
+  EXPECT_FALSE(rec.find_collective("dp", 6, &found)) << "left the ring";
+  EXPECT_TRUE(rec.in_flight().empty());
+  EXPECT_EQ(rec.bytes_of_group("dp").ops, 5);  // every op counted once, in or out of the ring
+  EXPECT_EQ(rec.bytes_of_group("dp").sent_bytes, 2 + 4 + 6 + 8 + 10);
+}
+
 TEST(Local, ADifferentCollectiveIsReportedNotCorrupting) {
   try {
     run_local(4, [](Group& g) {
