@@ -64,10 +64,11 @@ TEST(DilocoBytes, StreamingRunsCountTheFragmentsBytesExactly) {
     TrainOptions o = streaming(run.compress, run.delay);
     const std::string what = run.compress + " delay " + std::to_string(run.delay);
     if (run.delay > 0) {
-      // A link of 2 x 1 ms per all-reduce (2 hops): an exchange started just before a
-      // validation (after steps 2, 4, 6 and 8) lands during it, on the group's progress thread.
+      // A link of 2 hops x 0.25 ms per all-reduce plus its bytes at 10 Gbit/s (under 1 ms in
+      // all): an exchange started just before a validation (after steps 2, 4, 6 and 8) lands on
+      // the group's progress thread while the validation's 8 batches run.
       o.sim_link_mbit = 1e4;
-      o.sim_link_ms = 1;
+      o.sim_link_ms = 0.25;
     }
     std::mutex mu;
     std::map<int, int64_t> fragment_elems;  // the fragments' elements, from the outer steps
