@@ -122,5 +122,28 @@ TEST(SitesMemory, TheOuterStateIsWhatTheRuntimeAdds) {
   EXPECT_EQ(added, 3 * 4 * psi / 2);
 }
 
+// train's up-front memory check (cli/memory_check.h) counts the outer state: 2 sites of one
+// rank each on a host (MESHTRAIN_HOST_MEMORY) of exactly the 2 ranks' modelled peak run; one
+// byte less is refused before anything is allocated. Without the outer state counted the
+// check would have asked for 12 n bytes per rank less and let the smaller host through.
+TEST(SitesMemory, TrainsMemoryCheckCountsTheOuterState) {
+  const auto dir = test::scratch_dir("sites-mem-check");
+  const std::string data = test::demo_tokens(dir);
+  const Case c{2, 0, 2};
+  const double need = 2 * predicted(c).total();
+  const std::string run = fmt::format(
+      "{} train --model tiny --n-layer 2 --seq 32 --batch 8 --microbatch 2 {} --steps 2 "
+      "--threads 1 --peak-gflops 100 --data {}",
+      MT_BINARY, c.flags(), data);
+  const test::RunResult refused =
+      test::run_command(fmt::format("MESHTRAIN_HOST_MEMORY={:.0f} {}", need - 1, run));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("this run needs"), std::string::npos) << refused.output;
+  EXPECT_EQ(refused.output.find("meshtrain: model"), std::string::npos) << refused.output;
+  const test::RunResult ok =
+      test::run_command(fmt::format("MESHTRAIN_HOST_MEMORY={:.0f} {}", need, run));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 }  // namespace
 }  // namespace mt::plan
