@@ -24,7 +24,8 @@ MemoryBytes outer_state_bytes(double n, const OuterMemory& o) {
 }
 
 std::vector<MemoryBytes> memory_by_stage_in_sites(const Job& job, const Layout& layout,
-                                                  const OuterMemory& o) {
+                                                  const OuterMemory& o,
+                                                  std::vector<MemoryBytes>* outer) {
   // One site: dp / S ranks on B / S sequences, the same microbatches per rank.
   Job j = job;
   Layout l = layout;
@@ -34,11 +35,13 @@ std::vector<MemoryBytes> memory_by_stage_in_sites(const Job& job, const Layout& 
   std::vector<MemoryBytes> stages = memory_by_stage(j, l);
   const Split split = split_of(j, l);
   const double group = double(l.dp) * l.cp / l.ep;  // the site's (expert-)dp x cp ranks
+  if (outer) outer->clear();
   for (int r = 0; r < l.pp; ++r) {
     // The stage's parameters per tp rank, its own experts only with ep (memory.cpp's psi_r).
     const MemoryBytes add = outer_state_bytes(stage_params(j, l, split, r) / group, o);
     stages[size_t(r)].optimizer += add.optimizer;
     stages[size_t(r)].communication += add.communication;
+    if (outer) outer->push_back(add);
   }
   return stages;
 }

@@ -34,7 +34,9 @@ MemoryBytes outer_state_bytes(double n, const OuterMemory& o);
 
 // memory_by_stage of the layout `l` (its dp the job's) trained in o.sites sites (S must divide
 // dp, and ep dp / S): per pipeline stage, one rank of a site with its outer state.
+// `outer`, if given, receives each stage's outer state alone (outer_state_bytes).
 std::vector<MemoryBytes> memory_by_stage_in_sites(const Job& j, const Layout& l,
-                                                  const OuterMemory& o);
+                                                  const OuterMemory& o,
+                                                  std::vector<MemoryBytes>* outer = nullptr);
 
 }  // namespace mt::plan
