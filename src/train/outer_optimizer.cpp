@@ -102,8 +102,8 @@ float outer_grad_scale(const OuterOptions& o, int64_t batch_tokens) {
 }
 
 Sites::Sites(comm::Group& replica, int sites, int dp_rank, int dp_size, int cp_rank, int cp_size,
-             int ep_rank)
-    : count_(sites), ep_rank_(ep_rank) {
+             int ep_rank, int ep_size)
+    : count_(sites), ep_rank_(ep_rank), job_dp_(dp_size * ep_size) {
   const int per_site = dp_size / sites;
   site_ = dp_rank / per_site;
   const int position = (dp_rank % per_site) * cp_size + cp_rank;
@@ -443,15 +443,13 @@ void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
   for (const auto& [p, n] : arrays) chunks.push_back({p, static_cast<size_t>(n) * 4});
   io::write_file(rank_file(tmp_dir, world_rank_), chunks);
   if (world_rank_ == 0) {
-    const nlohmann::json j = {{"format", "meshtrain-diloco"},
-                              {"sites", sites_.count()},
-                              {"every", opts_.every},
-                              {"fragments", opts_.fragments},
-                              {"warmup_steps", opts_.warmup},
-                              {"optimizer", opts_.optimizer},
-                              {"dp", rep_.dp.size() * sites_.count()},
-                              {"step", step},
-                              {"round_step", round_step_}};
+    const nlohmann::json j = {
+        {"format", "meshtrain-diloco"}, {"sites", sites_.count()},
+        {"every", opts_.every},         {"fragments", opts_.fragments},
+        {"warmup_steps", opts_.warmup}, {"optimizer", opts_.optimizer},
+        {"dp", sites_.job_dp()},        {"step", step},
+        {"round_step", round_step_},
+    };
     io::write_file((fs::path(tmp_dir) / "outer.json").string(), j.dump(1) + "\n");
   }
 }

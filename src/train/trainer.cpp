@@ -551,7 +551,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     comm::Group& site_dp = o.ep > 1 ? mesh.group("dp") : dp;
     sites = std::make_unique<Sites>(job_grads_group, o.outer.sites, site_dp.rank(), site_dp.size(),
                                     o.cp > 1 ? mesh.group("cp").rank() : 0, o.cp,
-                                    o.ep > 1 ? epg.rank() : 0);
+                                    o.ep > 1 ? epg.rank() : 0, o.ep);
   }
   comm::Group& grads_group = sites ? sites->inner() : job_grads_group;
   if (o.sim_link_mbit > 0)  // the link between sites, simulated (docs/diloco.md)
