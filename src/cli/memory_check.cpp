@@ -17,6 +17,7 @@
 #include "obs/metrics.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/planner.h"
+#include "plan/sites_memory.h"
 
 namespace mt::cli {
 
@@ -70,6 +71,7 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   l.cp_comm = o.cp_comm;
   l.fused_attention = o.fused_attention();  // --attention naive: the T x T kernel
   l.pp = o.pipeline.pp;
+  l.ep = o.ep;
   l.sp = o.sp;
   l.zero = o.zero;
   l.microbatch = o.microbatch_size();
@@ -79,7 +81,14 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   if (!o.pipeline.layers.empty()) l.pp_layers = parallel::pp::parse_layer_counts(o.pipeline.layers);
   l = plan::as_run(j, l);
   if (plan::invalid_reason(j, l)) return std::nullopt;
-  const std::vector<plan::MemoryBytes> stages = plan::memory_by_stage(j, l);
+  // --sites: a site's ranks (ZeRO within the site) with the outer state (plan/sites_memory.h).
+  plan::OuterMemory outer;
+  outer.sites = o.outer.site_count();
+  outer.momentum = o.outer.optimizer == "nesterov";
+  outer.compress = o.outer.compress;
+  outer.delay = o.outer.delay > 0;
+  const std::vector<plan::MemoryBytes> stages =
+      o.outer.on() ? plan::memory_by_stage_in_sites(j, l, outer) : plan::memory_by_stage(j, l);
   // A GPU's fused attention keeps no probabilities: only the model states bound it.
   const bool states_only = pool.gpu && o.fused_attention();
   std::vector<double> per_rank;  // every rank of the job: dp x cp x tp ranks per stage

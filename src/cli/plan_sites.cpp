@@ -1,7 +1,9 @@
 #include "cli/plan_sites.h"
 
 #include "core/error.h"
+#include "obs/metrics.h"
 #include "plan/sites.h"
+#include "plan/sites_memory.h"
 
 namespace mt::cli {
 
@@ -41,8 +43,31 @@ void PlanSitesFlags::report(const plan::Job& j, const plan::Estimate& best, FILE
       plan::estimate_sites(best.step_time_s, j.model.total_params(), grad_bytes,
                            plan::outer_bytes_per_value(compress), *sites, every, rate, latency);
   std::fprintf(human, "%s", plan::sites_text(e, rate, latency).c_str());
+  // A rank's memory with DiLoCo (plan/sites_memory.h): its site's model states (ZeRO within
+  // the site) and the outer state of its shard, Nesterov's (DiLoCo's); the worst stage.
+  const plan::Layout& l = best.layout;
+  double memory_bytes = -1, outer_bytes = -1;
+  if ((l.dp / *sites) % l.ep == 0) {
+    plan::OuterMemory om;
+    om.sites = *sites;
+    om.compress = compress;
+    std::vector<plan::MemoryBytes> outer;
+    const std::vector<plan::MemoryBytes> stages = plan::memory_by_stage_in_sites(j, l, om, &outer);
+    for (size_t r = 0; r < stages.size(); ++r)
+      if (stages[r].total() > memory_bytes) {
+        memory_bytes = stages[r].total();
+        outer_bytes = outer[r].total();
+      }
+    std::fprintf(human,
+                 "  with DiLoCo a rank holds %s (its site's model states, ZeRO within the "
+                 "site, and %s of outer state: the f32 outer parameters and momentum of its "
+                 "shard, the exchange buffer)\n",
+                 obs::human_bytes(memory_bytes).c_str(), obs::human_bytes(outer_bytes).c_str());
+  }
   if (json)
     (*json)["sites"] = {{"sites", e.sites},
+                        {"memory_bytes", memory_bytes},
+                        {"outer_state_bytes", outer_bytes},
                         {"every", e.every},
                         {"site_bytes_per_s", rate},
                         {"site_latency_s", latency},

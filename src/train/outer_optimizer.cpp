@@ -86,11 +86,12 @@ void check_outer_options(const OuterOptions& o, int dp, const std::string& devic
         o.mix);
   if (o.delay == 0 && o.mix != d.mix)
     fail("--outer-mix {} mixes after an overlapped exchange: add --outer-delay τ", o.mix);
-  if (ep > 1)
+  if (ep > 1 && (dp / o.sites) % ep != 0)
     fail(
-        "--sites {} with --ep {}: DiLoCo sites are not carved from expert-parallel ranks yet "
-        "(use --ep 1)",
-        o.sites, ep);
+        "--sites {} with --ep {}: each site of --dp {} / {} = {} ranks must hold whole "
+        "expert-parallel groups (use --sites {} or fewer with dp / sites a multiple of --ep, or "
+        "an --ep that divides {})",
+        o.sites, ep, dp, o.sites, dp / o.sites, dp / ep, dp / o.sites);
   if (device != "cpu")
     fail("--sites {} runs on the CPU so far (the outer step is host code): use --device cpu",
          o.sites);
@@ -100,8 +101,9 @@ float outer_grad_scale(const OuterOptions& o, int64_t batch_tokens) {
   return static_cast<float>(o.site_count()) / static_cast<float>(batch_tokens);
 }
 
-Sites::Sites(comm::Group& replica, int sites, int dp_rank, int dp_size, int cp_rank, int cp_size)
-    : count_(sites) {
+Sites::Sites(comm::Group& replica, int sites, int dp_rank, int dp_size, int cp_rank, int cp_size,
+             int ep_rank, int ep_size)
+    : count_(sites), ep_rank_(ep_rank), job_dp_(dp_size * ep_size) {
   const int per_site = dp_size / sites;
   site_ = dp_rank / per_site;
   const int position = (dp_rank % per_site) * cp_size + cp_rank;
@@ -281,8 +283,8 @@ void OuterOptimizer::step_fragment(int p) {
   }
   ++rounds_;
   if (opts_.observer)
-    opts_.observer({rounds_, p, sites_.site(), sites_.position(), lo_, n_, &segs, before_.f32(),
-                    theta, outer, theta, outer});
+    opts_.observer({rounds_, p, sites_.site(), sites_.position(), sites_.ep_rank(), lo_, n_, &segs,
+                    before_.f32(), theta, outer, theta, outer});
   each(p, [&](int64_t i, int64_t) { theta[i] = outer[i]; });
 }
 
@@ -329,7 +331,7 @@ void OuterOptimizer::land_fragment(int p) {
   const float a = opts_.mix;
   each(p, [&](int64_t i, int64_t) { theta[i] = a * theta[i] + (1 - a) * outer[i]; });
   if (opts_.observer)
-    opts_.observer({rounds_, p, sites_.site(), sites_.position(), lo_, n_,
+    opts_.observer({rounds_, p, sites_.site(), sites_.position(), sites_.ep_rank(), lo_, n_,
                     &segs_[static_cast<size_t>(p)], before_.f32(), now_.f32(), outer, sent_.f32(),
                     theta});
 }
@@ -441,15 +443,13 @@ void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
   for (const auto& [p, n] : arrays) chunks.push_back({p, static_cast<size_t>(n) * 4});
   io::write_file(rank_file(tmp_dir, world_rank_), chunks);
   if (world_rank_ == 0) {
-    const nlohmann::json j = {{"format", "meshtrain-diloco"},
-                              {"sites", sites_.count()},
-                              {"every", opts_.every},
-                              {"fragments", opts_.fragments},
-                              {"warmup_steps", opts_.warmup},
-                              {"optimizer", opts_.optimizer},
-                              {"dp", rep_.dp.size() * sites_.count()},
-                              {"step", step},
-                              {"round_step", round_step_}};
+    const nlohmann::json j = {
+        {"format", "meshtrain-diloco"}, {"sites", sites_.count()},
+        {"every", opts_.every},         {"fragments", opts_.fragments},
+        {"warmup_steps", opts_.warmup}, {"optimizer", opts_.optimizer},
+        {"dp", sites_.job_dp()},        {"step", step},
+        {"round_step", round_step_},
+    };
     io::write_file((fs::path(tmp_dir) / "outer.json").string(), j.dump(1) + "\n");
   }
 }

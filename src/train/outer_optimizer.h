@@ -41,17 +41,22 @@ class Sites {
  public:
   // dp_rank / dp_size: the rank's dp coordinate and the dp size; cp likewise (cp_size 1: the
   // replica group is dp alone). Site k holds dp ranks [k·dp/S, (k+1)·dp/S).
-  Sites(comm::Group& replica, int sites, int dp_rank, int dp_size, int cp_rank, int cp_size);
+  // With --ep the replica group is the expert-dp group (x cp) and dp_rank / dp_size its dp
+  // coordinate and size; ep_rank names the experts the rank holds (for the observer).
+  Sites(comm::Group& replica, int sites, int dp_rank, int dp_size, int cp_rank, int cp_size,
+        int ep_rank = 0, int ep_size = 1);
   comm::Group& inner() { return *inner_; }  // the site's dp (x cp) group: gradients, ZeRO
   comm::Group& cross() { return *cross_; }  // the same position in every site: the outer step
   int site() const { return site_; }
   int count() const { return count_; }
   int position() const { return inner_->rank(); }
+  int ep_rank() const { return ep_rank_; }
+  int job_dp() const { return job_dp_; }  // the job's --dp (ep and cp ranks not counted twice)
   // Bytes this rank has received over the cross-site group (the flight recorder's count).
   int64_t outer_recv_bytes();
 
  private:
-  int site_ = 0, count_ = 1;
+  int site_ = 0, count_ = 1, ep_rank_ = 0, job_dp_ = 1;
   std::unique_ptr<comm::Group> inner_, cross_;
 };
 

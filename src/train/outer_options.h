@@ -20,6 +20,7 @@ struct OuterStepView {
   int fragment = 0;   // --outer-fragments: the fragment stepped (the others are unchanged)
   int site = 0;
   int position = 0;  // the rank's index within its site (dp x cp)
+  int ep_rank = 0;   // --ep: the rank's experts (its site's ranks at one position differ in it)
   int64_t lo = 0, elems = 0;
   // The fragment's elements: [a, b) ranges relative to lo.
   const std::vector<std::pair<int64_t, int64_t>>* ranges = nullptr;

@@ -535,11 +535,16 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   if (world.size() > 1)  // collective over the world: every rank splits
     ep_grads = world.split(o.ep > 1 ? mesh.shape().group_index({"ep"}, world.rank()) : -1,
                            epg.rank(), "ep_grads[" + epg.name().substr(3));
-  // DiLoCo (--sites): gradients and ZeRO stay inside a site (train/outer_optimizer.h).
+  // DiLoCo (--sites): gradients and ZeRO stay inside a site (train/outer_optimizer.h). With
+  // --ep the sites are cut from the expert-dp group (the mesh's dp: ep | dp / S, so a site
+  // holds whole ep groups): the cross-site group joins the ranks holding the same experts.
   std::unique_ptr<Sites> sites;
-  if (o.outer.on())
-    sites = std::make_unique<Sites>(job_grads_group, o.outer.sites, dp.rank(), dp.size(),
-                                    o.cp > 1 ? mesh.group("cp").rank() : 0, o.cp);
+  if (o.outer.on()) {
+    comm::Group& site_dp = o.ep > 1 ? mesh.group("dp") : dp;
+    sites = std::make_unique<Sites>(job_grads_group, o.outer.sites, site_dp.rank(), site_dp.size(),
+                                    o.cp > 1 ? mesh.group("cp").rank() : 0, o.cp,
+                                    o.ep > 1 ? epg.rank() : 0, o.ep);
+  }
   comm::Group& grads_group = sites ? sites->inner() : job_grads_group;
   if (o.sim_link_mbit > 0)  // the link between sites, simulated (docs/diloco.md)
     comm::simulate_link(sites ? sites->cross() : job_grads_group, o.sim_link_mbit * 1e6 / 8,
@@ -911,8 +916,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                                 mb, scalars, inputs, targets);
       val_losses.emplace_back(r.step, vl);
       row["val_loss"] = vl;
-      // The validation's traffic (pipeline activations) is not the next step's.
+      // The validation's traffic (pipeline activations) is not the next step's. The cross-site
+      // groups carry none of it, but an overlapped outer exchange (--outer-delay) may complete
+      // on their progress thread meanwhile: its bytes stay counted (in the next step).
+      const int64_t outer_before = before.outer;
       before = bytes_now();
+      before.outer = outer_before;
     }
     if (metrics) metrics->write(row);
     if (tensorboard) {

@@ -56,6 +56,16 @@ TEST(PlanSites, PlanPrintsTheModelForTheBestLayout) {
   EXPECT_NEAR(s["sync_exchange_s"].get<double>(), exchange, exchange * 1e-12);
   EXPECT_NEAR(s["diloco_step_s"].get<double>(), step + exchange / 100, step * 1e-9);
   EXPECT_EQ(s["every_unbound"].get<int64_t>(), static_cast<int64_t>(std::ceil(exchange / step)));
+  // A rank's memory with DiLoCo: the outer state of its shard of the site's parameters (8 / 4 =
+  // 2 ranks a site: plan/sites_memory.h, f32 outer parameters, momentum and exchange buffer,
+  // 3 x 4 n) on top of its site's model states.
+  const nlohmann::json& l = j["layouts"][0];
+  ASSERT_EQ(l["dp"].get<int>(), 8) << l.dump();
+  const double n = params / (l["tp"].get<int>() * l["pp"].get<int>()) / 2;
+  if (l["pp"].get<int>() == 1) {
+    EXPECT_NEAR(s["outer_state_bytes"].get<double>(), 12 * n, 12 * n * 1e-12);
+  }
+  EXPECT_GT(s["memory_bytes"].get<double>(), s["outer_state_bytes"].get<double>());
   const test::RunResult bad = test::run_meshtrain(
       "plan --model gpt2-124m --cluster dgx-h100 --gpus 8 --batch 32 --dp 8 --sites 4");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;

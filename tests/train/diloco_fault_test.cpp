@@ -95,6 +95,30 @@ TEST(DilocoFault, FailureInTheWarmupResumesBitwise) {
   EXPECT_EQ(a, bytes_of(dir() / "wrestart.safetensors"));
 }
 
+// Expert or context parallelism inside each site (4 experts, ep 2: each site of 2 ranks one
+// ep group; or cp 2: each site 2 dp x 2 cp ranks), ZeRO-1: the checkpoint after step 3 holds
+// every rank's experts (sequence part) and outer state, and records the job's --dp (not the
+// site group's size times the sites, which counts cp in and ep out: such a checkpoint was
+// refused as another dp); the restarted run ends bitwise like the uninterrupted one.
+TEST(DilocoFault, ExpertOrContextParallelFailureMidRoundResumesBitwise) {
+  for (const std::string extra : {" --moe-experts 4 --moe-top-k 2 --ep 2", " --cp 2"}) {
+    const std::string name = extra.find("--ep") != std::string::npos ? "ep" : "cp";
+    const RunResult clean = run_meshtrain(flags(dir() / (name + "clean"), name + "clean") + extra);
+    ASSERT_EQ(clean.exit_code, 0) << clean.output;
+    const std::string once = (dir() / (name + "once")).string();
+    const RunResult r = run_command("MESHTRAIN_FAULT=throw@step:5:3:" + once + " " + MT_BINARY +
+                                    " " + flags(dir() / (name + "restart"), name + "restart") +
+                                    extra + " --resume auto --max-restarts 1");
+    ASSERT_EQ(r.exit_code, 0) << name << r.output;
+    EXPECT_NE(r.output.find("resumed from checkpoint"), std::string::npos) << r.output;
+    EXPECT_EQ(losses(name + "restart"), losses(name + "clean")) << name;
+    ASSERT_EQ(losses(name + "clean").size(), 10u) << name;
+    const std::string a = bytes_of(dir() / (name + "clean.safetensors"));
+    EXPECT_FALSE(a.empty()) << name;
+    EXPECT_EQ(a, bytes_of(dir() / (name + "restart.safetensors"))) << name;
+  }
+}
+
 TEST(DilocoFault, AnotherSiteCountIsRefused) {
   const fs::path c = dir() / "refuse";
   ASSERT_EQ(run_meshtrain(flags(c, "refuse")).exit_code, 0);
