@@ -11,7 +11,6 @@
 // resharded load.
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +32,7 @@
 #include "cli/train_command.h"
 #include "core/error.h"
 #include "core/write_file.h"
+#include "obs/metrics.h"
 #include "train/checkpoint.h"
 
 namespace mt::cli {
@@ -100,11 +100,6 @@ JobCommand parse_job(std::vector<std::string> words) {
         "the job needs --checkpoint-dir DIR and --resume auto (each restart goes on from the "
         "newest checkpoint there); it has --checkpoint-dir '{}' --resume '{}'",
         o.checkpoint_dir, o.resume);
-  if (o.cp > 1 || o.ep > 1)
-    fail(
-        "the job's --cp {} / --ep {}: launch sizes dp, tp and pp only (leave --cp and --ep out, "
-        "or run the job under mpirun yourself)",
-        o.cp, o.ep);
   if (o.backend != "mpi" && o.backend != "auto")
     fail(
         "the job's --backend {} cannot run under mpirun across hosts (use --backend mpi, or "
@@ -154,6 +149,17 @@ int64_t last_metrics_step(const std::string& path) {
   return last;
 }
 
+// Before a start from the checkpoint of step `from`: the metrics file as the trainer will
+// keep it (its step rows through `from`, every event row), so that a step row past `from`
+// is this start's, however the trainer rewrites the file. Only a regular file.
+void trim_metrics(const std::string& path, int64_t from) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return;
+  std::string text;
+  for (const std::string& row : obs::metrics_rows_through(path, from)) text += row + "\n";
+  io::write_file(path, text);
+}
+
 void append_line(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) fail_run("cannot append to '{}': {}", path, std::strerror(errno));
@@ -173,7 +179,9 @@ class Launcher {
     const train::TrainOptions& o = job_.options;
     int slots = 0;
     for (const Host& h : hosts_) slots += h.slots;
-    cap_ = {job_.dp ? *job_.dp : std::max(1, slots / (o.tp * o.pipeline.pp)), o.tp, o.pipeline.pp};
+    // cp and ep stay as the job gives them: every layout has them (cli/launch_layout.h).
+    cap_ = {job_.dp ? *job_.dp : std::max(1, slots / (o.tp * o.pipeline.pp * o.cp)), o.tp,
+            o.pipeline.pp, o.cp, o.ep};
     model_ = launch::planner_step_time(o, f.cluster, &no_model_);
     work_ =
         std::filesystem::temp_directory_path() / ("meshtrain-launch." + std::to_string(::getpid()));
@@ -223,13 +231,31 @@ class Launcher {
     ++restarts_;
     if (first_step_at == 0)
       say(restart_line(p, up, l, why, from, steps_lost, start, up_at, first_step_at));
-    const nlohmann::json rec =
-        restart_record(p, up, l, from, steps_lost, start, up_at, first_step_at);
-    if (!job_.options.metrics.empty()) append_line(job_.options.metrics, rec.dump());
+    records_.push_back(restart_record(p, up, l, from, steps_lost, start, up_at, first_step_at));
+    write_records();
+  }
+  // Every restart record of this launch that the metrics file lacks, appended in order: a
+  // start with no checkpoint yet begins the file anew (the trainer keeps event rows only when
+  // it resumes), so the records written before the first checkpoint come back here.
+  void write_records() const {
+    const std::string& path = job_.options.metrics;
+    if (path.empty()) return;
+    std::set<int64_t> there;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec))
+      for (const std::string& row : obs::metrics_rows_through(path, 0)) {
+        const nlohmann::json r = nlohmann::json::parse(row, nullptr, false);
+        if (r.is_object() && r.value("event", "") == "restart" && r.contains("restart") &&
+            r["restart"].is_number_integer())
+          there.insert(r["restart"].get<int64_t>());
+      }
+    for (const nlohmann::json& rec : records_)
+      if (!there.count(rec["restart"].get<int64_t>())) append_line(path, rec.dump());
   }
 
   Flags f_;
-  int restarts_ = 0;  // restarts reported
+  int restarts_ = 0;                     // restarts reported
+  std::vector<nlohmann::json> records_;  // their --metrics records
   JobCommand job_;
   std::vector<Host> hosts_;
   Layout cap_;
@@ -243,19 +269,20 @@ double rounded(double s) { return std::round(s * 100) / 100; }
 nlohmann::json Launcher::restart_record(const Pending& p, const std::vector<std::string>& up,
                                         const Layout& l, int64_t from, int64_t steps_lost,
                                         double start, double up_at, double first_step_at) const {
-  nlohmann::json rec = {{"event", "restart"},
-                        {"restart", restarts_},
-                        {"reason", p.reason},
-                        {"hosts", up},
-                        {"lost_hosts", p.lost},
-                        {"returned_hosts", p.returned},
-                        {"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}}},
-                        {"batch", job_.options.batch},
-                        {"from_step", from},
-                        {"steps_lost", steps_lost},
-                        {"previous_exit_code", p.exit_code},
-                        {"previous_ran_s", rounded(p.ran_s)},
-                        {"detect_s", rounded(p.detect_s)}};
+  nlohmann::json rec = {
+      {"event", "restart"},
+      {"restart", restarts_},
+      {"reason", p.reason},
+      {"hosts", up},
+      {"lost_hosts", p.lost},
+      {"returned_hosts", p.returned},
+      {"layout", {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"ep", l.ep}}},
+      {"batch", job_.options.batch},
+      {"from_step", from},
+      {"steps_lost", steps_lost},
+      {"previous_exit_code", p.exit_code},
+      {"previous_ran_s", rounded(p.ran_s)},
+      {"detect_s", rounded(p.detect_s)}};
   rec["restart_s"] = up_at > 0 ? nlohmann::json(rounded(up_at - start)) : nlohmann::json(nullptr);
   rec["load_s"] =
       first_step_at > 0 ? nlohmann::json(rounded(first_step_at - up_at)) : nlohmann::json(nullptr);
@@ -303,9 +330,10 @@ void Launcher::run() {
     if (!choice)
       fail_run(
           "no layout fits the hosts that answer: {} of {} ({}) with {} slot(s); the job needs "
-          "tp x pp ranks of a divisor of tp {} x pp {} and a dp dividing --batch {} (bring "
-          "hosts back, or give the hostfile more slots)",
-          up.size(), hosts_.size(), list(up), slots, cap_.tp, cap_.pp, o.batch);
+          "tp x pp ranks of a divisor of tp {} x pp {}, times cp {} (kept), and a dp dividing "
+          "--batch {}{} (bring hosts back, or give the hostfile more slots)",
+          up.size(), hosts_.size(), list(up), slots, cap_.tp, cap_.pp, cap_.cp, o.batch,
+          cap_.ep > 1 ? fmt::format(" and a multiple of --ep {} (kept)", cap_.ep) : "");
     const Layout l = choice->layout;
     // The hostfile of this start: the hosts that answer, in the hostfile's order.
     std::vector<Host> use;
@@ -328,13 +356,11 @@ void Launcher::run() {
                       list(up), o.batch, choice->why,
                       lost.empty() ? "" : "; not answering: " + list(lost),
                       model_ ? "" : "; layouts of as many ranks unranked: " + no_model_));
-    // The metrics file as it was: the trainer rewrites it on resume (a new file, or truncated).
-    struct stat before {};
-    const bool had_metrics = !o.metrics.empty() && ::stat(o.metrics.c_str(), &before) == 0;
+    trim_metrics(o.metrics, from);
 
     const double start = now_s();
     double up_at = 0, first_step_at = 0, first_sign = 0, grow_seen = 0, last_probe = start;
-    bool rewritten = steps_lost == 0 || !had_metrics, growing = false, forwarded = false;
+    bool growing = false, forwarded = false;
     std::vector<std::string> returned;
     std::map<std::string, double> silent_since;
     launch::Job job(argv);
@@ -349,14 +375,10 @@ void Launcher::run() {
         job.signal(SIGUSR1);
         forwarded = true;
       }
-      // The first step of this start: a step row past the checkpoint in the metrics file the
-      // trainer rewrote on resume.
+      // The first step of this start: a step row past the checkpoint (the file was trimmed to
+      // the checkpoint before the start).
       if (first_step_at == 0 && up_at > 0 && !o.metrics.empty()) {
-        struct stat now {};
-        if (::stat(o.metrics.c_str(), &now) == 0 && had_metrics &&
-            (now.st_ino != before.st_ino || now.st_size < before.st_size))
-          rewritten = true;
-        if (rewritten && last_metrics_step(o.metrics) > from) {
+        if (last_metrics_step(o.metrics) > from) {
           first_step_at = now_s();
           if (pending)
             say(restart_line(*pending, up, l, choice->why, from, steps_lost, start, up_at,

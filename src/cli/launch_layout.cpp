@@ -52,7 +52,11 @@ std::string hostfile_text(const std::vector<Host>& hosts) {
   return s;
 }
 
-std::string Layout::text() const { return fmt::format("dp {} x tp {} x pp {}", dp, tp, pp); }
+std::string Layout::text() const {
+  return fmt::format("dp {} x tp {} x pp {}{}{}", dp, tp, pp,
+                     cp > 1 ? fmt::format(" x cp {}", cp) : "",
+                     ep > 1 ? fmt::format(" (ep {} of dp)", ep) : "");
+}
 
 namespace {
 
@@ -69,6 +73,8 @@ bool runs(const train::TrainOptions& job, const Layout& l) {
   o.dp = l.dp;
   o.tp = l.tp;
   o.pipeline.pp = l.pp;
+  o.cp = l.cp;
+  o.ep = l.ep;
   try {
     o.validate();
   } catch (const Error&) {
@@ -77,10 +83,11 @@ bool runs(const train::TrainOptions& job, const Layout& l) {
   return true;
 }
 
-// The largest dp for tp x pp within `ranks` ranks (0: none).
-int largest_dp(const train::TrainOptions& job, int tp, int pp, int ranks) {
-  for (int dp = ranks / (tp * pp); dp >= 1; --dp)
-    if (job.batch % dp == 0 && runs(job, {dp, tp, pp})) return dp;
+// The largest dp for tp x pp (and `cap`'s cp and ep) within `ranks` ranks (0: none; dp a
+// multiple of ep, which validate checks).
+int largest_dp(const train::TrainOptions& job, const Layout& cap, int tp, int pp, int ranks) {
+  for (int dp = ranks / (tp * pp * cap.cp); dp >= 1; --dp)
+    if (job.batch % dp == 0 && runs(job, {dp, tp, pp, cap.cp, cap.ep})) return dp;
   return 0;
 }
 
@@ -90,16 +97,16 @@ std::optional<Choice> choose_layout(const train::TrainOptions& job, const Layout
                                     const StepTimeModel& model) {
   const int ranks = std::min(slots, cap.ranks());
   // dp shrinks first: tp and pp as the first layout had them.
-  if (const int dp = largest_dp(job, cap.tp, cap.pp, ranks); dp > 0)
-    return Choice{{dp, cap.tp, cap.pp}, "dp shrinks first"};
+  if (const int dp = largest_dp(job, cap, cap.tp, cap.pp, ranks); dp > 0)
+    return Choice{{dp, cap.tp, cap.pp, cap.cp, cap.ep}, "dp shrinks first"};
   // Then the model-parallel sizes: every tp' | tp and pp' | pp with their largest dp; those
   // using the most ranks are ranked by the planner.
   std::vector<Layout> best;
   for (int tp : divisors(cap.tp))
     for (int pp : divisors(cap.pp)) {
-      const int dp = largest_dp(job, tp, pp, ranks);
+      const int dp = largest_dp(job, cap, tp, pp, ranks);
       if (dp == 0) continue;
-      const Layout l{dp, tp, pp};
+      const Layout l{dp, tp, pp, cap.cp, cap.ep};
       if (!best.empty() && l.ranks() < best[0].ranks()) continue;
       if (!best.empty() && l.ranks() > best[0].ranks()) best.clear();
       best.push_back(l);
@@ -111,7 +118,7 @@ std::optional<Choice> choose_layout(const train::TrainOptions& job, const Layout
   });
   if (best.size() == 1 || !model) {
     return Choice{best[0], best.size() == 1
-                               ? "tp x pp shrinks: dp 1 does not fit"
+                               ? "tp x pp shrinks: no dp fits tp x pp as they were"
                                : fmt::format("{} layouts of {} ranks fit; no planner model: the "
                                              "larger tp",
                                              best.size(), best[0].ranks())};
@@ -152,7 +159,8 @@ StepTimeModel planner_step_time(const train::TrainOptions& job, const std::strin
     p.dp = l.dp;
     p.tp = l.tp;
     p.pp = l.pp;
-    p.cp = job.cp;
+    p.cp = l.cp;
+    p.ep = l.ep;
     p.sp = job.sp;
     p.zero = job.zero;
     p.schedule = l.pp > 1 ? job.pipeline.schedule : "1f1b";
@@ -161,6 +169,8 @@ StepTimeModel planner_step_time(const train::TrainOptions& job, const std::strin
       o.dp = l.dp;
       o.tp = l.tp;
       o.pipeline.pp = l.pp;
+      o.cp = l.cp;
+      o.ep = l.ep;
       p.microbatch = o.microbatch_size();
       p.recompute = plan::parse_recompute(job.recompute);
       p = plan::as_run(j, p);

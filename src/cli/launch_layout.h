@@ -1,9 +1,11 @@
 // What `meshtrain launch` (cli/launch.cpp, docs/multihost.md) decides before each start of
 // the job: the hosts of a hostfile, and the largest layout that fits the hosts that answer
 // while keeping the global batch. dp shrinks first (tp x pp as the first layout had them);
-// only where even dp 1 does not fit do tp and pp shrink (to divisors of theirs), and where
-// several such layouts use the most ranks, the planner's model (src/plan) ranks them by step
-// time. Never more ranks than `cap` (the whole hostfile's layout, or --dp's).
+// only where even the smallest dp does not fit do tp and pp shrink (to divisors of theirs),
+// and where several such layouts use the most ranks, the planner's model (src/plan) ranks
+// them by step time. cp and ep never change (a checkpoint reshards over dp, tp and pp; ep is
+// carved from dp, so dp stays a multiple of it). Never more ranks than `cap` (the whole
+// hostfile's layout, or --dp's).
 #pragma once
 
 #include <functional>
@@ -27,9 +29,12 @@ std::string hostfile_text(const std::vector<Host>& hosts);  // the same format, 
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
-  int ranks() const { return dp * tp * pp; }
-  bool operator==(const Layout& o) const { return dp == o.dp && tp == o.tp && pp == o.pp; }
-  std::string text() const;  // "dp 2 x tp 2 x pp 1"
+  int cp = 1, ep = 1;  // the job's own, kept in every layout (ep: of dp's ranks)
+  int ranks() const { return dp * tp * pp * cp; }
+  bool operator==(const Layout& o) const {
+    return dp == o.dp && tp == o.tp && pp == o.pp && cp == o.cp && ep == o.ep;
+  }
+  std::string text() const;  // "dp 2 x tp 2 x pp 1", then " x cp 2", " (ep 2 of dp)" if > 1
 };
 
 // A layout's predicted step time in seconds, or nothing where the model has none for it.
@@ -43,8 +48,8 @@ struct Choice {
 
 // The largest layout of at most `cap.ranks()` ranks on `slots`
 // slots, for the job `job` (its model and batch; each candidate checked by
-// TrainOptions::validate with its dp, tp and pp). `cap`'s tp and pp are where shrinking
-// starts. Nothing when no layout fits.
+// TrainOptions::validate with its dp, tp, pp, cp and ep). `cap`'s tp and pp are where
+// shrinking starts; its cp and ep are in every candidate. Nothing when no layout fits.
 std::optional<Choice> choose_layout(const train::TrainOptions& job, const Layout& cap, int slots,
                                     const StepTimeModel& model);
 

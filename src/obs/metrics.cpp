@@ -14,18 +14,12 @@
 
 namespace mt::obs {
 
-namespace {
-
-// The rows of `path` whose step is at most `step`, in order. A row that does not parse (the
-// last one of a run killed while writing it) or has no step is dropped.
-std::vector<std::string> rows_through(const std::string& path, int64_t step) {
+std::vector<std::string> metrics_rows_through(const std::string& path, int64_t step) {
   std::vector<std::string> kept;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    // Step rows through `step`; event rows (no step: a supervisor's restart record,
-    // meshtrain launch) all stay.
     if (row.is_object() && ((row.contains("step") && row["step"].is_number_integer() &&
                              row["step"].get<int64_t>() <= step) ||
                             (!row.contains("step") && row.contains("event"))))
@@ -34,15 +28,14 @@ std::vector<std::string> rows_through(const std::string& path, int64_t step) {
   return kept;
 }
 
-}  // namespace
-
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at) {
   if (path.empty()) return;
   // Only a regular file is read back and rewritten: /dev/stdout or a pipe is appended to.
   std::error_code ec;
   const bool regular = std::filesystem::is_regular_file(path, ec);
-  const std::vector<std::string> kept =
-      resumed_at > 0 && regular ? rows_through(path, resumed_at) : std::vector<std::string>{};
+  const std::vector<std::string> kept = resumed_at > 0 && regular
+                                            ? metrics_rows_through(path, resumed_at)
+                                            : std::vector<std::string>{};
   if (!regular && std::filesystem::exists(path, ec)) {
     file_ = std::fopen(path.c_str(), "a");
   } else if (kept.empty()) {

@@ -5,8 +5,15 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace mt::obs {
+
+// The rows that a run resumed from the checkpoint of `step` keeps of the metrics file `path`,
+// in order: its step rows through `step` and every event row (no step: a supervisor's restart
+// record, meshtrain launch). A row that does not parse (the last one of a run killed while
+// writing it) is dropped; no file: none.
+std::vector<std::string> metrics_rows_through(const std::string& path, int64_t step);
 
 class MetricsWriter {
  public:

@@ -104,6 +104,35 @@ TEST(LaunchLayout, ThePlannerRanksLayoutsOfAsManyRanks) {
   EXPECT_FALSE(choose_layout(job, first, 0, model));
 }
 
+// cp and ep are the job's: every layout keeps them. cp multiplies the ranks of a layout; ep
+// is carved from dp, so dp shrinks to multiples of ep only, and below that tp shrinks.
+TEST(LaunchLayout, CpAndEpAreKeptWhileDpShrinks) {
+  train::TrainOptions cp_job = tiny_job(12);
+  cp_job.model.seq_len = 64;
+  cp_job.cp = 2;
+  const Layout cp_first{3, 2, 1, 2, 1};
+  EXPECT_EQ(cp_first.ranks(), 12);
+  EXPECT_EQ(cp_first.text(), "dp 3 x tp 2 x pp 1 x cp 2");
+  auto pick = [](const train::TrainOptions& job, const Layout& first, int slots) {
+    const std::optional<Choice> c = choose_layout(job, first, slots, {});
+    return c ? c->layout : Layout{0, 0, 0, 0, 0};
+  };
+  EXPECT_EQ(pick(cp_job, cp_first, 12), (Layout{3, 2, 1, 2, 1}));
+  EXPECT_EQ(pick(cp_job, cp_first, 11), (Layout{2, 2, 1, 2, 1}));
+  EXPECT_EQ(pick(cp_job, cp_first, 4), (Layout{1, 2, 1, 2, 1}));
+  EXPECT_EQ(pick(cp_job, cp_first, 3), (Layout{1, 1, 1, 2, 1}));  // tp shrinks, cp stays
+  EXPECT_FALSE(choose_layout(cp_job, cp_first, 1, {}));           // cp 2 needs 2 ranks
+
+  train::TrainOptions ep_job = tiny_job(12);
+  ep_job.model.moe.n_experts = 4;
+  ep_job.ep = 2;
+  const Layout ep_first{4, 2, 1, 1, 2};
+  EXPECT_EQ(ep_first.text(), "dp 4 x tp 2 x pp 1 (ep 2 of dp)");
+  EXPECT_EQ(pick(ep_job, ep_first, 7), (Layout{2, 2, 1, 1, 2}));  // dp 3 is no multiple of 2
+  EXPECT_EQ(pick(ep_job, ep_first, 3), (Layout{2, 1, 1, 1, 2}));  // dp 1 < ep: tp shrinks
+  EXPECT_FALSE(choose_layout(ep_job, ep_first, 1, {}));           // ep 2 needs dp 2
+}
+
 // The planner's model itself: a step time for each layout it models, and an empty model
 // with the reason where the cluster cannot be read.
 TEST(LaunchLayout, PlannerStepTime) {
