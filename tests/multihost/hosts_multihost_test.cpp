@@ -380,7 +380,10 @@ class Elastic : public NamespaceHosts {
         std::string(MT_BINARY) + " launch --hostfile " + hostfile + " --probe '" + probe +
         "' --fence '" + fence + "' --hang-grace 3 --max-restarts " + std::to_string(faults.size()) +
         " --log " + log + " --mpirun-args='--oversubscribe " + opts + "' -- " + train_args(d, job) +
-        " --comm-timeout 4 --checkpoint-dir " + ck.string() +
+        // 15 s: a cut link is found by the watchdog; under ctest -j2 on 2 cores a healthy
+        // tp all-reduce was seen to wait 4.4 s for ranks slowed by the load (a false
+        // alarm at 4 s that ended the restarted job).
+        " --comm-timeout 15 --checkpoint-dir " + ck.string() +
         " --checkpoint-every 4 --resume auto --metrics " + metrics + " > " +
         (dir / "out").string() + " 2>&1; echo $? > " + (dir / "rc").string() +
         ") >/dev/null 2>&1 & echo");
