@@ -193,21 +193,25 @@ TEST(MoeCheckpoint, BalanceBiasResumesBitwise) {
   check_resume("moe_bias_ckpt", with_ep(L{2, 1, 1, 1}, 2), {0, true}, {with_ep(L{2, 1, 1, 1}, 2)});
 }
 
+// verify of layout `l` at capacity 1.0 replays the layout's routing (records > 0) and PASSes.
+void check_replayed(const L& l) {
+  const TrainOptions o = moe_options(l, kF32, {1.0});
+  const VerifyReport r = run_verify(o, oracle_options(o), VerifyTolerances{});
+  EXPECT_GT(r.routing_records, 0u) << test::name_of(l);
+  EXPECT_TRUE(r.pass()) << test::name_of(l) << ": loss " << r.worst_loss_rel() << ", norm "
+                        << r.worst_grad_norm_rel() << ", params " << r.params.abs_diff;
+  std::printf("replayed %s: loss %.2e, norm %.2e, params %.2e (%zu records)\n",
+              test::name_of(l).c_str(), r.worst_loss_rel(), r.worst_grad_norm_rel(),
+              r.params.abs_diff, r.routing_records);
+}
+
 // Routing replay: with a capacity of 1.0, dp 2, tp 2 (+ sp) and ep 2 part from the oracle
 // within 20 steps when a drop decision flips on rounding (MoeEquivCapacity's comment). verify
 // lets the oracle replay the layout's routing (model/routing_tape.h): the same model, PASS
 // at verify's tolerances.
 TEST(MoeRoutingReplay, CapacityLayoutsPassVerifyOnTheLayoutsRouting) {
-  for (const L& l : {L{2, 1, 1, 1}, L{1, 2, 1, 0, "1f1b", 1, true}, with_ep(L{2, 1, 1, 0}, 2)}) {
-    TrainOptions o = moe_options(l, kF32, {1.0});
-    const VerifyReport r = run_verify(o, oracle_options(o), VerifyTolerances{});
-    EXPECT_GT(r.routing_records, 0u) << test::name_of(l);
-    EXPECT_TRUE(r.pass()) << test::name_of(l) << ": loss " << r.worst_loss_rel() << ", norm "
-                          << r.worst_grad_norm_rel() << ", params " << r.params.abs_diff;
-    std::printf("replayed %s: loss %.2e, norm %.2e, params %.2e (%zu records)\n",
-                test::name_of(l).c_str(), r.worst_loss_rel(), r.worst_grad_norm_rel(),
-                r.params.abs_diff, r.routing_records);
-  }
+  for (const L& l : {L{2, 1, 1, 1}, L{1, 2, 1, 0, "1f1b", 1, true}, with_ep(L{2, 1, 1, 0}, 2)})
+    check_replayed(l);
 }
 
 // Routing replay with context parallelism: each cp rank records its two chunks of every
@@ -216,17 +220,8 @@ TEST(MoeRoutingReplay, CapacityLayoutsPassVerifyOnTheLayoutsRouting) {
 // position map would hand the oracle other tokens' experts: order-1 loss differences from step 1,
 // far outside verify's tolerances.
 TEST(MoeRoutingReplay, ContextParallelLayoutsReplayTheirPieces) {
-  for (const L& l : {with_cp(L{}, 2), with_cp(with_ep(L{2, 1, 1, 1}, 2), 2)}) {
-    TrainOptions o = moe_options(l, kF32, {1.0});  // drops decided over the cp pieces
-    const VerifyReport r = run_verify(o, oracle_options(o), VerifyTolerances{});
-    // Every microbatch x MoE layer once, merged from the cp ranks' pieces.
-    EXPECT_GT(r.routing_records, 0u) << test::name_of(l);
-    EXPECT_TRUE(r.pass()) << test::name_of(l) << ": loss " << r.worst_loss_rel() << ", norm "
-                          << r.worst_grad_norm_rel() << ", params " << r.params.abs_diff;
-    std::printf("replayed %s: loss %.2e, norm %.2e, params %.2e (%zu records)\n",
-                test::name_of(l).c_str(), r.worst_loss_rel(), r.worst_grad_norm_rel(),
-                r.params.abs_diff, r.routing_records);
-  }
+  // (drops decided over the cp pieces; every microbatch x MoE layer merged from them)
+  for (const L& l : {with_cp(L{}, 2), with_cp(with_ep(L{2, 1, 1, 1}, 2), 2)}) check_replayed(l);
 }
 
 // The drops cp decides against the single rank's own, assignment by assignment, at step 1

@@ -97,15 +97,17 @@ TEST(PlanKernels, ClusterFilesCarryTheTableTheLaunchAndTheSources) {
       EXPECT_TRUE(cluster_preset(name).gpu.sources.count(field)) << name << " " << field;
 }
 
+// A cluster file cluster_from_json must refuse with a message containing `what`.
+void refused(const nlohmann::json& j, const std::string& what) {
+  try {
+    cluster_from_json(j);
+    ADD_FAILURE() << "accepted: " << j.dump();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
 TEST(PlanKernels, AMalformedAttentionTableIsRefusedByName) {
-  auto refused = [](nlohmann::json j, const std::string& what) {
-    try {
-      cluster_from_json(j);
-      ADD_FAILURE() << "accepted: " << j.dump();
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   ClusterSpec c = cluster_preset("dgx-h100");
   c.gpu.attention = h100_cudnn_attention();
   nlohmann::json j = to_json(c);
@@ -178,14 +180,6 @@ TEST(PlanKernels, AGemmTableTravelsInTheClusterFileAndAMalformedOneIsRefused) {
   const ClusterSpec back = cluster_from_json(to_json(c));
   EXPECT_EQ(back.gpu.gemm_table.efficiency, c.gpu.gemm_table.efficiency);
   EXPECT_EQ(back.gpu.gemm_table.k, c.gpu.gemm_table.k);
-  auto refused = [](nlohmann::json j, const std::string& what) {
-    try {
-      cluster_from_json(j);
-      ADD_FAILURE() << "accepted: " << j.dump();
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
   nlohmann::json j = to_json(c);
   j["gpu"]["gemm_table"]["efficiency"].erase(0);
   refused(j, "gpu.gemm_table has 2 x 2 x 2 grid points but 7 efficiencies");
