@@ -27,9 +27,12 @@ out=$root/bench/results/gpu.md
     if [ -f "$d/bench.md" ]; then
       sed 's/^## /#### /' "$d/bench.md"
       echo
-      echo "Step times and memory:"
-      echo
-      python3 "$root/bench/gpu/report.py" spread "$d/bench.jsonl"
+      # (bench.md fragments written since 2026-11-27 list the step times themselves)
+      if ! grep -q "ms median" "$d/bench.md"; then
+        echo "Step times and memory:"
+        echo
+        python3 "$root/bench/gpu/report.py" spread "$d/bench.jsonl"
+      fi
     else
       echo '```'
       cat "$d/summary.txt"
