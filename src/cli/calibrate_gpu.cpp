@@ -150,13 +150,15 @@ plan::ClusterSpec measure_gpu(bool quick, const std::string& links_from, double 
 
   // Memory-bound kernels: our elementwise add (two reads, one write) is what the trainer's
   // norms, activations and optimizer look like; the copy beside it for reference.
-  const kc::MemoryRates mem = kc::time_memory_rates(quick ? (64 << 20) : (int64_t{1} << 30), reps);
+  const int64_t mem_bytes = quick ? (int64_t{64} << 20) : (int64_t{1} << 30);
+  const kc::MemoryRates mem = kc::time_memory_rates(mem_bytes, reps);
   g.hbm_bytes_per_s = info.memory_bytes_per_s > 0 ? info.memory_bytes_per_s : mem.copy_bytes_per_s;
   g.hbm_efficiency = std::min(1.0, mem.add_bytes_per_s / g.hbm_bytes_per_s);
   g.sources["hbm_bytes_per_s"] =
       "data sheet: memory clock x 2 x bus width (cudaDeviceGetAttribute)";
-  g.sources["hbm_efficiency"] =
-      "measured: our elementwise add (2 reads + 1 write) over 1 GiB arrays / hbm_bytes_per_s";
+  g.sources["hbm_efficiency"] = fmt::format(
+      "measured: our elementwise add (2 reads + 1 write) over {} MiB arrays / hbm_bytes_per_s",
+      mem_bytes >> 20);
   std::fprintf(stderr, "%s\n",
                fmt::format("memory: add {:.2f} TB/s, copy {:.2f} TB/s; efficiency {:.2f} of "
                            "{:.2f} TB/s",
