@@ -246,8 +246,9 @@ void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& li
 }
 
 // Under mpirun on several hosts (docs/multihost.md): the planner's nodes are the hosts. The
-// all-reduce inside rank 0's host (its ranks: shared memory) is the intra-node link, the
-// all-reduce over one rank of each host (TCP) the inter-node link; gpus_per_node is rank 0's
+// all-reduce inside rank 0's host (its ranks: shared memory, every host's at once) is the
+// intra-node link, the all-reduce over one rank of each host (TCP, every such group at once)
+// the inter-node link, per rank as the planner's `inter_bytes_per_s`; gpus_per_node is rank 0's
 // host's rank count, max_nodes the host count. No host_links: they would stand for both links.
 void write_hosts(plan::ClusterSpec c, const comm::HostMap& hosts, int per_host, AlphaBeta intra,
                  AlphaBeta inter, const std::string& out_path) {
@@ -364,44 +365,45 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
     }
     const comm::HostMap hosts = comm::exchange_host_names(world);
     if (hosts.hosts() > 1) {
-      // The link inside rank 0's host, then between hosts (the lowest rank of each); the
-      // ranks outside the group wait asleep.
-      std::vector<int> first_of(static_cast<size_t>(hosts.hosts()), -1);
-      int per_host = 0;
-      for (int r = 0; r < world.size(); ++r) {
-        const int h = hosts.host_of_rank[static_cast<size_t>(r)];
-        if (first_of[static_cast<size_t>(h)] < 0) first_of[static_cast<size_t>(h)] = r;
-        per_host += h == 0;
-      }
+      // The link inside a host, then between hosts, each timed the way training loads it:
+      // every host's ranks all-reduce at once (tp inside the hosts), then every rank at once
+      // with its counterparts on the other hosts (dp across them: a group per position in
+      // the host). On hosts that share a link or cores (network namespaces on one machine,
+      // one NIC per host) the concurrent groups split them, as the training's do; one group
+      // alone would see the whole link. Rank 0's group reports.
+      std::vector<int> local(static_cast<size_t>(world.size()), 0);
+      std::vector<int> on_host(static_cast<size_t>(hosts.hosts()), 0);
+      for (int r = 0; r < world.size(); ++r)
+        local[static_cast<size_t>(r)] =
+            on_host[static_cast<size_t>(hosts.host_of_rank[static_cast<size_t>(r)])]++;
+      const int per_host = on_host[0];
       if (per_host < 2)
         fail(
             "calibrate across {} hosts needs at least 2 ranks on rank 0's host ({}) to time the "
             "link inside a host: give each host 2 slots or more (hostfile slots=2) and -np to "
             "match",
             hosts.hosts(), hosts.names[0]);
-      auto timed = [&](const std::function<bool(int)>& member, const std::string& name) {
-        std::unique_ptr<comm::Group> g =
-            world.split(member(world.rank()) ? 0 : -1, world.rank(), name);
-        AlphaBeta ab;
-        if (g) {
-          ab = allreduce_alpha_beta(*g);
-          float token = 0;
-          if (world.rank() == 0)
-            for (int r = 0; r < world.size(); ++r)
-              if (!member(r)) world.send(comm::Buf(&token, 1), r);
-        } else {
-          wait_for_rank0();
+      // color(r): the group of rank r, or -1 where its group would be r alone.
+      auto timed = [&](const std::function<int(int)>& color, const std::string& name) {
+        std::vector<int> size;
+        for (int r = 0; r < world.size(); ++r) {
+          const int k = color(r);
+          if (k >= static_cast<int>(size.size())) size.resize(static_cast<size_t>(k) + 1, 0);
+          ++size[static_cast<size_t>(k)];
         }
+        const int mine = color(world.rank());
+        std::unique_ptr<comm::Group> g =
+            world.split(size[static_cast<size_t>(mine)] > 1 ? mine : -1, world.rank(), name);
+        AlphaBeta ab;
+        if (g) ab = allreduce_alpha_beta(*g);
+        world.barrier();
         return ab;
       };
       const AlphaBeta intra =
-          timed([&](int r) { return hosts.host_of_rank[static_cast<size_t>(r)] == 0; },
+          timed([&](int r) { return hosts.host_of_rank[static_cast<size_t>(r)]; },
                 "calibrate-intra");
-      const AlphaBeta inter = timed(
-          [&](int r) {
-            return first_of[static_cast<size_t>(hosts.host_of_rank[static_cast<size_t>(r)])] == r;
-          },
-          "calibrate-inter");
+      const AlphaBeta inter =
+          timed([&](int r) { return local[static_cast<size_t>(r)]; }, "calibrate-inter");
       if (world.rank() == 0) write_hosts(c, hosts, per_host, intra, inter, out_path);
       return;
     }

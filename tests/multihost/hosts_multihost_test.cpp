@@ -332,14 +332,14 @@ struct JobLayout {
   std::string flags = "--batch 12 --microbatch 2 --tp 2";
   int first_dp = 3;
   int cp = 1, ep = 1;
+  int steps = 20;
 };
 
 class Elastic : public NamespaceHosts {
  protected:
-  static constexpr int kSteps = 20;
   std::string train_args(const std::string& data, const JobLayout& job) {
     return "train --model tiny --n-layer 2 --seq 64 --threads 1 " + job.flags +
-           " --lr 1e-3 --steps " + std::to_string(kSteps) + " --data " + data;
+           " --lr 1e-3 --steps " + std::to_string(job.steps) + " --data " + data;
   }
   // A save of step >= `step` in progress in `ck` (its step-N.tmp folder exists).
   static bool saving(const std::filesystem::path& ck, int step) {
@@ -414,7 +414,7 @@ class Elastic : public NamespaceHosts {
     ASSERT_EQ(slurp(dir / "rc"), "0\n") << out;
     const MetricsRows m = read_metrics(metrics), r = read_metrics(ref);
     // Every step once.
-    ASSERT_EQ(m.loss.size(), static_cast<size_t>(kSteps)) << out;
+    ASSERT_EQ(m.loss.size(), static_cast<size_t>(job.steps)) << out;
     for (const auto& [step, n] : m.count) EXPECT_EQ(n, 1) << "step " << step << " twice\n" << out;
     ASSERT_EQ(m.restarts.size(), faults.size()) << out;
     const nlohmann::json& last = m.restarts.back();
@@ -505,7 +505,14 @@ TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
 // healed once the smaller job has trained step 8; the launcher stops the job after its step
 // (a checkpoint) and goes on in dp 3 on all three hosts, with no step lost.
 TEST_F(Elastic, ALostHostThatAnswersAgainIsGrownBackTo) {
-  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3, {0, 1, 2});
+  // A batch of 96 (16 or 24 microbatches per replica): a step of about 0.1 s, so that the
+  // job is still training when the launcher sees the healed host (within a few of its 0.1 s
+  // polls). With the ranks yielding when idle a step of batch 12 takes about 10 ms, and the
+  // 12 steps after the heal were over before the launcher looked.
+  JobLayout job;
+  job.flags = "--batch 96 --microbatch 2 --tp 2";
+  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3, {0, 1, 2},
+                  job);
 }
 
 }  // namespace
