@@ -47,6 +47,7 @@ std::vector<StepItem> explain(const Job& job, const Estimate& e) {
       {"LM head GEMM + cross-entropy", last ? m * (3 * k.head + 2 * k.cross_entropy) : 0.0},
       {"embedding", first ? m * 2 * k.embedding : 0.0},
       {"TP communication (exposed)", e.tp_comm_s},
+      {"TP vocabulary-parallel collectives", e.tp_vocab_s},
       {"CP ring communication (exposed)", e.cp_comm_s},
       {"EP all-to-all (dispatch, combine)", e.ep_comm_s},
       {"gradient accumulation (unfused)", e.grad_accum_s},

@@ -69,6 +69,7 @@ struct PassCosts {
   double ep_fwd = 0, ep_bwd = 0;      // MoE all-to-alls (plan/moe.h), not overlapped
   double head_fwd = 0, head_bwd = 0;  // last stage
   double embed_fwd = 0, embed_bwd = 0;
+  double vocab_first = 0, vocab_last = 0;  // the tp collectives in embed_* and head_* (a pass pair)
 };
 
 PassCosts pass_costs(const Job& j, const Layout& l) {
@@ -85,18 +86,17 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const bool ub = l.tp_comm_overlap && l.tp > 1 && j.cluster.compute_units == 0;
   // TP: two all-reduces (or all-gather + reduce-scatter with SP) per layer and pass.
   const double act_bytes = n * h * wb;
-  double tp_one = 0;
-  if (l.tp > 1 && l.tp_across_nodes) {
-    // dp x cp fill a node first: tp's ranks are dp·cp apart, per_node of them share a node.
-    const int per_node = std::max(1, j.cluster.gpus_per_node / (l.dp * l.cp));
-    tp_one = l.sp ? 2 * hier_collective(j, act_bytes, l.tp, per_node, 1)
-                  : hier_collective(j, act_bytes, l.tp, per_node, 2);
-  } else if (l.tp > 1) {
-    tp_one = l.sp ? 2 * ring_time(act_bytes, l.tp, 1, j.cluster.intra_bytes_per_s,
-                                  j.cluster.intra_latency_s)
-                  : ring_time(act_bytes, l.tp, 2, j.cluster.intra_bytes_per_s,
-                              j.cluster.intra_latency_s);
-  }
+  // One collective over the tp group: inside a node, or with tp across nodes (dp x cp fill a
+  // node first: tp's ranks are dp·cp apart, per_node of them share a node).
+  auto tp_collective = [&](double bytes, double factor) {
+    if (l.tp <= 1) return 0.0;
+    if (l.tp_across_nodes) {
+      const int per_node = std::max(1, j.cluster.gpus_per_node / (l.dp * l.cp));
+      return hier_collective(j, bytes, l.tp, per_node, factor);
+    }
+    return ring_time(bytes, l.tp, factor, j.cluster.intra_bytes_per_s, j.cluster.intra_latency_s);
+  };
+  const double tp_one = l.sp ? 2 * tp_collective(act_bytes, 1) : tp_collective(act_bytes, 2);
   PassCosts pc;
   pc.tp_fwd = 2 * tp_one;
   // Backward's two belong to the column-parallel linears (their input gradients); overlapped,
@@ -170,6 +170,23 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   pc.head_bwd = 2 * k.head + k.cross_entropy;
   pc.embed_fwd = k.embedding;
   pc.embed_bwd = k.embedding;
+  if (l.tp > 1) {
+    // Vocabulary parallelism (Megatron-LM's VocabParallelEmbedding and parallel
+    // cross-entropy, our parallel/tp): the embedding's output is summed over tp (SP: a
+    // reduce-scatter); the LM head's input gradient likewise, its input all-gathered first
+    // with SP; the cross-entropy all-reduces three numbers per token (the logits' maximum,
+    // the target's logit, the sum of exponentials): three all-reduces in Megatron-LM, two in
+    // ours (the maximum, then the other two together). None hides behind a GEMM.
+    const double vocab_one = l.sp ? tp_collective(act_bytes, 1) : tp_collective(act_bytes, 2);
+    const double per_token = runs_our_runtime(j)
+                                 ? tp_collective(n * 4.0, 2) + tp_collective(2 * n * 4.0, 2)
+                                 : 3 * tp_collective(n * 4.0, 2);
+    pc.embed_fwd += vocab_one;
+    pc.head_fwd += per_token + (l.sp ? tp_collective(act_bytes, 1) : 0);
+    pc.head_bwd += vocab_one;
+    pc.vocab_first = vocab_one;
+    pc.vocab_last = per_token + (l.sp ? tp_collective(act_bytes, 1) : 0) + vocab_one;
+  }
   return pc;
 }
 
@@ -504,6 +521,12 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   e.layer_backward_s = p.pc.bwd;
   const double layers = double(p.microbatches) * p.split.rank[r];
   e.tp_comm_s = layers * (p.pc.tp_fwd + p.pc.tp_bwd);
+  {
+    const std::vector<int> chunks = chunk_layers(j, l);
+    const bool first = r == 0, last = (chunks.size() - 1) % size_t(l.pp) == r;
+    e.tp_vocab_s = double(p.microbatches) *
+                   ((first ? p.pc.vocab_first : 0.0) + (last ? p.pc.vocab_last : 0.0));
+  }
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.ep_comm_s = layers * (p.pc.ep_fwd + p.pc.ep_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;

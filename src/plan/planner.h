@@ -158,6 +158,9 @@ struct Estimate {
   // after the flush (pipelines only; part of the step, not hidden).
   double pipeline_s = 0, forward_s = 0, backward_s = 0, tp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0,
          dp_comm_s = 0, dp_exposed_s = 0, optimizer_s = 0, grad_accum_s = 0, embedding_sync_s = 0;
+  // tp_vocab_s: the busiest rank's vocabulary-parallel collectives (the embedding's output
+  // and the LM head's input gradient summed over tp, the cross-entropy's per-token sums).
+  double tp_vocab_s = 0;
   // ep_comm_s: the busiest rank's MoE all-to-alls (dispatch + combine, forward and backward;
   // not overlapped).
   double ep_comm_s = 0;

@@ -337,6 +337,16 @@ struct JobLayout {
 
 class Elastic : public NamespaceHosts {
  protected:
+  // A batch of 96 (16 or 24 microbatches per replica): a step of about 0.1 s. With the ranks
+  // yielding when idle a step of the default batch of 12 takes about 10 ms, faster than a
+  // fault can be aimed between two steps (the test polls the metrics and starts hosts.sh)
+  // or than the launcher sees a healed host (its 0.1 s polls): for the tests whose fault
+  // must land before a given step, or whose job must still be training some time after it.
+  static JobLayout slow_job() {
+    JobLayout job;
+    job.flags = "--batch 96 --microbatch 2 --tp 2";
+    return job;
+  }
   std::string train_args(const std::string& data, const JobLayout& job) {
     return "train --model tiny --n-layer 2 --seq 64 --threads 1 " + job.flags +
            " --lr 1e-3 --steps " + std::to_string(job.steps) + " --data " + data;
@@ -476,8 +486,9 @@ TEST_F(Elastic, AHostCutOffDuringACheckpointSave) {
 // the final metrics still hold both restart records (the trainer began the file anew each
 // time; launch appends the records the file lacks).
 TEST_F(Elastic, FailuresBeforeTheFirstCheckpointKeepTheirRecords) {
+  // The slow job: the kill at step 2 must land before step 4's checkpoint.
   run_with_faults({{kHosts + " kill", 2, 2, false}, {kHosts + " kill", 2, 2, false, true}}, 3,
-                  {0, 1, 2});
+                  {0, 1, 2}, slow_job());
 }
 
 // A job with context parallelism: cp 2 is kept (a host holds one cp pair), dp shrinks.
@@ -505,14 +516,8 @@ TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
 // healed once the smaller job has trained step 8; the launcher stops the job after its step
 // (a checkpoint) and goes on in dp 3 on all three hosts, with no step lost.
 TEST_F(Elastic, ALostHostThatAnswersAgainIsGrownBackTo) {
-  // A batch of 96 (16 or 24 microbatches per replica): a step of about 0.1 s, so that the
-  // job is still training when the launcher sees the healed host (within a few of its 0.1 s
-  // polls). With the ranks yielding when idle a step of batch 12 takes about 10 ms, and the
-  // 12 steps after the heal were over before the launcher looked.
-  JobLayout job;
-  job.flags = "--batch 96 --microbatch 2 --tp 2";
   run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3, {0, 1, 2},
-                  job);
+                  slow_job());
 }
 
 }  // namespace
