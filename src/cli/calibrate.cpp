@@ -399,9 +399,8 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
         world.barrier();
         return ab;
       };
-      const AlphaBeta intra =
-          timed([&](int r) { return hosts.host_of_rank[static_cast<size_t>(r)]; },
-                "calibrate-intra");
+      const AlphaBeta intra = timed(
+          [&](int r) { return hosts.host_of_rank[static_cast<size_t>(r)]; }, "calibrate-intra");
       const AlphaBeta inter =
           timed([&](int r) { return local[static_cast<size_t>(r)]; }, "calibrate-inter");
       if (world.rank() == 0) write_hosts(c, hosts, per_host, intra, inter, out_path);

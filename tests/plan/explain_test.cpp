@@ -126,6 +126,29 @@ TEST(PlanExplain, AGemmItemIsItsKernelTimesItsRuns) {
   EXPECT_NEAR(k.mlp_in, 2 * n * F * h / (peak * j.cluster.gpu.gemm.efficiency(n, F, h)), 1e-12);
 }
 
+// Vocabulary parallelism with tp 8 in a node: per microbatch the embedding's output and the
+// LM head's input gradient are all-reduced over tp (b·s·h values in the weights' bytes), and
+// Megatron-LM's cross-entropy all-reduces b·s fp32 values three times. The item is exactly
+// that (ring all-reduce: 2(n-1)/n of the bytes over NVLink plus 2(n-1) latencies); tp 1 has
+// none. Dropping any one of the five collectives fails the first check (one cross-entropy
+// all-reduce fewer: 5.4% less, against a rounding tolerance of 1e-9 of the step).
+TEST(PlanExplain, VocabularyParallelCollectivesAreTheirOwnItem) {
+  const Job j = gpt175b("dgx-a100", 8, 16);
+  const Estimate e =
+      estimate(j, layout(8, 1, 1, 1, Recompute::kFull, false, Software::kMegatron2022));
+  const auto m = by_name(explain(j, e));
+  const double n = 2048.0 * double(e.layout.microbatch), h = double(j.model.d_model);
+  const double bw = j.cluster.intra_bytes_per_s, lat = j.cluster.intra_latency_s;
+  auto all_reduce = [&](double bytes) { return 2.0 * 7 / 8 * bytes / bw + 2.0 * 7 * lat; };
+  const double one = 2 * all_reduce(n * h * 2) + 3 * all_reduce(n * 4);
+  EXPECT_NEAR(m.at("TP vocabulary-parallel collectives"), double(e.microbatches) * one,
+              1e-9 * e.step_time_s);
+  EXPECT_DOUBLE_EQ(e.tp_vocab_s, m.at("TP vocabulary-parallel collectives"));
+  const Estimate e1 = estimate(gpt175b("dgx-a100", 64, 64), layout(1, 8, 1, 8, Recompute::kFull,
+                                                                   false, Software::kMegatron2022));
+  EXPECT_EQ(e1.tp_vocab_s, 0.0);
+}
+
 TEST(PlanExplain, ThePlanCommandPrintsTheList) {
   // The text has one line per nonzero item and the step; checked on the library's output,
   // which `plan --explain` prints as it is (PlanCli tests the flag itself).
