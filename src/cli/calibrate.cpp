@@ -24,6 +24,7 @@
 #include "comm/mpi.h"
 #include "core/error.h"
 #include "core/write_file.h"
+#include "kernels/flash_attention.h"
 #include "kernels/kernels.h"
 #include "kernels/peak.h"
 #include "plan/hardware.h"
@@ -198,6 +199,54 @@ plan::ClusterSpec measure_host(bool quick, int cores, int threads,
     points.push_back({double(x.first.m), double(x.first.n), double(x.first.k), x.second});
   }
   c.gpu.gemm = plan::fit_gemm_curve(points);
+  // Our blockwise attention kernel (f32, head dim 64, causal), the one train runs under
+  // context parallelism and at long sequences: its rate by sequence length with every core
+  // busy, forward and backward, FLOPs counted as the planner counts them (4·T²·hd/2 per head
+  // forward, 2.5x that backward). The kernel's softmax work inside each block pair is in the
+  // rate, which the GEMM curve on the block shapes alone leaves out (bench/plan-vs-runtime:
+  // the CP layouts 15-31% slower than predicted with the curve).
+  {
+    constexpr int64_t kHd = 64, kHeads = 4, kC = kHd * kHeads;
+    plan::AttentionRates& att = c.gpu.attention;
+    att.head_dim = static_cast<int>(kHd);
+    const std::vector<int64_t> seqs =
+        quick ? std::vector<int64_t>{128, 512}
+              : std::vector<int64_t>{16, 32, 64, 128, 256, 512, 1024, 2048};
+    for (const int64_t T : seqs) {
+      const int64_t B = std::max<int64_t>(1, 2048 / T);  // about the same work per call
+      const double flops = 4.0 * double(B * kHeads) * double(T) * double(T) * kHd / 2;
+      auto rate = [&](bool backward) {
+        std::vector<float> qkv(size_t(B * T * 3 * kC)), out(size_t(B * T * kC)),
+            lse(size_t(B * kHeads * T)), dqkv(qkv.size()), dout(out.size(), 0.01f);
+        for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.01f * float(int(i % 97) - 48);
+        double best = 0;
+        for (int rep = 0; rep <= reps; ++rep) {  // the first is the warm-up
+          const double t0 = now_s();
+          if (!backward || rep == 0)
+            kernels::flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, kC, kHeads);
+          const double t1 = now_s();
+          if (backward)
+            kernels::flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                              lse.data(), B, T, kC, kHeads);
+          const double dt = backward ? now_s() - t1 : t1 - t0;
+          if (rep > 0) best = std::max(best, (backward ? 2.5 : 1.0) * flops / dt);
+        }
+        return best;
+      };
+      att.seq.push_back(double(T));
+      att.fwd_flops_per_s.push_back(host_rate([&] { return rate(false); }));
+      att.bwd_flops_per_s.push_back(host_rate([&] { return rate(true); }));
+      std::fprintf(stderr, "%s\n",
+                   fmt::format("attention (ours, f32, head dim {}) T {}: forward {:.1f}, backward "
+                               "{:.1f} GFLOP/s per core",
+                               kHd, T, att.fwd_flops_per_s.back() / cores / 1e9,
+                               att.bwd_flops_per_s.back() / cores / 1e9)
+                       .c_str());
+    }
+    c.gpu.sources["attention"] =
+        "calibrate: meshtrain's blockwise f32 kernel (kernels/flash_attention.h), head dim 64, "
+        "causal, every core busy";
+  }
   c.gpu.hbm_bytes_per_s = host_rate(memory_bandwidth);  // all cores copying at once
   c.gpu.hbm_efficiency = 1.0;                           // measured as achieved
   c.gpu.hbm_bytes = 0;

@@ -13,14 +13,7 @@ std::vector<StepItem> explain(const Job& job, const Estimate& e) {
   Job j = job;
   j.cluster = job.cluster.for_job(job.gpus);
   const Layout& l = e.layout;  // as run
-  // A rank's share of its device while all compute (planner.cpp's per_rank_share).
-  double share = 1.0;
-  if (j.cluster.compute_units > 0) {
-    const double cores = double(j.cluster.compute_units);
-    const double cap = double(std::max<int64_t>(1, int64_t(cores) / j.gpus)) / cores;
-    share = std::min(1.0 / double(j.gpus), cap);
-  }
-  const LayerKernels k = layer_kernels(j, l, share);
+  const LayerKernels k = layer_kernels(j, l, per_rank_share(j));
   // The busiest rank's layers: chunks r, r + P, r + 2P, ... of the pp·v chunks.
   const std::vector<int> chunks = chunk_layers(j, l);
   const int r = e.busiest_rank, P = l.pp;

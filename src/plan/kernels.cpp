@@ -20,7 +20,7 @@ std::pair<double, double> moe_gemms(const Job& j, const Layout& l, double n, Gem
   const ModelSpec& m = j.model;
   const bool ours = runs_our_runtime(j);
   const double t = l.tp, nm = ours ? n : n / t, C = double(m.d_model), E = double(m.n_experts);
-  const double k = double(m.top_k), ep = l.ep, load = l.ep > 1 ? j.expert_load : 1.0;
+  const double k = double(m.top_k), ep = l.ep, load = compute_load(j, l);
   const double Fe = double(m.d_ff_expert), Fs = double(m.d_ff_shared), mats = m.swiglu ? 2 : 1;
   const double rows = std::max(1.0, ep * nm * k / E * load), local = E / ep;
   double in = gemm(nm, E, C) + local * gemm(rows, mats * Fe, C);
@@ -80,7 +80,7 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
     // n·k rows of C), combining them (read n·k, write n), and with ep the regrouping of what
     // arrives and what returns (twice, read + write, the rows received: n·k·load).
     const double nm = runs_our_runtime(job) ? n : n / t, kk = double(mo.top_k);
-    const double recv = l.ep > 1 ? nm * kk * job.expert_load : 0.0;
+    const double recv = l.ep > 1 ? nm * kk * compute_load(job, l) : 0.0;
     const double bytes = (2 * nm * kk + nm * kk + nm + 4 * recv) * h * (mixed ? 2 : 4);
     k.moe_copy = moe * std::max(launch, bytes / hbm);
   }
@@ -112,6 +112,24 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
       const double pairs = b * a / t * (s / br) * (S / bc + 1) / 2;
       k.attention = gemm(br, bc, hd, pairs) + gemm(br, hd, bc, pairs);
       k.attention_bwd = 2.5 * k.attention;
+      if (!g.attention.empty()) {
+        // Calibrated on this host (calibrate: the kernel itself, its in-block softmax
+        // included): a rank's causal share of the T×T FLOPs at the rate of the kernel on
+        // calls as long as the rank's: the whole sequence without cp and under a2a (Ulysses
+        // gathers the sequence for 1/cp of the heads), else the pieces of the load-balanced
+        // split (parallel/context.h: 2·cp chunks of S/2cp; the ring and the all-gather call
+        // the kernel on those). Scaled to this head dimension as the GEMM curve scales its
+        // inner dimension.
+        const AttentionRates& r = g.attention;
+        const double hd_scale = (1 + g.gemm.d0 / r.head_dim) / (1 + g.gemm.d0 / hd);
+        const double flops = 4 * b * (a / t) * s * S * hd / 2;
+        const double rate = hd_scale * share;
+        const double call = l.cp == 1 || l.cp_comm == "a2a" ? S : s / 2;
+        k.attention =
+            std::max(launch, flops / (AttentionRates::at(r.seq, r.fwd_flops_per_s, call) * rate));
+        k.attention_bwd = std::max(
+            launch, 2.5 * flops / (AttentionRates::at(r.seq, r.bwd_flops_per_s, call) * rate));
+      }
     }
   }
   // Memory-bound kernels (bytes per token, docs/planner.md): layer norms and residual
@@ -135,7 +153,7 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
     // and the shared expert (split over tp by Megatron-Core, whole in ours).
     const double per = (m.swiglu ? 6.0 : 4.0) * wb / 2,
                  share_moe = double(mo.moe_layers) / mo.n_layer;
-    const double nm = ours ? n : n / t, load = l.ep > 1 ? job.expert_load : 1.0;
+    const double nm = ours ? n : n / t, load = compute_load(job, l);
     const double moe_elems = nm * double(mo.top_k) * load * double(mo.d_ff_expert) +
                              n * double(mo.d_ff_shared) / (ours ? 1 : t);
     const double dense_elems = n * double(mo.d_ff) / t;

@@ -12,10 +12,15 @@ Job compute_view(const Job& j, const Layout& l) {
   if (!j.model.is_moe()) return c;
   // Imbalance shows only where experts live on different ranks: on one rank the grouped
   // GEMM does the same rows however they are spread over its experts.
-  const double load = l.ep > 1 ? j.expert_load : 1.0;
+  const double load = compute_load(j, l);
   c.model.d_ff = std::max<int64_t>(1, std::llround(j.model.active_ff(load)));
   c.model.n_experts = c.model.moe_layers = 0;
   return c;
+}
+
+double compute_load(const Job& j, const Layout& l) {
+  if (l.ep <= 1) return 1.0;
+  return 1.0 + (j.expert_load - 1.0) * per_rank_share(j) / rank_cap(j);
 }
 
 int ep_per_node(const Job& j, const Layout& l) {

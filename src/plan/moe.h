@@ -19,6 +19,14 @@ namespace mt::plan {
 // returned as it is.
 Job compute_view(const Job& j, const Layout& l);
 
+// The busiest ep rank's expert work over the mean, as its time sees it: Job::expert_load
+// with ep > 1 (1 without). On a host whose cores the ranks share, the work beyond the mean
+// runs while the lighter ranks wait at the all-to-all, their cores free: at the rank's cap
+// (a core per thread) rather than its share of the host, so the excess counts
+// share / cap of itself (ep 4 on 2 cores: half; bench/plan-vs-runtime cp-moe: +33% with the
+// whole load, 1.79). On GPUs, or with no more ranks than cores, the whole load.
+double compute_load(const Job& j, const Layout& l);
+
 // How many ranks of an ep group share a node: the group is ep ranks cp·tp apart (mesh
 // order pp, dp, ep, cp, tp).
 int ep_per_node(const Job& j, const Layout& l);

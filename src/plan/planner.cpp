@@ -30,19 +30,20 @@ struct Link {
   double bw, lat;
 };
 
-// The most of a shared host one rank can use: its threads (the trainer gives each max(1,
-// cores / N)) over the cores.
+}  // namespace
+
 double rank_cap(const Job& j) {
   const int64_t cores = j.cluster.compute_units;
+  if (cores <= 0) return 1.0;
   return double(std::max<int64_t>(1, cores / j.gpus)) / double(cores);
 }
 
-// A rank's share of its device while every rank computes: a GPU each, or on a shared host
-// 1/N of it — less where N does not divide the cores and the threads leave some idle.
 double per_rank_share(const Job& j) {
   if (j.cluster.compute_units <= 0) return 1.0;
   return std::min(1.0 / static_cast<double>(j.gpus), rank_cap(j));
 }
+
+namespace {
 
 // All-reduce (factor 2) or all-gather / reduce-scatter (factor 1) of `bytes` over n ranks,
 // `per_node` of which share a node.

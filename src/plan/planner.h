@@ -111,6 +111,11 @@ struct Job {
 // opt-in), blocking TP collectives and pipeline exchanges, a spare activation set per
 // pipeline rank and no separate p2p buffers; Megatron-LM's otherwise (as_run).
 bool runs_our_runtime(const Job& j);
+// On a host whose cores the ranks share (ClusterSpec::compute_units > 0): the most of it one
+// rank can use (its threads: the trainer gives each max(1, cores / N)), and its share while
+// every rank computes (1/N, less where N does not divide the cores). 1 on GPUs.
+double rank_cap(const Job& j);
+double per_rank_share(const Job& j);
 
 // train's --attention auto on the CPU: the blockwise kernel from this sequence length on
 // (train/trainer.h kCpuFlashMinSeq; plan/ does not include train/, and

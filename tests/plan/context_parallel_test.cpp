@@ -4,9 +4,12 @@
 // block cannot hide them.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kernels/flash_attention.h"
 #include "plan/kernels.h"
 #include "plan/planner.h"
+#include "plan_test_util.h"
 #include "train/trainer.h"
 
 namespace mt::plan {
@@ -164,6 +167,38 @@ TEST(PlanContextParallel, OurAttentionMemoryFollowsTheKernel) {
   EXPECT_GT(activations(8192, false) / activations(4096, false), 3.0);
   // Below kCpuFlashMinSeq the runtime's auto runs the T x T kernel: the same as unfused.
   EXPECT_EQ(activations(512, true), activations(512, false));
+}
+
+// A host whose calibration timed our blockwise kernel (calibrate: its rate by the length of a
+// call): a cp rank's attention is its causal share of the T×T FLOPs at the rate of calls as
+// long as its pieces, 2·cp chunks of S/2cp under the ring and the all-gather, the whole
+// sequence under a2a; backward 2.5x the FLOPs at the backward rate. Rates an octave apart:
+// a rate looked up at the wrong length fails by 2x. Without the calibration the block GEMMs
+// at the curve's rate (a different figure).
+TEST(PlanContextParallel, OurCalibratedAttentionCostsEachPieceAtItsLengthsRate) {
+  Job j = test::runtime_tiny_job(2);  // head dim 64, seq 128
+  AttentionRates& r = j.cluster.gpu.attention;
+  r.head_dim = 64;
+  r.seq = {32, 64, 128};
+  r.fwd_flops_per_s = {10e9, 20e9, 40e9};
+  r.bwd_flops_per_s = {5e9, 10e9, 20e9};
+  Layout l = layout(1, 1, 2, 0);
+  l.microbatch = 16;
+  const double share = 0.5, b = 16, a = 4, S = 128, s = 64, hd = 64;
+  const double flops = 4 * b * a * s * S * hd / 2;
+  for (const char* comm : {"ring", "all-gather"}) {
+    l.cp_comm = comm;
+    const LayerKernels k = layer_kernels(j, l, share);
+    EXPECT_NEAR(k.attention, flops / (10e9 * share), 1e-9) << comm;  // calls of 32 = S / 2cp
+    EXPECT_NEAR(k.attention_bwd, 2.5 * flops / (5e9 * share), 1e-9) << comm;
+  }
+  l.cp_comm = "a2a";
+  const LayerKernels k = layer_kernels(j, l, share);
+  EXPECT_NEAR(k.attention, flops / (40e9 * share), 1e-9);  // the whole sequence
+  EXPECT_NEAR(k.attention_bwd, 2.5 * flops / (20e9 * share), 1e-9);
+  j.cluster.gpu.attention = {};
+  l.cp_comm = "ring";
+  EXPECT_GT(std::abs(layer_kernels(j, l, share).attention / (flops / (10e9 * share)) - 1), 0.1);
 }
 
 }  // namespace

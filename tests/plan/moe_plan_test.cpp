@@ -5,6 +5,8 @@
 // DeepSeek-V3.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "plan/moe.h"
 #include "plan/planner.h"
 
@@ -188,6 +190,25 @@ TEST(PlanMoe, DeepSeekV3On2048H800s) {
   EXPECT_LE(best.memory.total(), memory_per_rank(j));
   EXPECT_GT(best.layout.ep, 1);
   EXPECT_GT(best.ep_comm_s, 0);
+}
+
+// The busiest ep rank's load as its time sees it: the measured load on GPUs and where the
+// ranks have a core each; on a host with more ranks than cores the excess over the mean at
+// half weight (the lighter ranks wait, their cores free: a rank's cap 1/2 against its share
+// 1/4). The GEMMs see the experts' width scaled by that load.
+TEST(PlanMoe, ExcessLoadOnASharedHostRunsOnTheWaitingRanksCores) {
+  Job j = mixtral_job(4);
+  j.expert_load = 1.8;
+  const Layout ep4 = layout(4, 1, 1, 4, 0);
+  EXPECT_DOUBLE_EQ(compute_load(j, layout(4, 1, 1, 1, 0)), 1.0);  // no ep: no imbalance
+  EXPECT_DOUBLE_EQ(compute_load(j, ep4), 1.8);                    // GPUs
+  j.cluster.compute_units = 4;                                    // a core per rank
+  EXPECT_DOUBLE_EQ(compute_load(j, ep4), 1.8);
+  j.cluster.compute_units = 2;  // 4 ranks on 2 cores
+  EXPECT_DOUBLE_EQ(compute_load(j, ep4), 1.4);
+  // The view the GEMMs cost: the routed experts' width scales by the load, 1.4 not 1.8.
+  EXPECT_EQ(compute_view(j, ep4).model.d_ff, std::llround(j.model.active_ff(1.4)));
+  EXPECT_LT(compute_view(j, ep4).model.d_ff, std::llround(j.model.active_ff(1.8)));
 }
 
 }  // namespace
