@@ -43,7 +43,8 @@ struct GemmTable {
 GemmCurve fit_gemm_curve(const std::vector<std::array<double, 4>>& points);
 
 // A fused (flash) attention kernel's achieved rate by sequence length, forward and backward,
-// at one head dimension, as a published kernel benchmark measured it. FLOP/s are counted as
+// at one head dimension, as a published kernel benchmark or `calibrate` (a GPU's fused kernel,
+// or on a CPU host our blockwise kernel by call length) measured it. FLOP/s are counted as
 // those benchmarks count them: 4·s²·d per head forward for the full T×T, half of it under a
 // causal mask; backward 2.5× the forward FLOPs. Empty: the GEMM curve on the full T×T
 // (docs/planner.md, "Kernel costs").
