@@ -3,6 +3,8 @@
 // cost seconds). Callers set the shape and layout they test on top.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <string>
 
@@ -22,6 +24,19 @@ inline train::TrainOptions tiny_run(const std::string& data, int64_t steps, int6
   o.quiet = true;
   o.peak_flops = 1e11;
   return o;
+}
+
+// Two runs that must be the same to the bit: every step's loss and gradient norm, the final
+// parameters (keep_final_params) and the validation losses.
+inline void expect_bitwise_same(const train::TrainResult& a, const train::TrainResult& b,
+                                const std::string& what) {
+  ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << what << " step " << i + 1;
+    EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm) << what << " step " << i + 1;
+  }
+  EXPECT_EQ(a.final_params, b.final_params) << what;
+  EXPECT_EQ(a.val_losses, b.val_losses) << what;
 }
 
 }  // namespace mt::test

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "outer_reference.h"
 #include "test_util.h"
 #include "tiny_run.h"
 #include "train/trainer.h"
@@ -38,16 +39,6 @@ TrainOptions tiny_moe(int64_t steps, int dp, int ep) {
   return o;
 }
 
-void expect_bitwise_same(const TrainResult& a, const TrainResult& b, const std::string& what) {
-  ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
-  for (size_t i = 0; i < a.steps.size(); ++i) {
-    EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << what << " step " << i + 1;
-    EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm) << what << " step " << i + 1;
-  }
-  EXPECT_EQ(a.final_params, b.final_params) << what;
-  EXPECT_EQ(a.val_losses, b.val_losses) << what;
-}
-
 // --sites 1 --outer-optimizer average --outer-lr 1 with --ep 2 is today's ep training bitwise:
 // ep 2 alone (dp 2) and ep 2 with ZeRO over the expert-dp group (dp 4), H = 3.
 TEST(DilocoEp, OneSiteAveragingIsTodaysEpTrainingBitwise) {
@@ -65,7 +56,7 @@ TEST(DilocoEp, OneSiteAveragingIsTodaysEpTrainingBitwise) {
     d.outer.lr = 1.0f;
     const TrainResult a = run_training(base), b = run_training(d);
     const std::string what = "dp " + std::to_string(dp) + " ep 2 zero " + std::to_string(zero);
-    expect_bitwise_same(a, b, what);
+    test::expect_bitwise_same(a, b, what);
     EXPECT_EQ(b.allocations_after_first_step, 0) << what;
     for (const StepRecord& s : b.steps) EXPECT_GT(s.ep_bytes, 0.0) << what;  // ep is on
   }
@@ -114,17 +105,10 @@ TEST(DilocoEp, TwoSitesOfAnEpGroupEqualTheHandComputedOuterUpdate) {
       double worst = 0;
       for (size_t i = 0; i < n; ++i) {
         const double b = s0.before[i];
-        const double mean = ((b - s0.site[i]) + (b - s1.site[i])) / 2;
-        const double m_prev = m[i];
-        m[i] = mu_ * m[i] + mean;
-        const double want = b - lr * (mean + mu_ * m[i]);
-        // As in Diloco.TwoSitesEqualTheHandComputedOuterUpdate: at most 8 f32 roundings per
-        // element and round plus the momentum's of the round before, 2^-20 of the magnitudes.
-        const double tol = std::ldexp(std::fabs(b) + std::fabs(s0.site[i]) + std::fabs(s1.site[i]) +
-                                          std::fabs(m_prev) + std::fabs(want),
-                                      -20);
-        ASSERT_NEAR(s0.after[i], want, tol) << at << " element " << i;
-        worst = std::max(worst, std::fabs(want - b));
+        const test::OuterStep o =
+            test::nesterov_two_sites(b, s0.site[i], s1.site[i], m[i], lr, mu_);
+        ASSERT_NEAR(s0.after[i], o.want, o.tol) << at << " element " << i;
+        worst = std::max(worst, std::fabs(o.want - b));
       }
       EXPECT_GT(worst, 1e-4) << at << ": the outer step moved the weights";
     }

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "outer_reference.h"
 #include "test_util.h"
 #include "tiny_run.h"
 #include "train/outer_compress.h"
@@ -33,16 +34,6 @@ TrainOptions tiny(int64_t steps, int dp) {
   return o;
 }
 
-void expect_bitwise_same(const TrainResult& a, const TrainResult& b, const std::string& what) {
-  ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
-  for (size_t i = 0; i < a.steps.size(); ++i) {
-    EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << what << " step " << i + 1;
-    EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm) << what << " step " << i + 1;
-  }
-  EXPECT_EQ(a.final_params, b.final_params) << what;
-  EXPECT_EQ(a.val_losses, b.val_losses) << what;
-}
-
 // One site with plain averaging at outer lr 1 is today's training, bitwise, in every ZeRO
 // stage (the site is the whole dp group): the outer step sets the outer parameters to the
 // site's exactly and the site continues from them.
@@ -57,10 +48,10 @@ TEST(Diloco, OneSiteAveragingIsTodaysTrainingBitwise) {
       d.outer.optimizer = "average";
       d.outer.lr = 1.0f;
       const TrainResult a = run_training(base), b = run_training(d);
-      expect_bitwise_same(a, b, "dp " + std::to_string(dp) + " zero " + std::to_string(zero));
+      test::expect_bitwise_same(a, b, "dp " + std::to_string(dp) + " zero " + std::to_string(zero));
       EXPECT_EQ(b.allocations_after_first_step, 0);
       d.outer.fragments = 2;  // streaming: each fragment's outer step as exact
-      expect_bitwise_same(a, run_training(d), "fragments 2, zero " + std::to_string(zero));
+      test::expect_bitwise_same(a, run_training(d), "fragments 2, zero " + std::to_string(zero));
       d.outer.fragments = 1;
       // The outer step runs (it is no shortcut): Nesterov's outer step changes the weights.
       if (zero == 0) {
@@ -141,19 +132,11 @@ TEST(Diloco, TwoSitesEqualTheHandComputedOuterUpdate) {
           ASSERT_EQ(s0.after[i], s0.before[i]) << at << " element " << i << " (not stepped)";
           continue;
         }
-        const double mean = ((b - s0.site[i]) + (b - s1.site[i])) / 2;
-        const double m_prev = m[i];
-        m[i] = mu_ * m[i] + mean;
-        const double want = b - lr * (mean + mu_ * m[i]);
-        // The code's f32 arithmetic: at most 8 roundings per element and round (two
-        // differences, a sum, a division, the momentum's product and sum, the update's), each
-        // 2^-24 of the magnitudes involved, and the momentum's from the rounds before:
-        // 2^-20 (16 roundings) of their sum covers three rounds.
-        const double tol = std::ldexp(std::fabs(b) + std::fabs(s0.site[i]) + std::fabs(s1.site[i]) +
-                                          std::fabs(m_prev) + std::fabs(want),
-                                      -20);
-        ASSERT_NEAR(s0.after[i], want, tol) << at << " element " << i;
-        worst = std::max(worst, std::fabs(want - b));
+        // The tolerance: the code's f32 roundings (test::nesterov_two_sites says how many).
+        const test::OuterStep o =
+            test::nesterov_two_sites(b, s0.site[i], s1.site[i], m[i], lr, mu_);
+        ASSERT_NEAR(s0.after[i], o.want, o.tol) << at << " element " << i;
+        worst = std::max(worst, std::fabs(o.want - b));
       }
       EXPECT_GT(worst, 1e-4) << at << ": the outer step moved the weights";
     }
@@ -267,15 +250,8 @@ TEST(Diloco, OverlappedExchangeEqualsItsDefinition) {
         ASSERT_EQ(s0.after[i], s0.before[i]) << at << " element " << i << " (not stepped)";
         continue;
       }
-      const double mean = ((b - s0.sent[i]) + (b - s1.sent[i])) / 2;
-      const double m_prev = m[i];
-      m[i] = mu_ * m[i] + mean;
-      const double want = b - lr * (mean + mu_ * m[i]);
-      // As in TwoSitesEqualTheHandComputedOuterUpdate: 2^-20 of the magnitudes involved.
-      const double tol = std::ldexp(std::fabs(b) + std::fabs(s0.sent[i]) + std::fabs(s1.sent[i]) +
-                                        std::fabs(m_prev) + std::fabs(want),
-                                    -20);
-      ASSERT_NEAR(s0.after[i], want, tol) << at << " element " << i;
+      const test::OuterStep o = test::nesterov_two_sites(b, s0.sent[i], s1.sent[i], m[i], lr, mu_);
+      ASSERT_NEAR(s0.after[i], o.want, o.tol) << at << " element " << i;
       for (const View* s : {&s0, &s1}) {
         // Two products and a sum in f32: 3 roundings of the magnitudes.
         const double mixed = a * double(s->now[i]) + (1 - a) * double(s->after[i]);
