@@ -10,8 +10,6 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <thread>
 
 #include "comm/hosts.h"
 #include "comm/launch.h"
@@ -46,7 +44,9 @@
 #include "train/outer_optimizer.h"
 #include "train/output_paths.h"
 #include "train/pipeline_stage.h"
+#include "train/rank_placement.h"
 #include "train/replica.h"
+#include "train/run_records.h"
 #include "train/stop_signals.h"
 
 namespace mt::train {
@@ -58,50 +58,6 @@ namespace {
 // validation (batch k of the held-out split), so neither depends on the layout.
 int64_t first_sample(int64_t step, int64_t B, int d, int D, int64_t m, int64_t mb) {
   return step * B + d * (B / D) + m * mb;
-}
-
-// The ranks whose threads share this host's cores: every rank thread of the local backend;
-// one process per rank (mpi, or nccl under mpirun) the ones mpirun put on this host.
-int ranks_on_host(const TrainOptions& o, comm::BackendKind backend) {
-  int on_host = o.world_size();
-  if (backend == comm::BackendKind::kMpi || comm::started_by_mpirun())
-    if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) on_host = std::atoi(s);
-  return std::max(1, on_host);
-}
-
-// Intra-op threads of one rank: cores on this host shared by the ranks on this host.
-int rank_threads(const TrainOptions& o, comm::BackendKind backend) {
-  if (o.threads > 0) return o.threads;
-  return std::max(1, kernels::host_cores() / ranks_on_host(o, backend));
-}
-
-// The mesh: --mesh-order names pp, dp, cp and tp, slowest first (cp left out: just before
-// tp; ep left out: just after dp).
-comm::MeshShape make_mesh_shape(const TrainOptions& o, int world) {
-  std::vector<std::string> order;
-  std::string name;
-  for (char ch : o.mesh_order + ",") {
-    if (ch != ',') {
-      name += ch;
-      continue;
-    }
-    if (name != "pp" && name != "dp" && name != "ep" && name != "cp" && name != "tp")
-      fail("--mesh-order '{}': '{}' is not pp, dp, ep, cp or tp (e.g. --mesh-order pp,dp,cp,tp)",
-           o.mesh_order, name);
-    order.push_back(name);
-    name.clear();
-  }
-  const std::set<std::string> names(order.begin(), order.end());
-  if (names.size() != order.size() || !names.count("pp") || !names.count("dp") ||
-      !names.count("tp") || order.size() < 3)
-    fail("--mesh-order '{}' must name pp, dp, cp and tp once each (e.g. pp,dp,cp,tp)",
-         o.mesh_order);
-  if (!names.count("cp")) order.insert(std::find(order.begin(), order.end(), "tp"), "cp");
-  if (!names.count("ep")) order.insert(std::find(order.begin(), order.end(), "dp") + 1, "ep");
-  // ep is carved from dp: the mesh's dp is what is left of it (the experts' data parallelism).
-  return comm::MeshShape(
-      {{"pp", o.pipeline.pp}, {"dp", o.dp / o.ep}, {"ep", o.ep}, {"cp", o.cp}, {"tp", o.tp}}, world,
-      order);
 }
 
 // Mean loss over the first `batches` global batches of the held-out split; each rank
@@ -134,28 +90,6 @@ float evaluate(Replica& r, int d, int D, model::Activations* acts, PipelineStage
   return static_cast<float>(sum / static_cast<double>(batches * n_micro * D * r.gpt.cp().size));
 }
 
-// int64 values travel as the bits of two f32 elements through an all-gather, which copies
-// and never does arithmetic on them.
-std::vector<int64_t> gather_int64(comm::Group* g, const std::vector<int64_t>& mine) {
-  if (!g) return mine;
-  std::vector<int64_t> all(mine.size() * static_cast<size_t>(g->size()));
-  const int64_t n = 2 * static_cast<int64_t>(mine.size());
-  g->all_gather(comm::Buf(reinterpret_cast<float*>(const_cast<int64_t*>(mine.data())), n),
-                comm::Buf(reinterpret_cast<float*>(all.data()), n * g->size()));
-  return all;
-}
-
-// The GPU of a rank: its index among the ranks of its host (the launcher's local rank, or
-// the thread's rank under the local backend; the choice --backend nccl makes too) modulo the
-// GPUs there. Ranks beyond the GPU count share GPUs, which the local and mpi backends allow
-// (NCCL does not).
-int gpu_of_rank(int world_rank) {
-  const int env = comm::mpi_env_local_rank();
-  const int local = env >= 0 ? env : world_rank;
-  const int n = device::cuda_device_count();
-  return n > 0 ? local % n : 0;
-}
-
 struct Shared {
   const TrainOptions& o;
   const Splits& data;
@@ -168,76 +102,6 @@ struct Shared {
   // The attempt stopped on non-finite steps: restarting it would repeat them.
   bool nonfinite_stop = false;
 };
-
-// The first metrics row's "run": what `meshtrain report` puts in its header.
-nlohmann::json run_header(const TrainOptions& o, int threads, comm::Group& world,
-                          const model::GptConfig& padded) {
-  const model::GptConfig& m = o.model;
-  return {{"command", obs::command_line()},
-          {"commit", obs::git_commit()},
-          {"started", obs::utc_now()},
-          {"machine",
-           {{"host", obs::host_name()},
-            {"cpu", obs::cpu_model()},
-            {"cores", std::thread::hardware_concurrency()},
-            {"threads_per_rank", threads},
-            {"device", o.device},
-            {"backend", world.backend_kind()}}},
-          {"model",
-           {{"name", m.name},
-            {"n_layer", m.n_layer},
-            {"n_head", m.n_head},
-            {"n_kv_head", m.kv_heads()},
-            {"d_model", m.d_model},
-            {"d_ff", m.d_ff},
-            {"vocab", m.vocab},
-            {"padded_vocab", padded.padded_vocab()},
-            {"seq", m.seq_len},
-            {"params", model::count_params(model::gpt_param_specs(m))}}},
-          {"layout",
-           {{"world", world.size()},
-            {"dp", o.dp},
-            {"tp", o.tp},
-            {"pp", o.pipeline.pp},
-            {"sp", o.sp},
-            {"cp", o.cp},
-            {"ep", o.ep},
-            {"zero", o.zero},
-            {"schedule", o.pipeline.pp > 1 ? o.pipeline.schedule : ""},
-            {"virtual_stages", o.pipeline.virtual_stages},
-            {"microbatches", o.microbatches_per_step()},
-            {"microbatch", o.microbatch_size()},
-            {"recompute", o.recompute},
-            {"dtype", o.dtype}}},
-          {"batch", o.batch},
-          {"tokens_per_step", o.batch * m.seq_len},
-          {"steps", o.steps},
-          {"data", o.data}};
-}
-
-// Every rank's peak bytes by category, rank-ordered, and the rank with the largest total.
-nlohmann::json memory_by_rank(comm::Group* scalars, const mem::Tracker& tracker) {
-  const mem::Snapshot snap = tracker.snapshot();
-  std::vector<int64_t> mine(snap.peak_bytes.begin(), snap.peak_bytes.end());
-  mine.push_back(snap.total_peak_bytes);
-  const std::vector<int64_t> all = gather_int64(scalars, mine);
-  const size_t w = mine.size();
-  nlohmann::json out = {{"categories", nlohmann::json::array()},
-                        {"peak_bytes", nlohmann::json::array()},
-                        {"total_peak_bytes", nlohmann::json::array()}};
-  for (int c = 0; c < mem::kNumCategories; ++c)
-    out["categories"].push_back(mem::category_name(static_cast<mem::Category>(c)));
-  size_t worst = 0;
-  for (size_t r = 0; r < all.size() / w; ++r) {
-    out["peak_bytes"].push_back(
-        std::vector<int64_t>(all.begin() + static_cast<std::ptrdiff_t>(r * w),
-                             all.begin() + static_cast<std::ptrdiff_t>(r * w + w - 1)));
-    out["total_peak_bytes"].push_back(all[r * w + w - 1]);
-    if (all[r * w + w - 1] > all[worst * w + w - 1]) worst = r;
-  }
-  out["worst_rank"] = worst;
-  return out;
-}
 
 void run_rank(Shared& sh, comm::Group& world_in) {
   const TrainOptions& o = sh.o;
@@ -299,21 +163,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   std::unique_ptr<comm::Group> scalars_group;
   if (world.size() > 1) scalars_group = world.split(0, world.rank(), "scalars");
   comm::Group* scalars = scalars_group.get();
-  // On several hosts: which dimensions' groups span hosts, on any rank (from the groups as
-  // made, so a placement that went wrong shows).
-  std::vector<std::pair<std::string, bool>> across;  // dims of size > 1, slowest first
-  std::string placement;
-  if (hosts.hosts() > 1 && scalars) {
-    std::vector<float> spans;
-    for (const std::string& dim : mesh.shape().order())
-      spans.push_back(comm::spans_hosts(mesh.group(dim), hosts) ? 1.0f : 0.0f);
-    scalars->all_reduce(comm::Buf(spans.data(), static_cast<int64_t>(spans.size())),
-                        comm::ReduceOp::kMax);
-    for (size_t i = 0; i < spans.size(); ++i)
-      if (mesh.shape().size(mesh.shape().order()[i]) > 1)
-        across.emplace_back(mesh.shape().order()[i], spans[i] > 0);
-    placement = comm::describe_placement(across, hosts);
-  }
+  // On several hosts: which dimensions' groups span hosts (empty on one host).
+  const std::string placement = host_placement(mesh, hosts, scalars);
   // The tied embedding / LM head: the first and the last stage of each (dp, tp) position.
   const bool tied_sync = o.model.tied && P > 1;
   std::unique_ptr<comm::Group> tied;
@@ -744,26 +595,8 @@ void run_rank(Shared& sh, comm::Group& world_in) {
 
   // Peak memory by category of the worst rank, named by its mesh coordinates.
   {
-    std::vector<int64_t> mine(rec.memory.peak_bytes.begin(), rec.memory.peak_bytes.end());
-    mine.push_back(rec.memory.total_peak_bytes);
-    const std::vector<int64_t> all = gather_int64(scalars, mine);
-    const size_t w = mine.size();
-    size_t worst = 0;
-    for (size_t r = 0; r < all.size() / w; ++r)
-      if (all[r * w + w - 1] > all[worst * w + w - 1]) worst = r;
-    if (talk) {
-      std::string cats;
-      for (int c = 0; c < mem::kNumCategories; ++c)
-        cats +=
-            fmt::format("{}{} {}", c ? ", " : "", mem::category_name(static_cast<mem::Category>(c)),
-                        obs::human_bytes(static_cast<double>(all[worst * w + c])));
-      const auto at = mesh.shape().coords(static_cast<int>(worst));
-      progress.line(
-          fmt::format("peak memory: worst rank {} (pp {} dp {}{}{} tp {}) {}: {}", worst,
-                      at.at("pp"), at.at("dp"), o.ep > 1 ? fmt::format(" ep {}", at.at("ep")) : "",
-                      CP > 1 ? fmt::format(" cp {}", at.at("cp")) : "", at.at("tp"),
-                      obs::human_bytes(static_cast<double>(all[worst * w + w - 1])), cats));
-    }
+    const RankPeaks peaks = gather_rank_peaks(scalars, rec.memory);
+    if (talk) progress.line(peak_memory_line(peaks, mesh.shape(), o.ep > 1, CP > 1));
   }
   if (stage) {
     st.held_peak = stage->held_peak();
@@ -776,24 +609,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     }
   }
 
-  // On several hosts: what the flight recorders counted on the groups that span hosts, by
-  // dimension, summed over the ranks (tp's is 0 where tp sits inside hosts).
+  // On several hosts: what the flight recorders counted on the groups that span hosts.
   if (hosts.hosts() > 1 && scalars) {
-    const std::vector<std::pair<std::string, comm::Group*>> dims = {
-        {"tp", &tp_group}, {"cp", &cpg}, {"ep", &epg}, {"pp", &ppg}, {"dp", &grads_group}};
-    std::vector<float> kib;
-    for (const auto& [dim, g] : dims)
-      kib.push_back(comm::spans_hosts(*g, hosts) ? static_cast<float>(bytes_of(*g)) / 1024.0f
-                                                 : 0.0f);
-    scalars->all_reduce(comm::Buf(kib.data(), static_cast<int64_t>(kib.size())));
-    if (talk) {
-      std::string line = "bytes received over groups that cross hosts (all ranks):";
-      for (size_t i = 0; i < dims.size(); ++i)
-        if (mesh.shape().size(dims[i].first) > 1)
-          line += fmt::format(" {} {}", dims[i].first,
-                              obs::human_bytes(static_cast<double>(kib[i]) * 1024.0));
-      progress.line(line);
-    }
+    const std::string line = bytes_across_hosts_line(
+        {{"tp", &tp_group}, {"cp", &cpg}, {"ep", &epg}, {"pp", &ppg}, {"dp", &grads_group}},
+        mesh.shape(), hosts, *scalars);
+    if (talk) progress.line(line);
   }
 
   if (o.profile && talk) {
