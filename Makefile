@@ -31,6 +31,11 @@ data/demo.bin: | build
 	@mkdir -p $(@D)
 	$(MT) prepare $(DEMO_TEXT) -o $@
 
+# A larger corpus (about 6 M byte tokens): the text files under /usr/share/doc
+# (scripts/doc-corpus.sh; what DiLoCo's quality benchmark trains on).
+data/docs.bin: | build
+	scripts/doc-corpus.sh $(MT) $@
+
 # Trains the byte-level tiny model, writes its report (docs/report.md) and ends with text the
 # model writes (meshtrain sample, from the weights the run exported).
 DEMO_OUT := build/demo

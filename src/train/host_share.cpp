@@ -1,5 +1,6 @@
 #include "train/host_share.h"
 
+#include <fmt/format.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -106,6 +107,26 @@ RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int 
   if (world) world->barrier();  // the others read what the host's first rank measured
   if (!host_leader) peak = kernels::peak_flops(gemm_dtype, b.peak_threads);
   return {peak * b.share, b.peak_threads * b.share, false};
+}
+
+std::string mfu_above_peak_warning(double mfu, const RankPeak& peak, bool given) {
+  const std::string what = fmt::format("{:.1f} GFLOP/s", peak.flops / 1e9);
+  if (given)
+    return fmt::format(
+        "warning: MFU {:.1f}% is impossible: --peak-gflops gives a peak ({}) below what this run "
+        "computes; give the device's real GEMM peak (meshtrain calibrate measures it)",
+        100 * mfu, what);
+  if (peak.gpu)
+    return fmt::format(
+        "warning: MFU {:.1f}% is impossible: the GPU peak it divides by ({} for this rank) was "
+        "measured low, probably while other work used the GPU; give --peak-gflops, or run on an "
+        "idle GPU",
+        100 * mfu, what);
+  return fmt::format(
+      "warning: MFU {:.1f}% is impossible: the CPU GEMM peak it divides by ({} for this rank) "
+      "was measured while other work ran beside it, and a cached peak is never lowered; delete "
+      "{} on a quiet machine (the next run measures again) or give --peak-gflops",
+      100 * mfu, what, kernels::peak_cache_path());
 }
 
 }  // namespace mt::train

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -55,5 +56,12 @@ struct RankPeak {
   bool gpu = false;
 };
 RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int gpu);
+
+// MFU above kMfuImpossible cannot be: the peak it divides by is below what the run computed,
+// as when the cached CPU peak was measured while other work ran beside it (a stored peak is
+// never lowered, so a low one stays until deleted). The line that says so, naming the peak,
+// where it came from and the fix; `given`: --peak-gflops set it.
+constexpr double kMfuImpossible = 1.05;  // 5%: the peak's own timing noise
+std::string mfu_above_peak_warning(double mfu, const RankPeak& peak, bool given);
 
 }  // namespace mt::train

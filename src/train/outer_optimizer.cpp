@@ -141,8 +141,12 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& o, Replica& rep, Sites& sites
       segs.emplace_back(a, b);
     frag_elems_[static_cast<size_t>(p)] += b - a;
   }
-  const int64_t most =
-      std::max<int64_t>(1, *std::max_element(frag_elems_.begin(), frag_elems_.end()));
+  split_shared(rep);
+  int64_t most = 1, most_sent = 1;
+  for (int p = 0; p < F; ++p) {
+    most = std::max(most, packed_len(p));
+    most_sent = std::max(most_sent, sent_len(p));
+  }
   const auto cat = mem::Category::kOptimizer;
   outer_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, cat);
   if (opts_.optimizer == "nesterov")
@@ -154,9 +158,9 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& o, Replica& rep, Sites& sites
   } else {
     // Site j reduces chunk j: chunks of whole blocks, so that both encodings' blocks are the
     // same blocks of the (packed) fragment.
-    const int64_t chunk = chunk_of(most);
+    const int64_t chunk = chunk_of(most_sent);
     const int64_t words = outer_encoded_words(compress_, chunk);
-    buf_ = Tensor::zeros({chunk * S}, DType::kF32, comm);
+    buf_ = Tensor::zeros({std::max(chunk * S, most)}, DType::kF32, comm);
     send_words_ = Tensor::zeros({words * S}, DType::kI32, comm);
     recv_words_ = Tensor::zeros({words * S}, DType::kI32, comm);
     mine_ = Tensor::zeros({chunk}, DType::kF32, comm);
@@ -164,9 +168,9 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& o, Replica& rep, Sites& sites
   if (opts_.delay > 0) {  // one region per fragment: every fragment may be in flight at once
     pend_off_.assign(static_cast<size_t>(F), 0);
     for (int q = 1; q < F; ++q)
-      pend_off_[static_cast<size_t>(q)] =
-          pend_off_[static_cast<size_t>(q - 1)] + frag_elems_[static_cast<size_t>(q - 1)];
-    pend_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::kF32, comm);
+      pend_off_[static_cast<size_t>(q)] = pend_off_[static_cast<size_t>(q - 1)] + packed_len(q - 1);
+    pend_ = Tensor::zeros({std::max<int64_t>(pend_off_.back() + packed_len(F - 1), 1)}, DType::kF32,
+                          comm);
     inflight_.resize(static_cast<size_t>(F));
     lands_.assign(static_cast<size_t>(F), 0);
   }
@@ -178,11 +182,97 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& o, Replica& rep, Sites& sites
   }
 }
 
+// --ep: the dense elements (every element outside an expert's parameters, the padding
+// included) are the same on the site's ep ranks; the experts are each rank's own.
+void OuterOptimizer::split_shared(Replica& rep) {
+  const int F = opts_.fragments;
+  order_ = segs_;
+  own_elems_ = frag_elems_;
+  slice_elems_.assign(static_cast<size_t>(F), 0);
+  if (!rep.ep_grads || rep.ep_grads->size() == 1) return;
+  shared_ = rep.ep_grads;
+  const int64_t E = shared_->size();
+  std::vector<std::pair<int64_t, int64_t>> experts;  // shard-relative, ascending
+  for (const model::Param& q : rep.gpt.params().params()) {
+    if (!q.spec.expert) continue;
+    const int64_t a = std::max(q.offset_elems, lo_) - lo_;
+    const int64_t b = std::min(q.offset_elems + shape_numel(q.spec.shape), lo_ + n_) - lo_;
+    if (b > a) experts.emplace_back(a, b);
+  }
+  std::sort(experts.begin(), experts.end());
+  for (int p = 0; p < F; ++p) {
+    std::vector<std::pair<int64_t, int64_t>> own, dense;
+    for (auto [a, b] : segs_[static_cast<size_t>(p)]) {
+      for (const auto& [x, y] : experts) {
+        if (y <= a || x >= b) continue;
+        if (x > a) dense.emplace_back(a, x);
+        own.emplace_back(std::max(a, x), std::min(b, y));
+        a = std::min(b, y);
+      }
+      if (a < b) dense.emplace_back(a, b);
+    }
+    int64_t mine = 0;
+    for (const auto& [a, b] : own) mine += b - a;
+    const int64_t shared = frag_elems_[static_cast<size_t>(p)] - mine;
+    own_elems_[static_cast<size_t>(p)] = mine;
+    slice_elems_[static_cast<size_t>(p)] = (shared + E - 1) / E;
+    own.insert(own.end(), dense.begin(), dense.end());
+    order_[static_cast<size_t>(p)] = std::move(own);
+  }
+  int64_t most = 1;
+  for (int p = 0; p < F; ++p) most = std::max(most, slice_elems_[static_cast<size_t>(p)] * E);
+  gathered_ = Tensor::zeros({most}, DType::kF32, mem::Category::kCommunication);
+}
+
+int64_t OuterOptimizer::packed_len(int p) const {
+  if (!shared_) return frag_elems_[static_cast<size_t>(p)];
+  return own_elems_[static_cast<size_t>(p)] +
+         slice_elems_[static_cast<size_t>(p)] * shared_->size();
+}
+
+int64_t OuterOptimizer::sent_len(int p) const {
+  return own_elems_[static_cast<size_t>(p)] + slice_elems_[static_cast<size_t>(p)];
+}
+
 template <typename Fn>
 void OuterOptimizer::each(int p, Fn&& fn) const {
   int64_t k = 0;
-  for (const auto& [a, b] : segs_[static_cast<size_t>(p)])
+  for (const auto& [a, b] : order_[static_cast<size_t>(p)])
     for (int64_t i = a; i < b; ++i) fn(i, k++);
+}
+
+// The packed dense elements [own, own + E·slice) (the padding past them zero) to send: this
+// ep rank's slice moved to [own, own + slice). The slices it overwrites come back in
+// gather_slices.
+void OuterOptimizer::move_slice(int p, float* d) const {
+  if (!shared_) return;
+  const int64_t own = own_elems_[static_cast<size_t>(p)], c = slice_elems_[static_cast<size_t>(p)];
+  std::fill(d + frag_elems_[static_cast<size_t>(p)], d + packed_len(p), 0.0f);
+  if (shared_->rank() > 0) std::copy_n(d + own + shared_->rank() * c, c, d + own);
+}
+
+void OuterOptimizer::gather_slices(int p, float* d) {
+  if (!shared_) return;
+  const int64_t own = own_elems_[static_cast<size_t>(p)], c = slice_elems_[static_cast<size_t>(p)];
+  if (c == 0) return;
+  float* g = gathered_.f32();
+  shared_->all_gather(comm::Buf(d + own, c), comm::Buf(g, c * shared_->size()));
+  std::copy_n(g, c * shared_->size(), d + own);
+}
+
+// The mean over the sites of fragment p's packed values: f32 sums divided by S, or the
+// compressed exchange's mean.
+void OuterOptimizer::exchange(int p, float* d) {
+  move_slice(p, d);
+  const int64_t sent = sent_len(p);
+  if (compress_ == OuterCompress::kNone) {
+    comm::Group& cross = sites_.cross();
+    cross.all_reduce(comm::Buf(d, sent));
+    for (int64_t k = 0; k < sent; ++k) d[k] /= static_cast<float>(cross.size());
+  } else {
+    exchange_compressed(sent);
+  }
+  gather_slices(p, d);
 }
 
 int64_t OuterOptimizer::chunk_of(int64_t elems) const {
@@ -253,10 +343,7 @@ bool OuterOptimizer::after_inner_step(int64_t done, int64_t total) {
 }
 
 void OuterOptimizer::step_fragment(int p) {
-  comm::Group& cross = sites_.cross();
-  const int S = cross.size();
   const auto& segs = segs_[static_cast<size_t>(p)];
-  const int64_t np = frag_elems_[static_cast<size_t>(p)];
   float* theta = site_values();
   float* outer = outer_.f32();
   float* d = buf_.f32();  // the fragment packed: the mean pseudo-gradient (or parameters)
@@ -266,19 +353,14 @@ void OuterOptimizer::step_fragment(int p) {
   if (compress_ == OuterCompress::kNone && average) {
     // Parameter averaging: the sites' parameters summed exactly as they are.
     each(p, [&](int64_t i, int64_t k) { d[k] = theta[i]; });
-    cross.all_reduce(comm::Buf(d, np));
+    exchange(p, d);
     each(p, [&](int64_t i, int64_t k) {
-      const float mean = d[k] / static_cast<float>(S);
+      const float mean = d[k];
       outer[i] = lr == 1.0f ? mean : outer[i] + lr * (mean - outer[i]);
     });
   } else {
     each(p, [&](int64_t i, int64_t k) { d[k] = outer[i] - theta[i]; });
-    if (compress_ == OuterCompress::kNone) {
-      cross.all_reduce(comm::Buf(d, np));
-      for (int64_t k = 0; k < np; ++k) d[k] /= static_cast<float>(S);
-    } else {
-      exchange_compressed(np);
-    }
+    exchange(p, d);
     apply_mean(p, d);
   }
   ++rounds_;
@@ -311,17 +393,18 @@ void OuterOptimizer::start_fragment(int p) {
   float* d = pend_.f32() + pend_off_[static_cast<size_t>(p)];
   each(p, [&](int64_t i, int64_t k) { d[k] = outer[i] - theta[i]; });
   if (sent_.defined()) each(p, [&](int64_t i, int64_t) { sent_.f32()[i] = theta[i]; });
-  inflight_[static_cast<size_t>(p)] =
-      sites_.cross().all_reduce_async(comm::Buf(d, frag_elems_[static_cast<size_t>(p)]));
+  move_slice(p, d);
+  inflight_[static_cast<size_t>(p)] = sites_.cross().all_reduce_async(comm::Buf(d, sent_len(p)));
 }
 
 void OuterOptimizer::land_fragment(int p) {
   comm::WorkPtr& work = inflight_[static_cast<size_t>(p)];
   work->wait();
   work.reset();
-  const int64_t np = frag_elems_[static_cast<size_t>(p)];
+  const int64_t sent = sent_len(p);
   float* d = pend_.f32() + pend_off_[static_cast<size_t>(p)];
-  for (int64_t k = 0; k < np; ++k) d[k] /= static_cast<float>(sites_.count());
+  for (int64_t k = 0; k < sent; ++k) d[k] /= static_cast<float>(sites_.count());
+  gather_slices(p, d);
   float* theta = site_values();
   const float* outer = outer_.f32();
   if (before_.defined()) std::copy_n(outer, n_, before_.f32());

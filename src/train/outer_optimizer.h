@@ -11,6 +11,10 @@
 // parameters. Each rank keeps the outer state of its own shard of the site's flat parameters
 // (under ZeRO-0 the shard of the site's dp group too, gathered over the site after the step),
 // so the outer exchange moves the parameters once per site, whatever the layout inside it.
+// With --ep the site's ep ranks hold the same dense parameters (their gradients are summed
+// over the ep ranks): each ep rank sends its 1/E slice of them across sites, with its own
+// experts, and the ep ranks then gather the slices' means inside the site, so the dense
+// parameters too cross sites once.
 //
 // Outer optimizers (per element, Δ̄ the mean pseudo-gradient):
 //   nesterov  m <- μ m + Δ̄;  θ <- θ - lr (Δ̄ + μ m)        (PyTorch SGD, nesterov=True)
@@ -91,9 +95,18 @@ class OuterOptimizer : public ckpt::Extension {
   float* site_values();
   int64_t fragment_offset(int p) const;   // (p + 1) H / F
   int64_t chunk_of(int64_t elems) const;  // compressed: elements per site's chunk
-  // fn(i, k) for each element i of fragment p (shard-relative) at packed index k.
+  // fn(i, k) for each element i of fragment p (shard-relative) at packed index k: with --ep
+  // the ep rank's own (expert) elements first, then the dense ones its ep ranks share.
   template <typename Fn>
   void each(int p, Fn&& fn) const;
+  // Fragment p's packed values d (packed_len(p) floats) summed over the sites from this ep
+  // rank's part, [0, sent_len(p)) after move_slice: the sum there, the rest still to gather.
+  void split_shared(Replica& rep);
+  int64_t packed_len(int p) const;
+  int64_t sent_len(int p) const;
+  void move_slice(int p, float* d) const;  // --ep: this rank's dense slice after its own
+  void gather_slices(int p, float* d);     // --ep: every ep rank's slice, in place
+  void exchange(int p, float* d);          // the mean over the sites, d[0, packed_len(p))
   void step_fragment(int p);
   void apply_mean(int p, const float* d);  // the outer optimizer on the mean pseudo-gradient
   void start_fragment(int p);              // --outer-delay: the exchange started
@@ -111,6 +124,13 @@ class OuterOptimizer : public ckpt::Extension {
   // Per fragment: its element ranges relative to lo, and their count.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> segs_;
   std::vector<int64_t> frag_elems_;
+  // --ep (E > 1): per fragment its segments in packing order (the rank's experts, then the
+  // dense elements its ep ranks share), the experts' count and the dense slice each ep rank
+  // sends (ceil(dense / E)). Without ep every element is the rank's own.
+  comm::Group* shared_ = nullptr;  // the site's ep ranks at this position
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> order_;
+  std::vector<int64_t> own_elems_, slice_elems_;
+  Tensor gathered_;
   Tensor outer_, momentum_, buf_, before_;
   Tensor send_words_, recv_words_, mine_;  // compressed exchange
   // --outer-delay: per fragment its region of pend_ (the pseudo-gradient being summed), the

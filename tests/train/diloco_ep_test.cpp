@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "model/params.h"
 #include "outer_reference.h"
 #include "test_util.h"
 #include "tiny_run.h"
@@ -119,12 +120,20 @@ TEST(DilocoEp, TwoSitesOfAnEpGroupEqualTheHandComputedOuterUpdate) {
   for (size_t i = 0; i < e0.after.size(); ++i) differ += e0.after[i] != e1.after[i];
   EXPECT_GT(differ, 0);
   EXPECT_LT(differ, static_cast<int64_t>(e0.after.size()));
-  // The bytes between sites: per ep rank (one cross-site group each) an all-reduce of its
-  // shard over S = 2 ranks, 2 (S - 1) x padded x 4 bytes received in all; nothing else.
+  // The bytes between sites: per ep rank (one cross-site group each) an all-reduce over
+  // S = 2 ranks of its own experts and its half of the dense elements (the two ep ranks hold
+  // the same dense values: each sends half, and they gather the halves inside the site),
+  // 2 (S - 1) x that x 4 bytes received in all; nothing else. The dense parameters cross
+  // sites once: sending them from both ep ranks would add dense x 2 (S - 1) x 4 bytes.
+  int64_t own = 0;  // one ep rank's expert elements (2 of the 4 experts)
+  for (const model::ParamSpec& s : model::ep_shard_specs(model::gpt_param_specs(o.model), 0, 2))
+    if (s.expert) own += shape_numel(s.shape);
+  const int64_t dense = r.padded_params - own;  // the padding goes with the dense part
+  ASSERT_GT(dense, 0);
+  const double sent = 2.0 * static_cast<double>(own + (dense + 1) / 2);
   for (const StepRecord& s : r.steps) {
     const bool outer_step = s.step % 2 == 0;
-    EXPECT_EQ(s.outer_bytes, outer_step ? 2 * 2.0 * (2 - 1) * double(r.padded_params) * 4 : 0.0)
-        << "step " << s.step;
+    EXPECT_EQ(s.outer_bytes, outer_step ? 2 * (2 - 1) * sent * 4 : 0.0) << "step " << s.step;
     EXPECT_GT(s.ep_bytes, 0.0);
   }
   // Against 2 sites of 2 dp ranks each without ep (every rank all 4 experts).
@@ -137,6 +146,61 @@ TEST(DilocoEp, TwoSitesOfAnEpGroupEqualTheHandComputedOuterUpdate) {
     EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, 1e-4) << "step " << i + 1;
   ASSERT_EQ(r.val_losses.size(), 1u);
   EXPECT_NEAR(r.val_losses[0].second, ref.val_losses[0].second, 1e-4);
+}
+
+// The other exchanges send the dense parameters once too: int8 (each ep rank's experts and
+// its half of the dense elements, encoded: an all-to-all and an all-gather of
+// 2 (S - 1) x S x words x 4 bytes per cross-site group) and the overlapped one (--outer-delay
+// 1, 2 fragments: each fragment's experts and dense half, summed in the background, the
+// halves gathered when it lands). The overlapped run trains what the same run without ep
+// trains (1e-4, the order of the experts' sums), so the gathered halves are the whole mean.
+TEST(DilocoEp, CompressedAndOverlappedExchangesSendTheDenseParametersOnce) {
+  TrainOptions o = tiny_moe(6, 4, 2);
+  o.eval_batches = 1;
+  o.outer.sites = 2;
+  o.outer.every = 2;
+  int64_t own = 0;
+  for (const model::ParamSpec& s : model::ep_shard_specs(model::gpt_param_specs(o.model), 0, 2))
+    if (s.expert) own += shape_numel(s.shape);
+  {
+    TrainOptions c = o;
+    c.outer.compress = "int8";
+    const TrainResult r = run_training(c);
+    const int64_t dense = r.padded_params - own;
+    int64_t chunk = (own + (dense + 1) / 2 + 1) / 2;  // S = 2 chunks of whole 128-blocks
+    chunk = (chunk + 127) / 128 * 128;
+    const int64_t words = chunk / 128 + chunk / 4;
+    for (const StepRecord& s : r.steps) {
+      const bool outer_step = s.step % 2 == 0;
+      EXPECT_EQ(s.outer_bytes, outer_step ? 2 * 2.0 * (2 - 1) * 2 * double(words) * 4 : 0.0)
+          << "int8 step " << s.step;
+    }
+  }
+  TrainOptions d = o;
+  d.outer.fragments = 2;
+  d.outer.delay = 1;
+  const TrainResult r = run_training(d);
+  TrainOptions ref_o = d;
+  ref_o.ep = 1;
+  const TrainResult ref = run_training(ref_o);
+  ASSERT_EQ(ref.steps.size(), r.steps.size());
+  double sent = 0, ref_sent = 0;
+  int exchanges = 0;
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, 1e-4) << "step " << i + 1;
+    sent += r.steps[i].outer_bytes;
+    ref_sent += ref.steps[i].outer_bytes;
+    exchanges += r.steps[i].outer_bytes > 0;
+  }
+  // Without ep each site's 2 ranks send their halves of the whole model (4 experts and the
+  // dense elements); with ep each rank its 2 experts and half the dense elements: the same
+  // bytes but for rounding, each fragment's dense half rounded up (at most 1 element per
+  // rank) and the layouts' padding (at most 3 elements per rank), 2 (S - 1) x 4 bytes per
+  // element per rank. Sending the dense elements from both ep ranks would add about
+  // `dense` elements per exchange.
+  const double slack = static_cast<double>(exchanges) * 2 * (1 + 3) * 2 * (2 - 1) * 4;
+  EXPECT_NEAR(sent, ref_sent, slack);
+  EXPECT_GT(static_cast<double>(r.padded_params - own) * 2 * (2 - 1) * 4, slack * 100);
 }
 
 // A site must hold whole ep groups: --dp 4 --ep 4 --sites 2 is refused naming the fix.
