@@ -21,6 +21,7 @@ struct Group::Pending : Work {
   std::shared_ptr<OpCall> call;
   int64_t record_id = 0;
   Job* job = nullptr;
+  int world_rank = 0;
   std::atomic<int> state{0};  // 0 pending, 1 done, 2 failed
   std::exception_ptr error;
   std::mutex mu;
@@ -39,24 +40,20 @@ struct Group::Pending : Work {
     if (s == 2) std::rethrow_exception(error);
     return s == 1;
   }
+  // Returns (or throws) only once the op ended: until then its buffers are in use, by the
+  // progress thread and by the peers. After an abort the backend fails it promptly (a queued
+  // op never starts); a rank that does not unwind at all is launch's grace period's to end.
   void wait() override {
     for (int i = 0; i < 64; ++i) {
       if (test()) return;
       std::this_thread::yield();
     }
-    std::unique_lock lock(mu);
-    while (state.load(std::memory_order_acquire) == 0) {
-      if (job && job->aborted() && state.load() == 0) {
-        // The backend notices the abort and fails the op within milliseconds; wait for
-        // that (so its buffers are no longer in use), but not forever.
-        cv.wait_for(lock, std::chrono::seconds(2), [&] { return state.load() != 0; });
-        if (state.load() == 0) throw Error(job->abort_reason(), ExitCode::kRunFailure);
-        break;
-      }
-      cv.wait_for(lock, std::chrono::milliseconds(50));
-    }
-    lock.unlock();
+    settle();
     test();
+  }
+  void settle() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return state.load(std::memory_order_acquire) != 0; });
   }
 };
 
@@ -221,6 +218,7 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
   auto p = std::make_shared<Pending>();
   p->call = std::move(call);
   p->job = ctx_->job;
+  p->world_rank = ctx_->world_rank;
   p->record_id = record(*p->call, /*started=*/false);
   {
     std::unique_lock lock(w.mu);
@@ -247,8 +245,20 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
     }
   }
   w.cv.notify_one();
-  if (!async) p->wait();
-  return p;
+  if (!async) {
+    p->wait();
+    return p;
+  }
+  // The caller's handle. Dropped before the op ended (an exception unwinding the object that
+  // owns both the handle and the buffers, while the progress thread or a peer still uses
+  // them), it waits for the op first, as std::async's future does.
+  return WorkPtr(p.get(), [p](Work*) {
+    if (p->state.load(std::memory_order_acquire) != 0) return;
+    // The rank fails: the op ends when the job does (mpi: the process ends soon anyway).
+    if (Job* job = p->job; job && !job->aborted() && std::uncaught_exceptions() > 0)
+      if (!job->abort_unwinding(p->world_rank)) return;
+    p->settle();
+  });
 }
 
 WorkPtr Group::submit_p2p(std::shared_ptr<OpCall> call) {

@@ -50,6 +50,24 @@ void Job::abort(const std::string& reason) {
   run_abort_hooks();
 }
 
+bool Job::abort_unwinding(int world_rank) {
+  {
+    std::lock_guard lock(mu_);
+    if (aborted_.load()) return true;
+    reason_ = fmt::format("[rank {}] failed while its communication was in flight", world_rank);
+    unwinding_rank_ = world_rank;
+    aborted_.store(true, std::memory_order_release);
+  }
+  on_abort();
+  run_abort_hooks();
+  return true;
+}
+
+int Job::unwinding_rank() const {
+  std::lock_guard lock(mu_);
+  return unwinding_rank_;
+}
+
 int Job::add_abort_hook(std::function<void()> hook) {
   std::unique_lock lock(hooks_mu_);
   if (aborted()) {

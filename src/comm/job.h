@@ -33,6 +33,14 @@ class Job {
   // Ends the job. Local: marks it aborted and wakes every waiting op (they throw `reason`).
   // The first reason wins. Subclasses (mpi) end the process.
   virtual void abort(const std::string& reason);
+  // A rank unwinds an exception while one of its async ops still runs (its buffers are about
+  // to be freed, comm::Group's handle waits for the op): ends the job so that the op ends,
+  // noting that rank `world_rank`'s own error is the job's (launch reports it, not this
+  // reason). False where ending the job would lose that error (mpi: MPI_Abort ends the
+  // process); the caller does not wait then.
+  virtual bool abort_unwinding(int world_rank);
+  // The rank whose unwinding aborted the job (abort_unwinding), or -1.
+  int unwinding_rank() const;
   // The watchdog's explanation of `stuck` on `rank` (a multi-line text).
   virtual std::string diagnose(const RankContext& rank, const OpRecord& stuck);
   // Called with the job's mutex free whenever abort() fires (wake waiters).
@@ -64,6 +72,7 @@ class Job {
   std::map<std::string, std::vector<int>> groups_;
   std::atomic<bool> aborted_{false};
   std::string reason_;
+  int unwinding_rank_ = -1;
 
  private:
   void watchdog_loop();

@@ -124,14 +124,15 @@ void launch_local(const LaunchOptions& opts, const std::function<void(Group& wor
     bool root_cause = false;
     {
       std::lock_guard lock(mu);
-      if (!job->aborted() && first_error.empty()) {
+      // (A rank whose unwinding ended the job, its async ops in flight, is the root cause.)
+      if ((!job->aborted() || job->unwinding_rank() == rank) && first_error.empty()) {
         first_error = what.rfind("[rank ", 0) == 0 ? what : fmt::format("[rank {}] {}", rank, what);
         first_code = code;
         root_cause = true;
         msg = first_error;
       }
     }
-    if (root_cause) job->abort(msg);
+    if (root_cause) job->abort(msg);  // (already aborted: nothing)
   };
 
   std::vector<std::thread> threads;

@@ -74,11 +74,17 @@ inline void cpu_relax() {
 #endif
 }
 
+// A rank that leaves a collective because the job aborted must not unwind (and free) the
+// buffers it posted while a peer still reads them. Every data phase registers in
+// sh.copying and then checks the abort (CopyGuard); the leaving rank, which has seen the
+// abort, waits for sh.copying to drain. With a seq_cst fence on both sides (after the
+// increment, before the drain's first read) either the peer sees the abort and copies
+// nothing, or the leaving rank sees its count and waits: no peer starts a copy after the
+// wait ended. A copy never blocks, so the wait is short and needs no deadline (a deadline
+// let a rank preempted mid-copy under load read or write freed memory).
 [[noreturn]] void throw_aborted(LocalShared& sh) {
-  // Let ranks that are still copying out of our buffers finish before we unwind them.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (sh.copying.load() > 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  while (sh.copying.load() > 0) std::this_thread::yield();
   throw Error(sh.job->abort_reason(), ExitCode::kRunFailure);
 }
 
@@ -137,9 +143,18 @@ void wait_all(LocalShared& sh, int64_t value) {
   });
 }
 
+// A data phase (reading the peers' posted buffers): registered, then refused once the job
+// aborted, when a peer may already have unwound its buffers (throw_aborted).
 struct CopyGuard {
   LocalShared& sh;
-  explicit CopyGuard(LocalShared& s) : sh(s) { sh.copying.fetch_add(1); }
+  explicit CopyGuard(LocalShared& s) : sh(s) {
+    sh.copying.fetch_add(1);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sh.job->aborted()) {
+      sh.copying.fetch_sub(1);
+      throw_aborted(sh);
+    }
+  }
   ~CopyGuard() { sh.copying.fetch_sub(1); }
 };
 

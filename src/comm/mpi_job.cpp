@@ -56,6 +56,8 @@ class MpiJob : public Job {
     MPI_Abort(MPI_COMM_WORLD, static_cast<int>(ExitCode::kRunFailure));
     std::_Exit(static_cast<int>(ExitCode::kRunFailure));
   }
+  // MPI_Abort would end the process before the rank's own error is printed (launch_mpi does).
+  bool abort_unwinding(int) override { return false; }
   double watchdog_delay_s() const override { return 0.5 * std::min(rank_, 6); }
   std::string diagnose(const RankContext& rank, const OpRecord& stuck) override {
     // Ask every member of the group (or the peer) what it is doing; the others' service

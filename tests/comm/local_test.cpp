@@ -334,6 +334,38 @@ TEST(Local, AnExceptionInOneRankEndsTheJobPromptly) {
   EXPECT_LT(now_s() - t0, 5.0);
 }
 
+// A rank that fails while its async all-reduce is in flight (its progress thread has posted
+// the buffer): the handle, dropped by the unwinding, ends the job and waits for the op
+// before the buffer is freed. The peer joins the all-reduce only after the buffer was freed:
+// it must find the job ended, never complete the op by reading the freed buffer (as it did
+// when the handle was dropped silently), and the rank's own error is the job's.
+TEST(Local, ARankFailingWithAnAsyncOpInFlightEndsItBeforeFreeingItsBuffer) {
+  std::atomic<bool> freed{false}, peer_completed{false};
+  struct SetOnExit {
+    std::atomic<bool>& flag;
+    ~SetOnExit() { flag.store(true); }
+  };
+  try {
+    run_local(2, [&](Group& g) {
+      Host a(DType::kF32, 4096);
+      if (g.rank() == 0) {
+        SetOnExit mark{freed};  // destroyed after the buffer and the handle
+        Host buf(DType::kF32, 4096);
+        WorkPtr w = g.all_reduce_async(buf.buf());
+        throw Error("boom", ExitCode::kBadInput);
+      }
+      while (!freed.load()) std::this_thread::yield();
+      g.all_reduce(a.buf());
+      peer_completed.store(true);
+    });
+    FAIL() << "expected the failure";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "[rank 0] boom");
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+  EXPECT_FALSE(peer_completed.load());
+}
+
 TEST(Local, BadArgumentsAreRefusedBeforeAnyWork) {
   run_local(2, [](Group& g) {
     Host a(DType::kF32, 10), b(DType::kF32, 15);  // 10: divisible by 2 ranks
