@@ -10,6 +10,12 @@
 //                     bf16 / int8: 4 (S c + 2 S w + c), c = ceil(m / S) rounded up to 128
 //                     (a site's chunk), w its encoded words (bf16 c / 2, int8 c / 128 + c / 4)
 //                     --outer-delay: + 4 n (the pseudo-gradients in flight)
+//   with --ep E:       the d dense elements of the shard padded to E slices of ceil(d / E):
+//                     m and the delay's n become n - d + E ceil(d / E), the compressed
+//                     chunk is cut from n - d + ceil(d / E) (what is sent), and
+//                     + 4 E ceil(d / E) (the slices gathered inside the site). d is the
+//                     stage's dense share of the shard (exact without ZeRO; with ZeRO the
+//                     shard's cut is taken as proportional).
 //
 // m = n with one fragment; with --outer-fragments F the model counts m = n, an upper bound
 // (the largest fragment's share of the shard depends on where the units fall in it).
@@ -29,8 +35,9 @@ struct OuterMemory {
   bool delay = false;             // --outer-delay > 0
 };
 
-// The outer state of one rank whose shard of the site's flat parameters has `n` elements.
-MemoryBytes outer_state_bytes(double n, const OuterMemory& o);
+// The outer state of one rank whose shard of the site's flat parameters has `n` elements,
+// `dense` of them (with --ep E > 1) the dense ones its ep ranks share.
+MemoryBytes outer_state_bytes(double n, const OuterMemory& o, double dense = 0, int ep = 1);
 
 // memory_by_stage of the layout `l` (its dp the job's) trained in o.sites sites (S must divide
 // dp, and ep dp / S): per pipeline stage, one rank of a site with its outer state.

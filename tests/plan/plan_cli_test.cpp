@@ -563,8 +563,18 @@ TEST(PlanCliReview, EmitConfigCarriesContextParallelismOnTheCpu) {
       "plan --model gpt2-774m --cluster dgx-a100 --gpus 16 --batch 64 --cp 2 --emit-config " + cfg,
       "train runs context parallelism on the CPU only so far, so it cannot run --cp 2 on GPUs");
   EXPECT_FALSE(std::filesystem::exists(cfg));
-  // On this host the config has the cp key, so its ranks are the planned ones.
-  const auto r = test::run_meshtrain(
+  // On this host the config has the cp key, so its ranks are the planned ones. `this-host` is
+  // a calibration in the test's own cache folder (the fuzz corpus's valid one), not whatever
+  // the user's ~/.cache holds (a fresh machine has none: the test failed there).
+  const auto cache = dir / "cache";
+  std::filesystem::create_directories(cache / "meshtrain");
+  std::filesystem::copy_file(
+      std::filesystem::path(MT_SOURCE_DIR) / "tests/fuzz/corpus/cluster_file/valid-this-host",
+      cache / "meshtrain" / "this-host.json", std::filesystem::copy_options::overwrite_existing);
+  const auto plan = [&](const std::string& args) {
+    return test::run_command("XDG_CACHE_HOME=" + cache.string() + " " + MT_BINARY + " " + args);
+  };
+  const auto r = plan(
       "plan --model tiny --n-layer 2 --seq 64 --cluster this-host --gpus 4 --batch 4 --cp 2 "
       "--dp 2 --tp 1 --pp 1 --emit-config " +
       cfg);
@@ -582,7 +592,7 @@ TEST(PlanCliReview, EmitConfigCarriesContextParallelismOnTheCpu) {
   ASSERT_EQ(t.exit_code, 0) << t.output;
   EXPECT_NE(t.output.find("cp 2 (ring exchange"), std::string::npos) << t.output;
   // --cp-comm: the exchange planned is the one the config asks train for.
-  const auto a2a = test::run_meshtrain(
+  const auto a2a = plan(
       "plan --model tiny --n-layer 2 --seq 64 --cluster this-host --gpus 4 --batch 4 --cp 2 "
       "--cp-comm a2a --dp 2 --tp 1 --pp 1 --emit-config " +
       cfg);
@@ -597,7 +607,7 @@ TEST(PlanCliReview, EmitConfigCarriesContextParallelismOnTheCpu) {
   EXPECT_NE(t2.output.find("cp 2 (a2a exchange"), std::string::npos) << t2.output;
   // An exchange the heads cannot take is refused as train refuses it: tiny's 4 heads over
   // --cp 8 (a2a).
-  const auto bad = test::run_meshtrain(
+  const auto bad = plan(
       "plan --model tiny --n-layer 2 --seq 64 --cluster this-host --gpus 8 --batch 8 --cp 8 "
       "--cp-comm a2a --dp 1 --tp 1 --pp 1");
   EXPECT_NE(bad.exit_code, 0);
