@@ -129,4 +129,10 @@ std::string mfu_above_peak_warning(double mfu, const RankPeak& peak, bool given)
       100 * mfu, what, kernels::peak_cache_path());
 }
 
+void ImpossibleMfuWarning::check(double mfu, const RankPeak& peak, bool given) {
+  if (said_ || !(mfu > kMfuImpossible)) return;
+  said_ = true;
+  fmt::print(stderr, "{}\n", mfu_above_peak_warning(mfu, peak, given));
+}
+
 }  // namespace mt::train

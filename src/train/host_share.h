@@ -63,5 +63,13 @@ RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int 
 // where it came from and the fix; `given`: --peak-gflops set it.
 constexpr double kMfuImpossible = 1.05;  // 5%: the peak's own timing noise
 std::string mfu_above_peak_warning(double mfu, const RankPeak& peak, bool given);
+// Prints that line (stderr) the first time a run's MFU passes kMfuImpossible, once a run.
+class ImpossibleMfuWarning {
+ public:
+  void check(double mfu, const RankPeak& peak, bool given);
+
+ private:
+  bool said_ = false;
+};
 
 }  // namespace mt::train

@@ -220,7 +220,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
                        : rank_peak_flops(scalars, gemm_dtype, sh.threads,
                                          device::on_cuda() ? gpu_of_rank(world.rank()) : -1);
   const double peak = peak_of.flops;
-  bool mfu_warned = false;  // once a run
+  ImpossibleMfuWarning mfu_warning;
   const Splits& data = sh.data;
 
   if (talk) {
@@ -447,10 +447,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     r.time_s = dt;
     r.tokens_per_s = static_cast<double>(B * T) / dt;
     r.mfu = r.tokens_per_s / world.size() * flops_per_token / peak;
-    if (talk && !mfu_warned && r.mfu > kMfuImpossible) {
-      fmt::print(stderr, "{}\n", mfu_above_peak_warning(r.mfu, peak_of, o.peak_flops > 0));
-      mfu_warned = true;
-    }
+    if (talk) mfu_warning.check(r.mfu, peak_of, o.peak_flops > 0);
     int64_t job[7] = {};  // dp, tp, pp, cp, ep bytes, compute ns, outer bytes: sums over ranks
     for (size_t k = 0; k < ranks.size(); k += 8) {
       if (ranks[k] > r.peak_bytes) {
