@@ -324,6 +324,11 @@ struct Fault {
   // Only once the restart after the fault before has rewritten the metrics file (fewer step
   // rows than when that fault came): a fault before any checkpoint, whose steps come again.
   bool after_rewrite = false;
+  // Only once the launcher has restarted the job after the fault before (its log names the
+  // restart at the new job's first step): a heal must not come before the cut was noticed.
+  // Under load the cut command can take effect steps late, and a heal at a fixed step then
+  // ended a cut of a few hundred ms that TCP rode through, with no restart (a CI run).
+  bool after_restart = false;
 };
 
 // The job's batch and layout: its flags (besides --dp, which launch sets) and the first dp,
@@ -405,6 +410,10 @@ class Elastic : public NamespaceHosts {
     for (const Fault& f : faults) {
       while (f.after_rewrite && !finished() && std::chrono::steady_clock::now() < deadline &&
              read_metrics(metrics).loss.size() >= rows_at_fault)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      while (f.after_restart && !finished() && std::chrono::steady_clock::now() < deadline &&
+             slurp(log).find("launch: restart " + std::to_string(injected) + ":") ==
+                 std::string::npos)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       while (!finished() && std::chrono::steady_clock::now() < deadline &&
              !(f.during_save ? saving(ck, f.at_step)
@@ -513,11 +522,15 @@ TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
 }
 
 // Growing back: host 2 cut at step 6 (dp 2 on the two left, from the checkpoint of step 4),
-// healed once the smaller job has trained step 8; the launcher stops the job after its step
-// (a checkpoint) and goes on in dp 3 on all three hosts, with no step lost.
+// healed once the restarted, smaller job has trained step 8; the launcher stops the job after
+// its step (a checkpoint) and goes on in dp 3 on all three hosts, with no step lost. 40 steps:
+// the launcher probes lost hosts once a second, so the job must still be training a few
+// seconds after the heal.
 TEST_F(Elastic, ALostHostThatAnswersAgainIsGrownBackTo) {
-  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false}}, 3, {0, 1, 2},
-                  slow_job());
+  JobLayout job = slow_job();
+  job.steps = 40;
+  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false, false, true}},
+                  3, {0, 1, 2}, job);
 }
 
 }  // namespace
