@@ -61,6 +61,8 @@ REPS=$((REPS < 5 ? 5 : REPS)) rec moe-ep -- "$root/bench/moe-ep" "$build"
 REPS=$((REPS < 5 ? 5 : REPS)) rec moe-a2a -- "$root/bench/moe-a2a" "$MT"
 own diloco "$root/bench/diloco/quality" "$MT"
 WARMUP=150 own diloco-warmup "$root/bench/diloco/quality" "$MT"
+CORPUS=docs BATCH=64 STEPS=1200 WARMUP=300 WARMUP_AT=one-site OUT=diloco-docs \
+  RUNS="sync diloco streaming diloco_int8" own diloco-docs "$root/bench/diloco/quality" "$MT"
 own diloco-link "$root/bench/diloco/link" "$MT"
 own long_context "$root/bench/long-context" "$build"
 if [ "$(id -u)" = 0 ]; then own multihost "$root/bench/multihost" "$build"; fi  # netns: root

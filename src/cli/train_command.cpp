@@ -28,6 +28,10 @@ void add_train_command_flags(CLI::App& cmd, TrainCommandFlags& f) {
   cmd.add_option("--checkpoint-dir", f.checkpoint_dir,
                  "save sharded checkpoints into DIR/step-N (and after the last step)");
   cmd.add_option("--checkpoint-every", f.checkpoint_every, "save every N steps (0: at the end)");
+  cmd.add_option("--stop-after", f.stop_after,
+                 "train steps 1..N of the --steps schedule, save step N into --checkpoint-dir and "
+                 "stop (exit 0); --resume goes on from it (a warm-up trained in one place, a run "
+                 "in pieces)");
   cmd.add_option("--keep", f.keep, "checkpoints kept in --checkpoint-dir (0: all; default 3)");
   cmd.add_option("--resume", f.resume,
                  "auto (newest valid in --checkpoint-dir, or from scratch) or a checkpoint");
@@ -56,6 +60,7 @@ train::TrainOptions train_command_options(const TrainCommandFlags& f) {
     if (f.profile) o.profile = true;
     take_config(j, "checkpoint_dir", o.checkpoint_dir, f.checkpoint_dir);
     take_config(j, "checkpoint_every", o.checkpoint_every, f.checkpoint_every);
+    take_config(j, "stop_after", o.stop_after, f.stop_after);
     take_config(j, "keep", o.keep_checkpoints, f.keep);
     take_config(j, "resume", o.resume, f.resume);
     take_config(j, "max_restarts", o.max_restarts, f.max_restarts);

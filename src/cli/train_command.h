@@ -19,7 +19,7 @@ struct TrainCommandFlags {
   std::optional<double> peak_gflops;
   bool profile = false;
   std::optional<std::string> checkpoint_dir, resume;  // docs/checkpoints.md
-  std::optional<int64_t> checkpoint_every;
+  std::optional<int64_t> checkpoint_every, stop_after;
   std::optional<int> keep, max_restarts;
 };
 

@@ -90,8 +90,9 @@ const std::vector<std::string>& train_config_keys() { return kConfigKeys; }
 
 const std::vector<std::string>& train_command_config_keys() {
   static const std::vector<std::string> keys = {
-      "metrics",          "export", "trace",  "peak_gflops",  "profile",   "checkpoint_dir",
-      "checkpoint_every", "keep",   "resume", "max_restarts", "init_from", "tensorboard"};
+      "metrics",        "export",           "trace",     "peak_gflops", "profile",
+      "checkpoint_dir", "checkpoint_every", "keep",      "resume",      "max_restarts",
+      "init_from",      "tensorboard",      "stop_after"};
   return keys;
 }
 

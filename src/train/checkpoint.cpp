@@ -1274,8 +1274,9 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
     const double t0 = now_s();
     int64_t bytes = 0;
     try {
-      if (const std::string why = outer_resume_refusal(cands[i], o); !why.empty()) fail("{}", why);
       const Index idx = read_index(cands[i], &o.model);
+      if (const std::string why = outer_resume_refusal(cands[i], idx.step, o); !why.empty())
+        fail("{}", why);
       if (idx.batch > 0 && idx.batch != o.batch)
         fail(
             "checkpoint '{}' was trained with --batch {} and this run asks for --batch {}: the "
@@ -1429,7 +1430,8 @@ std::string divisors_text(int64_t n) {
 }  // namespace
 
 void check_resumable(const Index& idx, const TrainOptions& target) {
-  if (const std::string why = outer_resume_refusal(idx.dir, target); !why.empty()) fail("{}", why);
+  if (const std::string why = outer_resume_refusal(idx.dir, idx.step, target); !why.empty())
+    fail("{}", why);
   TrainOptions o = target;
   o.model = idx.config;
   if (idx.batch > 0) {

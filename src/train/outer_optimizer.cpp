@@ -538,6 +538,9 @@ void OuterOptimizer::save(const std::string& tmp_dir, int64_t step) {
 }
 
 void OuterOptimizer::load(const std::string& dir, int64_t /*step*/) {
+  // A synchronous checkpoint (outer_resume_refusal let it through: inside the warm-up): every
+  // site loaded the same model and AdamW state; begin() starts the outer state from them.
+  if (!fs::exists(fs::path(dir) / "outer.json")) return;
   const std::string path = rank_file(dir, world_rank_);
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -582,16 +585,20 @@ void OuterOptimizer::load(const std::string& dir, int64_t /*step*/) {
   loaded_ = true;
 }
 
-std::string outer_resume_refusal(const std::string& dir, const TrainOptions& o) {
+std::string outer_resume_refusal(const std::string& dir, int64_t step, const TrainOptions& o) {
   const fs::path file = fs::path(dir) / "outer.json";
   const OuterOptions& w = o.outer;
   if (!fs::exists(file)) {
-    if (!w.on()) return "";
+    // A synchronous checkpoint inside the warm-up: the sites start from it as they would from
+    // their own synchronous steps (the DiLoCo paper's start from a model trained in one
+    // place: a warm-up that crossed no slow link).
+    if (!w.on() || step <= w.warmup) return "";
     return fmt::format(
-        "checkpoint '{}' was saved by synchronous training (no DiLoCo state): --sites {} cannot "
-        "resume it (leave --sites out to resume it, or start the DiLoCo run in another "
-        "--checkpoint-dir)",
-        dir, w.sites);
+        "checkpoint '{}' was saved by synchronous training (no DiLoCo state) after step {}: "
+        "--sites {} resumes it only as its warm-up (--outer-warmup-steps {} or more: its "
+        "synchronous steps count as the warm-up's); or leave --sites out to resume it, or start "
+        "the DiLoCo run in another --checkpoint-dir",
+        dir, step, w.sites, step);
   }
   nlohmann::json j;
   try {

@@ -143,10 +143,11 @@ class OuterOptimizer : public ckpt::Extension {
   bool loaded_ = false;
 };
 
-// Why the checkpoint in `dir` cannot be resumed by a run of `o` as far as DiLoCo goes (its
-// site count, dp, H; state saved by synchronous training, or the other way round); "" if it
-// can.
-std::string outer_resume_refusal(const std::string& dir, const TrainOptions& o);
+// Why the checkpoint in `dir` (of `step` steps) cannot be resumed by a run of `o` as far as
+// DiLoCo goes (its site count, dp, H; DiLoCo state resumed by synchronous training; a
+// synchronous checkpoint past the DiLoCo run's warm-up); "" if it can. A synchronous
+// checkpoint of step <= --outer-warmup-steps starts the sites as their own warm-up would.
+std::string outer_resume_refusal(const std::string& dir, int64_t step, const TrainOptions& o);
 
 // S / (B·T): the factor of the loss gradient that makes each site's gradient the mean over
 // its own sequences (1 / (B·T) without sites, bitwise today's).

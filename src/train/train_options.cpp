@@ -253,6 +253,12 @@ void TrainOptions::validate() const {
   if (steps < 1) fail("--steps {} must be at least 1", steps);
   if (checkpoint_every < 0) fail("--checkpoint-every {} must be 0 or more", checkpoint_every);
   if (keep_checkpoints < 0) fail("--keep {} must be 0 (all) or more", keep_checkpoints);
+  if (stop_after < 0 || stop_after >= steps)
+    fail("--stop-after {} must be a step before the last (1 to {}; a run to --steps {} needs none)",
+         stop_after, steps - 1, steps);
+  if (stop_after > 0 && checkpoint_dir.empty())
+    fail("--stop-after {} needs --checkpoint-dir DIR: the run goes on from the step it saves there",
+         stop_after);
   if (max_restarts < 0) fail("--max-restarts {} must be 0 or more", max_restarts);
   if (checkpoint_dir.empty() && (checkpoint_every > 0 || resume == "auto" || max_restarts > 0))
     fail("--checkpoint-every, --resume auto and --max-restarts need --checkpoint-dir DIR");

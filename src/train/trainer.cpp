@@ -35,6 +35,7 @@
 #include "parallel/zero.h"
 #include "train/checkpoint.h"
 #include "train/data_splits.h"
+#include "train/evaluate.h"
 #include "train/gather_model.h"
 #include "train/hf_export.h"
 #include "train/host_share.h"
@@ -52,43 +53,6 @@
 namespace mt::train {
 
 namespace {
-
-// The global batch `step` is samples [step·B, step·B + B); dp rank d of D takes
-// [step·B + d·B/D, step·B + (d+1)·B/D), in microbatches of mb. The same numbering serves
-// validation (batch k of the held-out split), so neither depends on the layout.
-int64_t first_sample(int64_t step, int64_t B, int d, int D, int64_t m, int64_t mb) {
-  return step * B + d * (B / D) + m * mb;
-}
-
-// Mean loss over the first `batches` global batches of the held-out split; each rank
-// evaluates its share (the same samples as training's sharding picks). Counted on one rank
-// of each tp group, on the last pipeline stage.
-float evaluate(Replica& r, int d, int D, model::Activations* acts, PipelineStage* stage,
-               comm::Group& ppg, const SequenceSampler& val, int64_t batches, int64_t B,
-               int64_t n_micro, int64_t mb, comm::Group* scalars, std::vector<int32_t>& in,
-               std::vector<int32_t>& tgt) {
-  double sum = 0;
-  for (int64_t k = 0; k < batches; ++k) {
-    if (stage) {
-      sum +=
-          stage->forward_only(ppg, val, first_sample(k, B, d, D, 0, mb), static_cast<int>(n_micro));
-      continue;
-    }
-    acts->routing_sample = -1;  // validation routes on its own (no tape)
-    for (int64_t m = 0; m < n_micro; ++m) {
-      val.fill(first_sample(k, B, d, D, m, mb), mb, in.data(), tgt.data(), r.gpt.local_positions());
-      sum += r.gpt.forward(*acts, in.data(), tgt.data());
-    }
-  }
-  if (r.gpt.tp().rank != 0 || !r.gpt.parts().head) sum = 0;  // count each loss once
-  if (scalars) {
-    float s = static_cast<float>(sum);
-    scalars->all_reduce(comm::Buf(&s, 1));
-    sum = s;
-  }
-  // D data-parallel ranks x cp (each cp rank's loss a mean over its rows).
-  return static_cast<float>(sum / static_cast<double>(batches * n_micro * D * r.gpt.cp().size));
-}
 
 struct Shared {
   const TrainOptions& o;
@@ -278,6 +242,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   const int64_t start_step = ckpt::resume(o, groups, rep, talk, &start_in_row);
   // Not into a failure seen before (every rank reads the marker: all refuse alike).
   refuse_known_nonfinite_start(o, start_step, talk);
+  if (o.stop_after > 0 && start_step >= o.stop_after)
+    fail("--stop-after {}: the checkpoint resumed is of step {}, past it (leave it out to go on)",
+         o.stop_after, start_step);
   // A checkpoint wins over --init-from: a restarted fine-tuning run goes on from it.
   if (start_step == 0 && sh.init) {
     init_from_weights(rep, *sh.init, o.model);
@@ -579,12 +546,20 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     }
     if (!o.checkpoint_dir.empty() &&
         ((o.checkpoint_every > 0 && r.step % o.checkpoint_every == 0) || r.step == o.steps ||
-         stop_asked)) {
+         r.step == o.stop_after || stop_asked)) {
       ckpt::save(o, groups, rep, r.step, talk, guard.in_row());
       newest_saved = r.step;
       if (lead) clear_nonfinite_marker(o.checkpoint_dir);
     }
     ckpt::maybe_fault("step", r.step, world.rank());
+    if (r.step == o.stop_after) {
+      if (talk)
+        progress.line(
+            fmt::format("stopped after step {} of {} (--stop-after): {}/step-{:08} saved; "
+                        "--resume goes on from it",
+                        r.step, o.steps, o.checkpoint_dir, r.step));
+      break;
+    }
     if (stop_asked && r.step < o.steps) {
       // A signal: every rank saw the flag in this step's all-reduce and stops after it.
       stopped_at = r.step;

@@ -104,6 +104,7 @@ struct TrainOptions {
   std::string checkpoint_dir;    // "": none
   int64_t checkpoint_every = 0;  // save every N steps (and after the last); 0: after the last
   int keep_checkpoints = 3;      // the newest K stay; 0: all
+  int64_t stop_after = 0;        // save step N and stop there (of the --steps schedule); 0: no
   std::string resume;            // "": no; "auto": newest valid in checkpoint_dir (or scratch)
   int max_restarts = 0;          // local backend: re-run from the newest checkpoint on failure
 

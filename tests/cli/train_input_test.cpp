@@ -135,6 +135,10 @@ TEST_F(TrainInput, ConfigTakesEveryRunFieldAndRefusesWrongTypesByKey) {
   std::ofstream(cfg) << R"({"checkpoint_every": -1, "checkpoint_dir": ")" << path("ck_cfg")
                      << R"("})";
   expect_refused(run("--config " + cfg), "--checkpoint-every -1");
+  // --stop-after: a step before the last, with somewhere to save it.
+  expect_refused(run("--steps 3 --stop-after 3 --checkpoint-dir " + path("ck_stop")),
+                 "--stop-after 3 must be a step before the last (1 to 2;");
+  expect_refused(run("--steps 3 --stop-after 2"), "--stop-after 2 needs --checkpoint-dir DIR");
 }
 
 // With --pp 1, --microbatches N is gradient accumulation: the same run as --microbatch

@@ -529,8 +529,8 @@ TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
 TEST_F(Elastic, ALostHostThatAnswersAgainIsGrownBackTo) {
   JobLayout job = slow_job();
   job.steps = 40;
-  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false, false, true}},
-                  3, {0, 1, 2}, job);
+  run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " heal", 2, 8, false, false, true}}, 3,
+                  {0, 1, 2}, job);
 }
 
 }  // namespace
