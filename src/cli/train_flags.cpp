@@ -255,7 +255,8 @@ void TrainFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--outer-warmup-steps", outer_warmup,
                  "--sites: the first W steps synchronous over all sites (gradients averaged "
                  "across sites), the outer rounds after them: DiLoCo from a synchronously "
-                 "trained start (default 0)");
+                 "trained start (default 0); a synchronous checkpoint of a step <= W (--resume) "
+                 "stands for its steps (a start trained in one place: train --stop-after W)");
   cmd.add_option("--outer-delay", outer_delay,
                  "--sites: overlap each outer exchange with this many inner steps (streaming "
                  "DiLoCo's τ; default 0: blocking)");
