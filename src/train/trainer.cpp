@@ -299,6 +299,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   NonFiniteGuard guard(o.skip_nonfinite, start_in_row);
   int64_t newest_saved = start_step;  // 0: none (from scratch, nothing saved yet)
   int64_t stopped_at = 0;             // a signal stopped the run after this step
+  bool stopped_early = false;         // a signal, or --stop-after: the run has not finished
   const double run_t0 = now_s();
   for (int64_t step = start_step; step < o.steps; ++step) {
     const double t0 = now_s();
@@ -553,6 +554,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     }
     ckpt::maybe_fault("step", r.step, world.rank());
     if (r.step == o.stop_after) {
+      stopped_early = true;
       if (talk)
         progress.line(
             fmt::format("stopped after step {} of {} (--stop-after): {}/step-{:08} saved; "
@@ -563,6 +565,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     if (stop_asked && r.step < o.steps) {
       // A signal: every rank saw the flag in this step's all-reduce and stops after it.
       stopped_at = r.step;
+      stopped_early = true;
       break;
     }
   }
@@ -615,7 +618,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     device::copy(rec.final_params.data(), mem::Device::kCpu, rep.full_values(), device::current(),
                  rep.gpt.params().numel() * static_cast<int64_t>(sizeof(float)));
   }
-  if (!o.export_path.empty() && stopped_at == 0) {  // a stopped run has not finished
+  if (!o.export_path.empty() && !stopped_early) {  // a stopped run has not finished
     std::unique_ptr<model::Gpt> whole;
     if (o.tp > 1 || P > 1 || o.ep > 1)
       whole = gather_whole_model(rep, tp_group, ppg, o, sh.schedule, sh.partition);

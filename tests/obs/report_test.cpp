@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -60,7 +61,15 @@ class Report : public ::testing::Test {
     ASSERT_EQ(moe.exit_code, 0) << moe.output;
     write_moe_without_tokens();
     // The prediction of the pp run's layout (stdout alone: run_command adds 2>&1 outside).
-    std::string sim = "(";
+    // `this-host` is a calibration in the suite's own cache folder (the fuzz corpus's valid
+    // one), not the user's ~/.cache: a fresh machine has none, simulate refused, and this
+    // set-up's failure showed as every Report test skipped (a clean-clone CI run).
+    const std::filesystem::path cache = *dir_ / "cache";
+    std::filesystem::create_directories(cache / "meshtrain");
+    std::filesystem::copy_file(
+        std::filesystem::path(MT_SOURCE_DIR) / "tests/fuzz/corpus/cluster_file/valid-this-host",
+        cache / "meshtrain" / "this-host.json", std::filesystem::copy_options::overwrite_existing);
+    std::string sim = "(XDG_CACHE_HOME=" + cache.string() + " ";
     sim += MT_BINARY;
     sim +=
         " simulate --model tiny --n-layer 4 --seq 32 --cluster this-host --gpus 4 --batch 8 "

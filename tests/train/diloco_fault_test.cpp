@@ -175,8 +175,11 @@ TEST(DilocoFault, ASynchronousStartInOnePlaceIsTheWarmup) {
            "--checkpoint-dir " +
            ck.string() + " --metrics " + (dir() / (name + ".jsonl")).string();
   };
-  const RunResult a = run_meshtrain(sync(one, "one-site") + " --stop-after 4");
+  const fs::path early = dir() / "one-site-stopped.safetensors";
+  const RunResult a =
+      run_meshtrain(sync(one, "one-site") + " --stop-after 4 --export " + early.string());
   ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_FALSE(fs::exists(early)) << "a run stopped early exports nothing\n" << a.output;
   EXPECT_NE(a.output.find("stopped after step 4 of 10 (--stop-after)"), std::string::npos)
       << a.output;
   EXPECT_EQ(losses("one-site").size(), 4u);
