@@ -1,5 +1,7 @@
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -18,6 +20,15 @@ namespace {
 // running are every rank's own and keep their "[rank N]" prefix.
 bool prints_input_errors() {
   return !mt::comm::started_by_mpirun() || mt::comm::mpi_env_local_rank() <= 0;
+}
+
+// A process that does not print an input error leaves the exit to the one that does: mpirun
+// ends the whole job when the first process exits non-zero, and if that were a quiet one the
+// printing process could be killed before its message reached the terminal (seen as a run
+// that fails with no error at all). The wait is bounded in case the printing process hangs.
+int exit_quietly(int code) {
+  std::this_thread::sleep_for(std::chrono::seconds(10));
+  return code;
 }
 
 std::string rank_prefix() {
@@ -55,13 +66,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    if (prints_input_errors()) app.exit(e);
+    if (!prints_input_errors()) return exit_quietly(static_cast<int>(mt::ExitCode::kBadInput));
+    app.exit(e);
     return static_cast<int>(mt::ExitCode::kBadInput);
   } catch (const mt::Error& e) {
     // A run stopped on request (a signal) says where it stopped, once (rank 0's process).
     if (e.code() == mt::ExitCode::kStopped) {
       if (*e.what()) std::fprintf(stderr, "%s\n", e.what());
-    } else if (e.code() != mt::ExitCode::kBadInput || prints_input_errors()) {
+    } else if (e.code() == mt::ExitCode::kBadInput && !prints_input_errors()) {
+      return exit_quietly(e.exit_code());
+    } else {
       std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
     }
     return e.exit_code();
