@@ -21,9 +21,10 @@ configure: setup
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The whole suite through CTest.
+# The whole suite through CTest: a test takes 2 of the 2 x JOBS + 1 slots, a multihost test
+# (mostly waiting, one at a time) the one left over (tests/CMakeLists.txt).
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	cd $(BUILD) && ctest --output-on-failure -j $$((2 * $(JOBS) + 1)) --timeout 900
 
 # Byte-level text assembled from the licence texts every Debian system ships
 # (/usr/share/common-licenses, package base-files): no download needed.
@@ -61,9 +62,9 @@ sanitize: setup
 	# returned (the world group outlives fn) is found only with it. The mpi and fault tests
 	# run mpirun, whose Open MPI leaves allocations at exit that LeakSanitizer cannot name.
 	cd build/asan && ASAN_OPTIONS=detect_stack_use_after_return=1 \
-	  ctest --output-on-failure -j $(JOBS) -L unit
+	  ctest --output-on-failure -j $$((2 * $(JOBS))) -L unit
 	cd build/asan && ASAN_OPTIONS=detect_leaks=0:detect_stack_use_after_return=1 \
-	  ctest --output-on-failure -j $(JOBS) -L "mpi|fault"
+	  ctest --output-on-failure -j $$((2 * $(JOBS))) -L "mpi|fault"
 	cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESHTRAIN_SANITIZE=thread -DMESHTRAIN_CUDA=OFF >/dev/null
 	cmake --build build/tsan -j $(JOBS)
 	# libgomp is not built with TSan: its barriers are invisible and every OpenMP region
@@ -71,7 +72,7 @@ sanitize: setup
 	# communication, overlap) to check; tests/tsan.supp names the other uninstrumented
 	# libraries (Open MPI, oneDNN).
 	cd build/tsan && OMP_THREAD_LIMIT=1 TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp history_size=7" \
-	  ctest --output-on-failure -j $(JOBS) -L unit
+	  ctest --output-on-failure -j $$((2 * $(JOBS))) -L unit
 	# Each reader of outside files under libFuzzer for FUZZ_SECONDS (clang; docs/fuzzing.md).
 	scripts/fuzz.sh all $(FUZZ_SECONDS)
 
