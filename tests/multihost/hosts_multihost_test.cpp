@@ -518,8 +518,9 @@ TEST_F(Elastic, EpIsKeptWhileDpShrinks) {
 
 // The second cut comes once the first restart has trained up to step 14. The slow job: with
 // the default one's 10 ms steps the restarted job was seen at step 15 when the cut took
-// effect, and 6 steps from the end a cut can come after the last step (the test failed 1 run
-// in ~5 on a loaded machine; its output was lost, so this is the likely cause, not a proven one).
+// effect, and 6 steps from the end a cut can come after the last step (the test failed once
+// in a serial run of the multihost label; its output was lost, so this is the likely cause,
+// not a proven one).
 TEST_F(Elastic, TwoHostsLostOneAfterTheOther) {
   run_with_faults({{kHosts + " cut", 2, 6, false}, {kHosts + " cut", 1, 14, false}}, 1, {0},
                   slow_job());
