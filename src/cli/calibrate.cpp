@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/calibrate_gpu.h"
+#include "cli/calibrate_hosts.h"
 #include "cli/commands.h"
 #include "comm/hosts.h"
 #include "comm/launch.h"
@@ -298,9 +299,10 @@ void report_and_write(plan::ClusterSpec c, const std::vector<plan::HostLink>& li
 // all-reduce inside rank 0's host (its ranks: shared memory, every host's at once) is the
 // intra-node link, the all-reduce over one rank of each host (TCP, every such group at once)
 // the inter-node link, per rank as the planner's `inter_bytes_per_s`; gpus_per_node is rank 0's
-// host's rank count, max_nodes the host count. No host_links: they would stand for both links.
+// host's rank count, max_nodes the host count, inter_curve the inter-node all-reduce by size.
+// No host_links: they would stand for both links.
 void write_hosts(plan::ClusterSpec c, const comm::HostMap& hosts, int per_host, AlphaBeta intra,
-                 AlphaBeta inter, const std::string& out_path) {
+                 AlphaBeta inter, const plan::LinkCurve& inter_curve, const std::string& out_path) {
   c.gpus_per_node = per_host;
   c.max_nodes = hosts.hosts();
   c.intra_latency_s = intra.alpha;
@@ -308,6 +310,7 @@ void write_hosts(plan::ClusterSpec c, const comm::HostMap& hosts, int per_host, 
   c.inter_latency_s = inter.alpha;
   c.inter_bytes_per_s = inter.bus_bytes_per_s;
   c.host_links.clear();
+  c.inter_curve = inter_curve;
   c.backend = "mpi";
   std::fprintf(
       stderr, "%s\n",
@@ -318,6 +321,12 @@ void write_hosts(plan::ClusterSpec c, const comm::HostMap& hosts, int per_host, 
                   per_host, intra.alpha * 1e6, intra.bus_bytes_per_s / 1e9, inter.alpha * 1e6,
                   inter.bus_bytes_per_s / 1e9)
           .c_str());
+  std::string curve;
+  for (size_t i = 0; i < c.inter_curve.bytes.size(); ++i)
+    curve += fmt::format("{}{:.0f} KiB {:.2f} ms", i ? ", " : "", c.inter_curve.bytes[i] / 1024,
+                         c.inter_curve.seconds[i] * 1e3);
+  std::fprintf(stderr, "%s\n",
+               fmt::format("all_reduce between hosts by size (median): {}", curve).c_str());
   if (const auto dir = std::filesystem::path(out_path).parent_path(); !dir.empty())
     std::filesystem::create_directories(dir);
   io::write_file(out_path, plan::to_json(c).dump(2) + "\n");
@@ -432,8 +441,8 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
             "link inside a host: give each host 2 slots or more (hostfile slots=2) and -np to "
             "match",
             hosts.hosts(), hosts.names[0]);
-      // color(r): the group of rank r, or -1 where its group would be r alone.
-      auto timed = [&](const std::function<int(int)>& color, const std::string& name) {
+      // The ranks of one color(r) in a group; nullptr where a rank's group would be itself.
+      auto split_by = [&](const std::function<int(int)>& color, const std::string& name) {
         std::vector<int> size;
         for (int r = 0; r < world.size(); ++r) {
           const int k = color(r);
@@ -441,18 +450,23 @@ void run_calibrate(const std::string& out_path, bool quick, const std::string& b
           ++size[static_cast<size_t>(k)];
         }
         const int mine = color(world.rank());
-        std::unique_ptr<comm::Group> g =
-            world.split(size[static_cast<size_t>(mine)] > 1 ? mine : -1, world.rank(), name);
+        return world.split(size[static_cast<size_t>(mine)] > 1 ? mine : -1, world.rank(), name);
+      };
+      auto timed = [&](comm::Group* g) {
         AlphaBeta ab;
         if (g) ab = allreduce_alpha_beta(*g);
         world.barrier();
         return ab;
       };
-      const AlphaBeta intra = timed(
+      const std::unique_ptr<comm::Group> intra_g = split_by(
           [&](int r) { return hosts.host_of_rank[static_cast<size_t>(r)]; }, "calibrate-intra");
-      const AlphaBeta inter =
-          timed([&](int r) { return local[static_cast<size_t>(r)]; }, "calibrate-inter");
-      if (world.rank() == 0) write_hosts(c, hosts, per_host, intra, inter, out_path);
+      const std::unique_ptr<comm::Group> inter_g =
+          split_by([&](int r) { return local[static_cast<size_t>(r)]; }, "calibrate-inter");
+      const AlphaBeta intra = timed(intra_g.get());
+      const AlphaBeta inter = timed(inter_g.get());
+      // And by size: mid-size messages over TCP take longer than α and the bandwidth say.
+      const plan::LinkCurve curve = allreduce_curve(world, inter_g.get(), quick);
+      if (world.rank() == 0) write_hosts(c, hosts, per_host, intra, inter, curve, out_path);
       return;
     }
     // MPI's all-reduce over the first k processes, k = 2, 4, ... up to -np: the others wait

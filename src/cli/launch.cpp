@@ -439,6 +439,16 @@ void Launcher::run() {
     Pending next;
     next.exit_code = rc;
     next.ran_s = ended - start;
+    // (the checkpoint, not the metrics: a step without its checkpoint would be lost)
+    const int64_t last_step = newest_checkpoint_step(o.checkpoint_dir);
+    if (growing && rc != 0 &&
+        launch::after_grow_signal(rc, last_step, o.steps) == launch::AfterGrowSignal::kDone) {
+      say(fmt::format(
+          "the job had trained its last step ({}) when the signal to grow reached it (exit {}): "
+          "the run is over",
+          last_step, rc));
+      return;
+    }
     if (growing && rc == 3) {
       next.reason = "grow";
       next.returned = returned;

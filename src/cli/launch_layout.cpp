@@ -137,6 +137,11 @@ std::optional<Choice> choose_layout(const train::TrainOptions& job, const Layout
                                               best.size(), best[0].ranks(), listed)};
 }
 
+AfterGrowSignal after_grow_signal(int exit_code, int64_t last_step, int64_t steps) {
+  if (last_step >= steps) return AfterGrowSignal::kDone;
+  return exit_code == 3 ? AfterGrowSignal::kGrow : AfterGrowSignal::kFailed;
+}
+
 StepTimeModel planner_step_time(const train::TrainOptions& job, const std::string& cluster,
                                 std::string* why) {
   plan::ClusterSpec spec;

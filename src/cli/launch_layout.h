@@ -53,6 +53,15 @@ struct Choice {
 std::optional<Choice> choose_layout(const train::TrainOptions& job, const Layout& cap, int slots,
                                     const StepTimeModel& model);
 
+// What a job that launch stopped to grow (SIGUSR1: finish the step, save, exit 3) came to.
+// A job may take the signal after its last step, when no step is left to stop after: it
+// exits 0 or, where the signal came as the process was ending, dies of it. Launch then has
+// nothing to grow into: the run is over.
+enum class AfterGrowSignal { kGrow, kDone, kFailed };
+// `exit_code`: the job's; `last_step`: the step of its newest checkpoint; `steps`: the run's
+// --steps.
+AfterGrowSignal after_grow_signal(int exit_code, int64_t last_step, int64_t steps);
+
 // The planner's step time for `job` in a layout, on the cluster preset `cluster`
 // (plan --cluster: "this-host" as `meshtrain calibrate` measured it, or a cluster file).
 // Returns an empty model (never called) when the preset cannot be read, saying why in `why`.

@@ -216,6 +216,7 @@ WorkPtr Group::submit(std::shared_ptr<OpCall> call, bool async) {
     return WorkPtr{};  // (only the blocking forms get here, and they drop the handle)
   }
   auto p = std::make_shared<Pending>();
+  call->async = async;
   p->call = std::move(call);
   p->job = ctx_->job;
   p->world_rank = ctx_->world_rank;

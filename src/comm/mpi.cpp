@@ -41,6 +41,41 @@ void check_mpi(int rc, const char* what) {
               ExitCode::kRunFailure);
 }
 
+// Polls `done` until it says true: first yielding the core, then with pauses of 20 and, after
+// about 20 ms, 200 us. On a host whose cores the ranks share (namespace hosts, or more ranks
+// than cores), a rank that polls takes the core from a rank still computing: MPI's blocking
+// calls poll (mpi_yield_when_idle only yields between polls), and on the 2-host benchmark the
+// ranks waiting for a 40 ms gradient all-reduce slowed the other host's backward by a third
+// (docs/multihost.md). Open MPI moves TCP data only inside its calls: 200 us between them
+// is 25 KB at 1 Gbit/s, which the socket buffers hold.
+template <typename Done>
+void poll_patiently(Done done) {
+  for (int i = 0; !done(); ++i) {
+    if (i < 100)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(i < 1000 ? 20 : 200));
+  }
+}
+
+// A collective its caller started async (OpCall::async: every rank alike) is started
+// nonblocking and waited for patiently on the progress thread; a blocking one is MPI's
+// blocking call (its caller waits in it or behind it: a poll answers soonest).
+template <typename Blocking, typename Start>
+void collective(const OpCall& c, Blocking blocking, Start start, const char* what) {
+  if (!c.async) {
+    check_mpi(blocking(), what);
+    return;
+  }
+  MPI_Request req;
+  check_mpi(start(&req), what);
+  poll_patiently([&] {
+    int flag = 0;
+    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+    return flag != 0;
+  });
+}
+
 int to_int(int64_t v, const char* what) {
   if (v > INT32_MAX)
     fail("{} of {} bytes is over MPI's 2 GiB count limit; split it into smaller calls", what, v);
@@ -112,19 +147,13 @@ class MpiP2pWork : public Work {
       return;
     }
     // Poll with growing pauses: an oversubscribed host needs the core back.
-    for (int i = 0;; ++i) {
+    poll_patiently([&] {
       int flag = 0;
       MPI_Status st;
       check_mpi(MPI_Test(&req_, &flag, &st), "test");
-      if (flag) {
-        complete(st);
-        break;
-      }
-      if (i < 100)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(i < 1000 ? 20 : 200));
-    }
+      if (flag) complete(st);
+      return flag != 0;
+    });
     rethrow();
   }
 
@@ -310,9 +339,17 @@ void MpiBackend::reduce_scatter_pieces(const OpCall& c, const std::vector<int64_
       rcount[i] = r == rank_ ? 0 : to_int(len * es, "reduce_scatter piece");
       rdispl[i] = to_int(r * len * es, "reduce_scatter scratch");
     }
-    check_mpi(MPI_Alltoallv(c.in, scount.data(), sdispl.data(), MPI_BYTE, buf, rcount.data(),
-                            rdispl.data(), MPI_BYTE, comm_),
-              "alltoallv");
+    collective(
+        c,
+        [&] {
+          return MPI_Alltoallv(c.in, scount.data(), sdispl.data(), MPI_BYTE, buf, rcount.data(),
+                               rdispl.data(), MPI_BYTE, comm_);
+        },
+        [&](MPI_Request* r) {
+          return MPI_Ialltoallv(c.in, scount.data(), sdispl.data(), MPI_BYTE, buf, rcount.data(),
+                                rdispl.data(), MPI_BYTE, comm_, r);
+        },
+        "alltoallv");
     for (int r = 0; r < n; ++r)
       pieces[static_cast<size_t>(r)] =
           r == rank_ ? static_cast<const char*>(c.in) + (off[static_cast<size_t>(r)] + k * seg) * es
@@ -341,11 +378,24 @@ void MpiBackend::run(OpCall& c) {
         rd[static_cast<size_t>(r)] = to_int(E * r / n * es, "all_reduce");
       }
       if (E % n == 0)  // the same on every rank: equal chunks, MPI's equal-count call
-        check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, out, rc[0], MPI_BYTE, comm_),
-                  "allgather");
+        collective(
+            c,
+            [&] { return MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, out, rc[0], MPI_BYTE, comm_); },
+            [&](MPI_Request* r) {
+              return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_BYTE, out, rc[0], MPI_BYTE, comm_, r);
+            },
+            "allgather");
       else
-        check_mpi(
-            MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
+        collective(
+            c,
+            [&] {
+              return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE,
+                                    comm_);
+            },
+            [&](MPI_Request* r) {
+              return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE,
+                                     comm_, r);
+            },
             "allgatherv");
       c.recv_bytes = c.sent_bytes = ((n - 1) * mine + (E - mine)) * es;
       break;
@@ -369,23 +419,39 @@ void MpiBackend::run(OpCall& c) {
       char* out = static_cast<char*>(c.out);
       char* own = out + rd[static_cast<size_t>(rank_)];
       if (c.equal_pieces) {
-        check_mpi(MPI_Allgather(c.in == own ? MPI_IN_PLACE : c.in, rc[0], MPI_BYTE, out, rc[0],
-                                MPI_BYTE, comm_),
-                  "allgather");
+        const void* in = c.in == own ? MPI_IN_PLACE : c.in;
+        collective(
+            c, [&] { return MPI_Allgather(in, rc[0], MPI_BYTE, out, rc[0], MPI_BYTE, comm_); },
+            [&](MPI_Request* r) {
+              return MPI_Iallgather(in, rc[0], MPI_BYTE, out, rc[0], MPI_BYTE, comm_, r);
+            },
+            "allgather");
       } else {
         if (c.in != own && c.in_elems > 0)
           std::memmove(own, c.in, static_cast<size_t>(c.in_elems * es));
-        check_mpi(
-            MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_),
+        collective(
+            c,
+            [&] {
+              return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE,
+                                    comm_);
+            },
+            [&](MPI_Request* r) {
+              return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE,
+                                     comm_, r);
+            },
             "allgatherv");
       }
       c.recv_bytes = (total - c.in_elems) * es;
       c.sent_bytes = (n - 1) * c.in_elems * es;
       break;
     }
-    case OpType::kBroadcast:
-      check_mpi(MPI_Bcast(c.out, to_int(c.in_elems * es, "broadcast"), MPI_BYTE, c.peer, comm_),
-                "bcast");
+    case OpType::kBroadcast: {
+      const int bytes = to_int(c.in_elems * es, "broadcast");
+      collective(
+          c, [&] { return MPI_Bcast(c.out, bytes, MPI_BYTE, c.peer, comm_); },
+          [&](MPI_Request* r) { return MPI_Ibcast(c.out, bytes, MPI_BYTE, c.peer, comm_, r); },
+          "bcast");
+    }
       if (rank_ == c.peer)
         c.sent_bytes = (n - 1) * c.in_elems * es;
       else
@@ -412,15 +478,30 @@ void MpiBackend::run(OpCall& c) {
         }
       }
       if (c.equal_pieces)
-        check_mpi(MPI_Alltoall(c.in, sc[0], MPI_BYTE, c.out, rc[0], MPI_BYTE, comm_), "alltoall");
+        collective(
+            c, [&] { return MPI_Alltoall(c.in, sc[0], MPI_BYTE, c.out, rc[0], MPI_BYTE, comm_); },
+            [&](MPI_Request* r) {
+              return MPI_Ialltoall(c.in, sc[0], MPI_BYTE, c.out, rc[0], MPI_BYTE, comm_, r);
+            },
+            "alltoall");
       else
-        check_mpi(MPI_Alltoallv(c.in, sc.data(), sd.data(), MPI_BYTE, c.out, rc.data(), rd.data(),
-                                MPI_BYTE, comm_),
-                  "alltoallv");
+        collective(
+            c,
+            [&] {
+              return MPI_Alltoallv(c.in, sc.data(), sd.data(), MPI_BYTE, c.out, rc.data(),
+                                   rd.data(), MPI_BYTE, comm_);
+            },
+            [&](MPI_Request* r) {
+              return MPI_Ialltoallv(c.in, sc.data(), sd.data(), MPI_BYTE, c.out, rc.data(),
+                                    rd.data(), MPI_BYTE, comm_, r);
+            },
+            "alltoallv");
       break;
     }
     case OpType::kBarrier:
-      check_mpi(MPI_Barrier(comm_), "barrier");
+      collective(
+          c, [&] { return MPI_Barrier(comm_); },
+          [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }, "barrier");
       break;
     default:
       MT_ASSERT(false);

@@ -88,6 +88,12 @@ struct OpCall {
   // point would order the op after the rank's next collectives on other groups on one
   // rank and before them on another: a cycle of waits across ranks (nccl).
   std::shared_ptr<void> cuda_ready;
+  // Started async by its caller (the same on every rank: the ranks run the same code), so
+  // it runs on the group's progress thread while the caller goes on, and the backend may
+  // wait for it patiently (comm/mpi.cpp: yielding the core instead of polling it). A
+  // blocking op queued behind an async one stays blocking: a rank with nothing queued runs
+  // it on its own thread, and MPI matches a blocking collective only with a blocking one.
+  bool async = false;
   // Filled in by the backend: bytes this rank moved, counted as the ring algorithm moves
   // them (docs/comm.md).
   int64_t sent_bytes = 0;

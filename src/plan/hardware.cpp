@@ -298,6 +298,10 @@ nlohmann::json to_json(const ClusterSpec& c) {
                       {"compute_units", c.compute_units},
                       {"backend", c.backend},
                       {"host_links", links}};
+  if (!c.inter_curve.empty())  // only when measured, as the site link
+    j["inter_curve"] = {{"ranks", c.inter_curve.ranks},
+                        {"bytes", c.inter_curve.bytes},
+                        {"seconds", c.inter_curve.seconds}};
   if (c.site_bytes_per_s > 0) {  // written only when given: older files stay as they were
     j["site_bytes_per_s"] = c.site_bytes_per_s;
     j["site_latency_s"] = c.site_latency_s;
@@ -372,6 +376,12 @@ ClusterSpec cluster_from_json(const nlohmann::json& j) {
                               h.at("latency_s").get<double>(), h.at("bytes_per_s").get<double>()});
   std::sort(c.host_links.begin(), c.host_links.end(),
             [](const HostLink& a, const HostLink& b) { return a.ranks < b.ranks; });
+  if (j.contains("inter_curve")) {
+    const auto& k = j.at("inter_curve");
+    c.inter_curve.ranks = int(count(k.at("ranks"), "inter_curve.ranks"));
+    c.inter_curve.bytes = k.at("bytes").get<std::vector<double>>();
+    c.inter_curve.seconds = k.at("seconds").get<std::vector<double>>();
+  }
   validate(c);
   return c;
 }
@@ -447,11 +457,38 @@ void validate(const ClusterSpec& c) {
   check("compute_units", c.compute_units, true, "cores shared by the ranks; 0: a GPU each");
   check("site_bytes_per_s", c.site_bytes_per_s, true, "bytes/s each way between sites; 0: none");
   check("site_latency_s", c.site_latency_s, true, "seconds per message between sites");
+  if (c.inter_curve.ranks != 0 || !c.inter_curve.bytes.empty()) {
+    const LinkCurve& k = c.inter_curve;
+    if (k.ranks < 2 || k.bytes.empty() || k.bytes.size() != k.seconds.size())
+      fail(
+          "cluster file: inter_curve needs ranks >= 2 (it is {}) and as many seconds as bytes "
+          "({} and {}), at least one of each: fix the file or rerun `meshtrain calibrate` "
+          "across the hosts",
+          k.ranks, k.seconds.size(), k.bytes.size());
+    for (size_t i = 0; i < k.bytes.size(); ++i) {
+      check("inter_curve.bytes[]", k.bytes[i], false, "bytes per rank");
+      check("inter_curve.seconds[]", k.seconds[i], false, "seconds");
+      if (i > 0 && k.bytes[i] <= k.bytes[i - 1])
+        fail(
+            "cluster file: inter_curve.bytes must ascend, but {} follows {}: fix the file or "
+            "rerun `meshtrain calibrate` across the hosts",
+            k.bytes[i], k.bytes[i - 1]);
+    }
+  }
   for (const HostLink& h : c.host_links) {
     check("host_links[].ranks", h.ranks, false, "rank count");
     check("host_links[].latency_s", h.latency_s, true, "seconds");
     check("host_links[].bytes_per_s", h.bytes_per_s, false, "all-reduce bus bandwidth, bytes/s");
   }
+}
+
+double LinkCurve::at(double b) const {
+  if (b <= bytes.front()) return seconds.front();
+  if (b >= bytes.back()) return seconds.back() * b / bytes.back();
+  size_t i = 1;
+  while (bytes[i] < b) ++i;
+  const double w = std::log(b / bytes[i - 1]) / std::log(bytes[i] / bytes[i - 1]);
+  return std::exp(std::log(seconds[i - 1]) + w * (std::log(seconds[i]) - std::log(seconds[i - 1])));
 }
 
 ClusterSpec ClusterSpec::for_job(int64_t ranks) const {

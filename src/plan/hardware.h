@@ -93,6 +93,21 @@ struct HostLink {
   double latency_s = 0, bytes_per_s = 0;  // α and bus bandwidth of the all-reduce
 };
 
+// The all-reduce's time by message size over the link between nodes, `ranks` ranks (one per
+// node) in every group at once, as `calibrate` times it across hosts: TCP is slower on
+// mid-size messages than α and the bandwidth of small and large ones give (a rendezvous
+// round trip above Open MPI's eager limit, the window's growth), so the planner reads the
+// time at the size instead (plan/planner.cpp, hier_collective).
+struct LinkCurve {
+  int ranks = 0;                // 0: none measured
+  std::vector<double> bytes;    // message size per rank, ascending
+  std::vector<double> seconds;  // the all-reduce's median time at that size
+  bool empty() const { return ranks < 2 || bytes.empty(); }
+  // The time at `b` bytes: log-log linear between the measured sizes, the smallest's time
+  // below them, proportional to the size above them (bandwidth-bound).
+  double at(double b) const;
+};
+
 struct ClusterSpec {
   std::string name;
   GpuSpec gpu;
@@ -112,6 +127,8 @@ struct ClusterSpec {
   std::string backend;
   // this-host: the all-reduce's α and bus bandwidth by the job's rank count (ascending).
   std::vector<HostLink> host_links;
+  // Hosts calibrated under mpirun: the inter-node all-reduce by size (empty: α-β only).
+  LinkCurve inter_curve;
   // The cluster as a job of `ranks` ranks sees it: with host_links, the links are those
   // measured at that rank count (linear between measured counts, the nearest beyond them);
   // on a shared host (compute_units > 0) each rank's memory is 1/ranks of the host's.

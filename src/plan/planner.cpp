@@ -45,6 +45,17 @@ double per_rank_share(const Job& j) {
 
 namespace {
 
+// The step between nodes of a hierarchical collective: α-β, or where calibrate measured the
+// link by size (ClusterSpec::inter_curve) the all-reduce's time at that size, scaled by the
+// α-β ratio to this collective's factor and node count (exact at the measured ones).
+double inter_node_time(const ClusterSpec& c, double bytes, int nodes, double factor) {
+  const double ab = ring_time(bytes, nodes, factor, c.inter_bytes_per_s, c.inter_latency_s);
+  const LinkCurve& k = c.inter_curve;
+  if (k.empty() || ab <= 0) return ab;
+  const double ref = ring_time(bytes, k.ranks, 2, c.inter_bytes_per_s, c.inter_latency_s);
+  return k.at(bytes) * ab / ref;
+}
+
 // All-reduce (factor 2) or all-gather / reduce-scatter (factor 1) of `bytes` over n ranks,
 // `per_node` of which share a node.
 double hier_collective(const Job& j, double bytes, int n, int per_node, double factor) {
@@ -58,7 +69,7 @@ double hier_collective(const Job& j, double bytes, int n, int per_node, double f
     // reduce-scatter in the node, the inter-node step on 1/per_node, all-gather in the node
     t += 2 * ring_time(bytes, per_node, factor / 2, c.intra_bytes_per_s, c.intra_latency_s);
   }
-  t += ring_time(bytes / per_node, nodes, factor, c.inter_bytes_per_s, c.inter_latency_s);
+  t += inter_node_time(c, bytes / per_node, nodes, factor);
   return t;
 }
 

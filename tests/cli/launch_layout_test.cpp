@@ -150,5 +150,18 @@ TEST(LaunchLayout, PlannerStepTime) {
   EXPECT_NE(why.find("/no/such/cluster.json"), std::string::npos) << why;
 }
 
+// Launch stopped the job to grow (SIGUSR1). Before its last step the job saves and exits 3:
+// grow; it failed otherwise. At its last step nothing is left to grow into, whatever the
+// exit: 0, 3, or killed by the signal itself as the process was ending (138, seen in
+// bench/multihost: the restart that followed trained nothing and counted as a failure).
+TEST(LaunchLayout, AJobPastItsLastStepWhenTheGrowSignalCameIsDone) {
+  EXPECT_EQ(after_grow_signal(3, 12, 30), AfterGrowSignal::kGrow);
+  EXPECT_EQ(after_grow_signal(138, 12, 30), AfterGrowSignal::kFailed);
+  EXPECT_EQ(after_grow_signal(1, 12, 30), AfterGrowSignal::kFailed);
+  EXPECT_EQ(after_grow_signal(138, 30, 30), AfterGrowSignal::kDone);
+  EXPECT_EQ(after_grow_signal(3, 30, 30), AfterGrowSignal::kDone);
+  EXPECT_EQ(after_grow_signal(0, 30, 30), AfterGrowSignal::kDone);
+}
+
 }  // namespace
 }  // namespace mt::cli::launch

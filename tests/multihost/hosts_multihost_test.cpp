@@ -115,8 +115,8 @@ std::string slurp(const std::filesystem::path& p) {
 
 // `calibrate` under mpirun over 2 hosts of 2 ranks, the link between them shaped to 100 Mbit/s
 // each way: the cluster file's nodes are the hosts (2 ranks each, 2 of them), its inter-node
-// link is the shaped TCP one and its intra-node link shared memory; `plan` then costs tp
-// across the hosts above tp inside them.
+// link is the shaped TCP one (α-β and the all-reduce by size) and its intra-node link shared
+// memory; `plan` then costs tp across the hosts above tp inside them.
 TEST_F(NamespaceHosts, CalibrateMeasuresTheLinksInsideAndBetweenHosts) {
   make_hosts(2, 2);
   if (IsSkipped()) return;
@@ -139,6 +139,19 @@ TEST_F(NamespaceHosts, CalibrateMeasuresTheLinksInsideAndBetweenHosts) {
                intra = c["intra_bytes_per_s"].get<double>();
   EXPECT_LT(inter, 12.5e6 * 1.1) << r.output;
   EXPECT_GT(intra, 10 * inter) << r.output;
+  // The link between hosts by size (--quick: 1 KiB to 1 MiB in x4 steps), over the 2 hosts.
+  // A 2-rank all-reduce sends the whole buffer each way; the shaper lets its 256 KiB burst
+  // pass at line rate (so the small sizes are not bound), the rest at 12.5 MB/s: 1 MiB takes
+  // at least 63 ms. The largest takes longer than the smallest.
+  const nlohmann::json& curve = c["inter_curve"];
+  ASSERT_TRUE(curve.is_object()) << c.dump();
+  EXPECT_EQ(curve["ranks"].get<int>(), 2);
+  const auto bytes = curve["bytes"].get<std::vector<double>>();
+  const auto secs = curve["seconds"].get<std::vector<double>>();
+  EXPECT_EQ(bytes, (std::vector<double>{1024, 4096, 16384, 65536, 262144, 1048576}));
+  ASSERT_EQ(secs.size(), bytes.size());
+  EXPECT_GE(secs.back(), (1048576 - 262144) / 12.5e6) << curve.dump();
+  EXPECT_GT(secs.back(), secs.front()) << curve.dump();
   auto predict = [&](const std::string& extra) {
     // (appended piece by piece: GCC 12's -Wrestrict misfires on "(" + std::string)
     std::string cmd = "(";
