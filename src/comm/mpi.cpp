@@ -44,10 +44,11 @@ void check_mpi(int rc, const char* what) {
 // Polls `done` until it says true: first yielding the core, then with pauses of 20 and, after
 // about 20 ms, 200 us. On a host whose cores the ranks share (namespace hosts, or more ranks
 // than cores), a rank that polls takes the core from a rank still computing: MPI's blocking
-// calls poll (mpi_yield_when_idle only yields between polls), and on the 2-host benchmark the
-// ranks waiting for a 40 ms gradient all-reduce slowed the other host's backward by a third
-// (docs/multihost.md). Open MPI moves TCP data only inside its calls: 200 us between them
-// is 25 KB at 1 Gbit/s, which the socket buffers hold.
+// calls poll (mpi_yield_when_idle only yields between polls). On the 2-host benchmark one
+// host's forward and backward took 36.5 ms a step against the other's 23 ms while the other's
+// ranks polled for their 40 ms gradient all-reduce (docs/multihost.md). Open MPI moves TCP
+// data only inside its calls: 200 us between them is 25 KB at 1 Gbit/s, which the socket
+// buffers hold.
 template <typename Done>
 void poll_patiently(Done done) {
   for (int i = 0; !done(); ++i) {
