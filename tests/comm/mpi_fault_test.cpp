@@ -66,7 +66,9 @@ TEST(MpiFault, AKilledRankEndsTheJobNonZero) {
 TEST(MpiFault, WatchdogEndsEveryProcessWithTheDiagnosis) {
   auto r = run_fault("skip");
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_LT(r.time_s, kTimeoutS + 8);  // + mpirun start and the 2 s wait for answers
+  // + mpirun start and the 2 s wait for answers; 10 (not 8): a clean-clone CI run on 2
+  // loaded cores (2026-11-28) took 10.06 s in all
+  EXPECT_LT(r.time_s, kTimeoutS + 10);
   expect_has(r.output, "comm watchdog: all_reduce #2 on world");
   expect_has(r.output, "not arrived: ranks [2]");
   expect_has(r.output, "rank 2 has no op in flight; its last op was all_reduce #1 on world");
