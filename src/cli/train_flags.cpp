@@ -69,6 +69,8 @@ const std::vector<std::string> kConfigKeys = {"model",
                                               "moe_aux_loss",
                                               "moe_balance",
                                               "moe_bias_rate",
+                                              "moe_shadow",
+                                              "moe_shadow_above",
                                               "moe_z_loss",
                                               "ep",
                                               "sites",
@@ -232,6 +234,13 @@ void TrainFlags::add_to(CLI::App& cmd) {
                  "towards the mean load");
   cmd.add_option("--moe-bias-rate", moe_bias_rate,
                  "how far --moe-balance bias moves a bias per step (default 0.001, DeepSeek-V3's)");
+  cmd.add_flag("--moe-shadow", moe_shadow,
+               "with --ep: shadow the experts of an overloaded rank (FasterMoE): their weights go "
+               "to every ep rank and each runs its own rows of them, the gradients summed back "
+               "(docs/moe.md; default: off, rows always go to the expert's rank)");
+  cmd.add_option("--moe-shadow-above", moe_shadow_above,
+                 "--moe-shadow acts while the busiest ep rank's rows exceed this multiple of the "
+                 "mean (default 1.1)");
   const train::OuterOptions od;
   cmd.add_option("--sites", sites,
                  "DiLoCo: split --dp into S sites that each take --outer-every inner steps on "
@@ -344,6 +353,8 @@ void TrainFlags::apply_to(train::TrainOptions& o, const nlohmann::json& j) const
           balance);
     o.moe.balance_bias = balance == "bias";
     take_config(j, "moe_bias_rate", o.moe.bias_rate, moe_bias_rate);
+    take_config(j, "moe_shadow", o.moe.shadow, moe_shadow);
+    take_config(j, "moe_shadow_above", o.moe.shadow_above, moe_shadow_above);
     take_config(j, "moe_z_loss", o.moe.z_loss, moe_z_loss);
     take_config(j, "sites", o.outer.sites, sites);
     take_config(j, "outer_every", o.outer.every, outer_every);

@@ -22,6 +22,8 @@ struct TrainFlags {
   std::optional<double> bucket_mb, comm_timeout;
   std::optional<double> moe_capacity_factor, moe_aux_loss, moe_z_loss, moe_bias_rate;
   std::optional<std::string> moe_balance;  // none, bias
+  std::optional<bool> moe_shadow;
+  std::optional<double> moe_shadow_above;
   std::optional<int> dp, zero, tp, cp, ep, skip_nonfinite;
   std::optional<std::string> cp_comm;  // --cp-comm all-gather
   std::optional<std::string> backend, mesh_order, recompute;

@@ -134,6 +134,18 @@ void MoeLayer::experts_forward(const std::vector<int64_t>& rows_of, const float*
   }
 }
 
+void MoeLayer::mlp_backward(float* dy_dx, const float* x, const float* h, const float* act,
+                            int64_t rows, const float* w1, const bf16* w1b, float* dw1, float* db1,
+                            const float* w2, const bf16* w2b, float* dw2, float* db2,
+                            MoeScratch& s) const {
+  const int64_t C = c, FC = fc();
+  gemm_backward(mp, s.dact.f32(), dw2, db2, dy_dx, act, w2, w2b, rows, f, C);
+  activation_backward(mlp, s.dh.f32(), h, s.dact.f32(), rows, f);
+  gemm_backward(mp, nullptr, dw1, db1, s.dh.f32(), x, nullptr, w1b, rows, C, FC);
+  // The rows of d(y) were read above: d(x) takes their place.
+  gemm_backward(mp, dy_dx, nullptr, nullptr, s.dh.f32(), nullptr, w1, w1b, rows, C, FC);
+}
+
 void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of, float* dy_dx, const float* x,
                                 const float* h, const float* act, MoeScratch& s) const {
   const int64_t C = c, FC = fc();
@@ -142,20 +154,181 @@ void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of, float* dy_d
     const int64_t rows = rows_of[e];
     if (rows > 0) {
       const int64_t le = static_cast<int64_t>(e), w1 = le * FC * C, w2 = le * C * f;
-      gemm_backward(mp, s.dact.f32(), w_out->grad.f32() + w2,
-                    b_out ? b_out->grad.f32() + le * C : nullptr, dy_dx + row0 * C, act + row0 * f,
-                    mp ? nullptr : w_out->value.f32() + w2,
-                    mp ? w_out->value_bf16.bf16p() + w2 : nullptr, rows, f, C);
-      activation_backward(mlp, s.dh.f32(), h + row0 * FC, s.dact.f32(), rows, f);
-      gemm_backward(mp, nullptr, w_in->grad.f32() + w1, b_in ? b_in->grad.f32() + le * FC : nullptr,
-                    s.dh.f32(), x + row0 * C, nullptr, mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
-                    rows, C, FC);
-      // This expert's rows of d(y) were read above: d(x) takes their place.
-      gemm_backward(mp, dy_dx + row0 * C, nullptr, nullptr, s.dh.f32(), nullptr,
-                    mp ? nullptr : w_in->value.f32() + w1,
-                    mp ? w_in->value_bf16.bf16p() + w1 : nullptr, rows, C, FC);
+      mlp_backward(dy_dx + row0 * C, x + row0 * C, h + row0 * FC, act + row0 * f, rows,
+                   mp ? nullptr : w_in->value.f32() + w1,
+                   mp ? w_in->value_bf16.bf16p() + w1 : nullptr, w_in->grad.f32() + w1,
+                   b_in ? b_in->grad.f32() + le * FC : nullptr,
+                   mp ? nullptr : w_out->value.f32() + w2,
+                   mp ? w_out->value_bf16.bf16p() + w2 : nullptr, w_out->grad.f32() + w2,
+                   b_out ? b_out->grad.f32() + le * C : nullptr, s);
     }
     row0 += rows;
+  }
+}
+
+namespace {
+// --moe-shadow: the rows of the experts that still travel (not shadowed), each expert's
+// block of the expert-sorted rows, packed one after another (pack) or put back (unpack).
+void travelling_rows(const std::vector<int64_t>& counts, const std::vector<uint8_t>& shadowed,
+                     float* sorted, float* packed, int64_t width, bool pack) {
+  int64_t at = 0, to = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const size_t bytes = static_cast<size_t>(counts[e] * width) * sizeof(float);
+    if (!shadowed[e] && bytes > 0) {
+      if (pack)
+        std::memcpy(packed + to * width, sorted + at * width, bytes);
+      else
+        std::memcpy(sorted + at * width, packed + to * width, bytes);
+      to += counts[e];
+    }
+    at += counts[e];
+  }
+}
+
+// Elements each ep rank holds of the shadowed experts (`per` each): owner r's experts
+// [r·El, (r+1)·El).
+std::vector<int64_t> shadow_counts(const std::vector<uint8_t>& shadowed, int ranks, int64_t per) {
+  const int64_t El = static_cast<int64_t>(shadowed.size()) / ranks;
+  std::vector<int64_t> n(static_cast<size_t>(ranks), 0);
+  for (size_t e = 0; e < shadowed.size(); ++e)
+    if (shadowed[e]) n[e / static_cast<size_t>(El)] += per;
+  return n;
+}
+
+Tensor grown(Tensor& t, const Shape& shape, DType dtype, mem::Category c) {
+  if (!t.defined()) t = Tensor::empty(shape, dtype, c);
+  return t;
+}
+}  // namespace
+
+void MoeLayer::shadow_buffers(MoeActivations& a, MoeScratch& s) const {
+  // Allocated at the first forward with --moe-shadow, shadows or not, so that a step after
+  // the first allocates nothing.
+  const int64_t El = local_experts(), FC = fc(), Wm = shadow_matrix_elems(),
+                Wb = shadow_bias_elems(), rows_max = a.ys.shape()[0];
+  const DType wt = mp ? DType::kBF16 : DType::kF32;
+  grown(a.shadow_w, {El, Wm}, wt, mem::Category::kActivations);
+  grown(s.shadow_pack, {El, Wm}, wt, mem::Category::kWorkspace);
+  if (Wb > 0) {
+    grown(a.shadow_b, {El, Wb}, DType::kF32, mem::Category::kActivations);
+    grown(s.shadow_pack_b, {El, Wb}, DType::kF32, mem::Category::kWorkspace);
+  }
+  grown(s.shadow_dw, {El, Wm + Wb}, DType::kF32, mem::Category::kWorkspace);
+  grown(s.shadow_sum, {El, Wm + Wb}, DType::kF32, mem::Category::kWorkspace);
+  // The shadowed rows' h and act go after the received rows' in h and act when top_k <=
+  // E/ep: a source then sends a rank at most n·k rows, so the received rows and this rank's
+  // own shadowed ones number at most ep·n·k, what h holds. Else in buffers of their own.
+  if (top_k > El) {
+    grown(a.shadow_h, {rows_max, FC}, DType::kF32, mem::Category::kActivations);
+    grown(a.shadow_act, {rows_max, f}, DType::kF32, mem::Category::kActivations);
+  }
+}
+
+void MoeLayer::shadow_forward(MoeActivations& a, const float* xs, MoeScratch& s) const {
+  const int64_t El = local_experts(), C = c, FC = fc(), Wm = shadow_matrix_elems(),
+                Wb = shadow_bias_elems();
+  const DType wt = mp ? DType::kBF16 : DType::kF32;
+  a.shadow_row0 = top_k <= El ? a.exchange.received : -1;
+  float* sh_h = a.shadow_row0 >= 0 ? a.h.f32() + a.shadow_row0 * FC : a.shadow_h.f32();
+  float* sh_act = a.shadow_row0 >= 0 ? a.act.f32() + a.shadow_row0 * f : a.shadow_act.f32();
+  // This rank's own shadowed experts, packed: [w_in | w_out] each (and [b_in | b_out]).
+  const size_t wbytes = static_cast<size_t>(dtype_bytes(wt));
+  int64_t mine = 0;
+  for (int64_t le = 0; le < El; ++le) {
+    if (!a.shadowed[static_cast<size_t>(ep.rank * El + le)]) continue;
+    char* to = static_cast<char*>(s.shadow_pack.raw()) + static_cast<size_t>(mine * Wm) * wbytes;
+    const char* w1 = mp ? reinterpret_cast<const char*>(w_in->value_bf16.bf16p())
+                        : reinterpret_cast<const char*>(w_in->value.f32());
+    const char* w2 = mp ? reinterpret_cast<const char*>(w_out->value_bf16.bf16p())
+                        : reinterpret_cast<const char*>(w_out->value.f32());
+    std::memcpy(to, w1 + static_cast<size_t>(le * FC * C) * wbytes,
+                static_cast<size_t>(FC * C) * wbytes);
+    std::memcpy(to + static_cast<size_t>(FC * C) * wbytes,
+                w2 + static_cast<size_t>(le * C * f) * wbytes, static_cast<size_t>(C * f) * wbytes);
+    if (Wb > 0) {
+      float* b = s.shadow_pack_b.f32() + mine * Wb;
+      if (b_in) std::memcpy(b, b_in->value.f32() + le * FC, static_cast<size_t>(FC) * sizeof(float));
+      if (b_out)
+        std::memcpy(b + (b_in ? FC : 0), b_out->value.f32() + le * C,
+                    static_cast<size_t>(C) * sizeof(float));
+    }
+    ++mine;
+  }
+  ep.group->all_gather(comm::Buf(s.shadow_pack.raw(), mine * Wm, wt),
+                       comm::Buf(a.shadow_w.raw(), a.shadows * Wm, wt),
+                       shadow_counts(a.shadowed, ep.size, Wm));
+  if (Wb > 0)
+    ep.group->all_gather(comm::Buf(s.shadow_pack_b.f32(), mine * Wb),
+                         comm::Buf(a.shadow_b.f32(), a.shadows * Wb),
+                         shadow_counts(a.shadowed, ep.size, Wb));
+  // This rank's rows of each shadowed expert, in place in the expert-sorted order.
+  int64_t at = 0, kept = 0, slot = 0;
+  for (size_t e = 0; e < a.counts.size(); ++e) {
+    const int64_t rows = a.counts[e];
+    if (a.shadowed[e]) {
+      const char* w = static_cast<const char*>(a.shadow_w.raw()) + static_cast<size_t>(slot * Wm) * wbytes;
+      const float* b = Wb > 0 ? a.shadow_b.f32() + slot * Wb : nullptr;
+      if (rows > 0)
+        mlp_forward(sh_h + kept * FC, sh_act + kept * f, a.ys.f32() + at * C,
+                    xs + at * C, rows, mp ? nullptr : reinterpret_cast<const float*>(w),
+                    mp ? reinterpret_cast<const bf16*>(w) : nullptr, b_in ? b : nullptr,
+                    mp ? nullptr : reinterpret_cast<const float*>(w) + FC * C,
+                    mp ? reinterpret_cast<const bf16*>(w) + FC * C : nullptr,
+                    b_out ? b + (b_in ? FC : 0) : nullptr, f);
+      kept += rows;
+      ++slot;
+    }
+    at += rows;
+  }
+}
+
+void MoeLayer::shadow_backward(const MoeActivations& a, float* dys, const float* x,
+                               const Routing& r, MoeScratch& s) const {
+  const int64_t El = local_experts(), C = c, FC = fc(), Wm = shadow_matrix_elems(),
+                Wb = shadow_bias_elems(), Wg = Wm + Wb, k = top_k;
+  const DType wt = mp ? DType::kBF16 : DType::kF32;
+  const size_t wbytes = static_cast<size_t>(dtype_bytes(wt));
+  float* dw = s.shadow_dw.f32();
+  const float* sh_h = a.shadow_row0 >= 0 ? a.h.f32() + a.shadow_row0 * FC : a.shadow_h.f32();
+  const float* sh_act = a.shadow_row0 >= 0 ? a.act.f32() + a.shadow_row0 * f : a.shadow_act.f32();
+  std::memset(dw, 0, static_cast<size_t>(a.shadows * Wg) * sizeof(float));
+  float* xs = s.xs.f32();
+  int64_t at = 0, kept = 0, slot = 0;
+  for (size_t e = 0; e < a.counts.size(); ++e) {
+    const int64_t rows = a.counts[e];
+    if (a.shadowed[e]) {
+      for (int64_t row = at; row < at + rows; ++row)  // the inputs, gathered again
+        std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
+      const char* w = static_cast<const char*>(a.shadow_w.raw()) + static_cast<size_t>(slot * Wm) * wbytes;
+      float* g = dw + slot * Wg;
+      if (rows > 0)
+        mlp_backward(dys + at * C, xs + at * C, sh_h + kept * FC, sh_act + kept * f, rows,
+                     mp ? nullptr : reinterpret_cast<const float*>(w),
+                     mp ? reinterpret_cast<const bf16*>(w) : nullptr, g, b_in ? g + Wm : nullptr,
+                     mp ? nullptr : reinterpret_cast<const float*>(w) + FC * C,
+                     mp ? reinterpret_cast<const bf16*>(w) + FC * C : nullptr, g + FC * C,
+                     b_out ? g + Wm + (b_in ? FC : 0) : nullptr, s);
+      kept += rows;
+      ++slot;
+    }
+    at += rows;
+  }
+  // Every rank's gradients of each shadowed expert, summed at its owner (in rank order).
+  const std::vector<int64_t> counts = shadow_counts(a.shadowed, ep.size, Wg);
+  const int64_t mine = counts[static_cast<size_t>(ep.rank)] / Wg;
+  ep.group->reduce_scatter(comm::Buf(dw, a.shadows * Wg), comm::Buf(s.shadow_sum.f32(), mine * Wg),
+                           counts);
+  const float* sum = s.shadow_sum.f32();
+  for (int64_t le = 0; le < El; ++le) {
+    if (!a.shadowed[static_cast<size_t>(ep.rank * El + le)]) continue;
+    kernels::add(w_in->grad.f32() + le * FC * C, w_in->grad.f32() + le * FC * C, sum, FC * C);
+    kernels::add(w_out->grad.f32() + le * C * f, w_out->grad.f32() + le * C * f, sum + FC * C,
+                 C * f);
+    if (b_in) kernels::add(b_in->grad.f32() + le * FC, b_in->grad.f32() + le * FC, sum + Wm, FC);
+    if (b_out)
+      kernels::add(b_out->grad.f32() + le * C, b_out->grad.f32() + le * C,
+                   sum + Wm + (b_in ? FC : 0), C);
+    sum += Wg;
   }
 }
 
@@ -282,12 +455,30 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
   } else {
     // Dispatch this rank's rows to their experts' ranks, run the local experts on what
     // arrived, and return the outputs (parallel/expert.h).
+    // With --moe-shadow the shadowed experts' rows stay here (parallel/expert.h).
     parallel::ep::Exchange& xg = a.exchange;
     {
       profile::Scope p("moe.dispatch");
-      xg = parallel::ep::plan_exchange(ep, a.counts, experts);
-      parallel::ep::exchange_rows(ep, xg, xs, s.xr.f32(), C, false);
+      a.shadows = 0;
+      if (options && options->shadow) {
+        shadow_buffers(a, s);
+        xg = parallel::ep::plan_exchange_shadowed(ep, a.counts, experts, options->shadow_above,
+                                                  a.shadowed);
+        for (const uint8_t on : a.shadowed) a.shadows += on;
+      } else {
+        xg = parallel::ep::plan_exchange(ep, a.counts, experts);
+      }
+      const float* send = xs;
+      if (a.shadows > 0) {  // the travelling rows packed (dys is free in forward)
+        travelling_rows(a.counts, a.shadowed, xs, s.dys.f32(), C, true);
+        send = s.dys.f32();
+      }
+      parallel::ep::exchange_rows(ep, xg, send, s.xr.f32(), C, false);
       parallel::ep::to_expert_major(xg, s.xr.f32(), a.xe.f32(), C);
+    }
+    if (a.shadows > 0) {
+      profile::Scope p("moe.shadow");
+      shadow_forward(a, xs, s);
     }
     {
       profile::Scope p("moe.experts");
@@ -295,7 +486,12 @@ void MoeLayer::forward(MoeActivations& a, float* y, const float* x, int64_t n,
     }
     profile::Scope p("moe.combine.exchange");
     parallel::ep::to_source_major(xg, s.ye.f32(), s.xr.f32(), C);
-    parallel::ep::exchange_rows(ep, xg, s.xr.f32(), a.ys.f32(), C, true);
+    if (a.shadows > 0) {
+      parallel::ep::exchange_rows(ep, xg, s.xr.f32(), s.dys.f32(), C, true);
+      travelling_rows(a.counts, a.shadowed, a.ys.f32(), s.dys.f32(), C, false);
+    } else {
+      parallel::ep::exchange_rows(ep, xg, s.xr.f32(), a.ys.f32(), C, true);
+    }
   }
   {
     profile::Scope p("moe.combine");
@@ -362,18 +558,31 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
     experts_backward(a.counts, dys, xs, a.h.f32(), a.act.f32(), s);
   } else {
     const parallel::ep::Exchange& xg = a.exchange;
+    const bool shadows = a.shadows > 0;
     {
       profile::Scope p("moe.combine.exchange.bwd");
-      parallel::ep::exchange_rows(ep, xg, dys, s.xr.f32(), C, false);
+      const float* send = dys;
+      if (shadows) {  // the travelling rows packed (xs is free in backward with ep)
+        travelling_rows(a.counts, a.shadowed, dys, s.xs.f32(), C, true);
+        send = s.xs.f32();
+      }
+      parallel::ep::exchange_rows(ep, xg, send, s.xr.f32(), C, false);
       parallel::ep::to_expert_major(xg, s.xr.f32(), s.ye.f32(), C);
     }
     {
       profile::Scope p("moe.experts.bwd");
       experts_backward(xg.expert_rows, s.ye.f32(), a.xe.f32(), a.h.f32(), a.act.f32(), s);
     }
-    profile::Scope p("moe.dispatch.bwd");
-    parallel::ep::to_source_major(xg, s.ye.f32(), s.xr.f32(), C);
-    parallel::ep::exchange_rows(ep, xg, s.xr.f32(), dys, C, true);
+    {
+      profile::Scope p("moe.dispatch.bwd");
+      parallel::ep::to_source_major(xg, s.ye.f32(), s.xr.f32(), C);
+      parallel::ep::exchange_rows(ep, xg, s.xr.f32(), shadows ? s.xs.f32() : dys, C, true);
+      if (shadows) travelling_rows(a.counts, a.shadowed, dys, s.xs.f32(), C, false);
+    }
+    if (shadows) {
+      profile::Scope p("moe.shadow.bwd");
+      shadow_backward(a, dys, x, r, s);
+    }
   }
   {
     profile::Scope p("moe.router.bwd");
@@ -417,6 +626,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int64_t n,
     stats->aux += a.losses.aux;
     stats->z += a.losses.z;
     stats->microbatches += 1;
+    stats->shadowed += static_cast<double>(a.shadows);
   }
 }
 

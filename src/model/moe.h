@@ -34,6 +34,11 @@ struct MoeOptions {
   // by bias_rate towards balance (+rate for an expert below the mean load, -rate above).
   bool balance_bias = false;
   double bias_rate = 1e-3;  // γ (DeepSeek-V3: 0.001)
+  // --moe-shadow: with ep, the experts of an overloaded rank are shadowed (their weights sent
+  // to every ep rank, the rows computed where they are; parallel/expert.h) while the
+  // heaviest rank's rows exceed shadow_above x the mean (--moe-shadow-above).
+  bool shadow = false;
+  double shadow_above = 1.1;
 };
 
 // One MoE layer's counters, summed over the microbatches whose backward ran since the last
@@ -45,9 +50,10 @@ struct MoeStats {
   double assignments = 0, dropped = 0;
   double aux = 0, z = 0;  // sums of BalanceLosses over microbatches
   double microbatches = 0;
+  double shadowed = 0;  // experts shadowed (--moe-shadow), summed over microbatches
   void reset(int64_t experts) {
     routed.assign(static_cast<size_t>(experts), 0.0);
-    assignments = dropped = aux = z = microbatches = 0;
+    assignments = dropped = aux = z = microbatches = shadowed = 0;
   }
 };
 
@@ -75,6 +81,18 @@ struct MoeActivations {
   // microbatch's gathered choices (cp_capacity), routed with as given.
   std::vector<int32_t> cp_expert;
   std::vector<uint8_t> cp_dropped;
+  // --moe-shadow (parallel/expert.h): which experts this microbatch shadowed ([E], empty:
+  // none), their weights gathered from their owners (the GEMM's dtype, expert order: the
+  // matrices, then the f32 biases), and this rank's rows of them through their MLP (kept for
+  // backward; allocated on the first shadow).
+  std::vector<uint8_t> shadowed;
+  int64_t shadows = 0;
+  Tensor shadow_w, shadow_b;       // [E/ep, FC·C + C·F], [E/ep, FC + C] (with biases)
+  // Where this rank's shadowed rows' h and act are: from row shadow_row0 of h and act (after
+  // the received rows), or -1: in shadow_h and shadow_act ([n·k, FC], [n·k, F]; only where
+  // they do not fit, top_k > E/ep).
+  int64_t shadow_row0 = -1;
+  Tensor shadow_h, shadow_act;
 };
 
 // Scratch shared by the MoE layers of a rank.
@@ -90,6 +108,9 @@ struct MoeScratch {
   // ep: [R, C] rows in source-major order (what the all-to-alls move), and [R, C] the
   // experts' outputs (expert-major), then their output and input gradients.
   Tensor xr, ye;
+  // --moe-shadow: this rank's own shadowed weights packed to send, and the shadowed experts'
+  // weight gradients (this rank's rows') and their sums at the owner (allocated on use).
+  Tensor shadow_pack, shadow_pack_b, shadow_dw, shadow_sum;
 };
 
 struct MoeLayer {
@@ -146,6 +167,20 @@ struct MoeLayer {
   void mlp_forward(float* h, float* act, float* y, const float* x, int64_t rows, const float* w1,
                    const bf16* w1b, const float* b1, const float* w2, const bf16* w2b,
                    const float* b2, int64_t width) const;
+  // One expert's rows back through its MLP: dy_dx holds d(y) in and d(x) out; dw1, db1, dw2,
+  // db2 added to (a bias gradient may be null).
+  void mlp_backward(float* dy_dx, const float* x, const float* h, const float* act, int64_t rows,
+                    const float* w1, const bf16* w1b, float* dw1, float* db1, const float* w2,
+                    const bf16* w2b, float* dw2, float* db2, MoeScratch& s) const;
+  // --moe-shadow: gathers the shadowed experts' weights from their owners and runs this
+  // rank's rows of them (xs, expert-sorted) into a.ys; backward: their gradients through
+  // those rows (dys in place, x the layer's input), summed at the owners.
+  int64_t shadow_matrix_elems() const { return fc() * c + c * f; }
+  int64_t shadow_bias_elems() const { return (b_in ? fc() : 0) + (b_out ? c : 0); }
+  void shadow_buffers(MoeActivations& a, MoeScratch& s) const;
+  void shadow_forward(MoeActivations& a, const float* xs, MoeScratch& s) const;
+  void shadow_backward(const MoeActivations& a, float* dys, const float* x, const Routing& r,
+                       MoeScratch& s) const;
 };
 
 }  // namespace mt::model

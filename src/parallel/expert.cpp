@@ -38,6 +38,83 @@ Exchange plan_exchange(const EpContext& ep, const std::vector<int64_t>& counts, 
   return x;
 }
 
+std::vector<uint8_t> choose_shadows(const std::vector<int64_t>& all, int ranks, int64_t experts,
+                                    double above) {
+  const int64_t El = experts / ranks;
+  const auto rows = [&](int s, int64_t e) {
+    return all[static_cast<size_t>(s) * static_cast<size_t>(experts) + static_cast<size_t>(e)];
+  };
+  std::vector<uint8_t> shadowed(static_cast<size_t>(experts), 0);
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  int64_t total = 0;
+  for (int s = 0; s < ranks; ++s)
+    for (int64_t e = 0; e < experts; ++e) {
+      load[static_cast<size_t>(e / El)] += rows(s, e);
+      total += rows(s, e);
+    }
+  const double mean = static_cast<double>(total) / ranks;
+  for (int64_t chosen = 0; chosen < El; ++chosen) {
+    const int heavy = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+    const int64_t peak = load[static_cast<size_t>(heavy)];
+    if (total == 0 || static_cast<double>(peak) <= above * mean) break;
+    int64_t best = -1, best_foreign = 0;  // the heavy rank's expert with the most foreign rows
+    for (int64_t e = heavy * El; e < (heavy + 1) * El; ++e) {
+      if (shadowed[static_cast<size_t>(e)]) continue;
+      int64_t foreign = 0;
+      for (int s = 0; s < ranks; ++s)
+        if (s != heavy) foreign += rows(s, e);
+      if (foreign > best_foreign) best = e, best_foreign = foreign;
+    }
+    if (best < 0) break;
+    std::vector<int64_t> after = load;  // the owner keeps its own rows; the others take theirs
+    after[static_cast<size_t>(heavy)] -= best_foreign;
+    for (int s = 0; s < ranks; ++s)
+      if (s != heavy) after[static_cast<size_t>(s)] += rows(s, best);
+    if (*std::max_element(after.begin(), after.end()) >= peak) break;
+    shadowed[static_cast<size_t>(best)] = 1;
+    load = after;
+  }
+  return shadowed;
+}
+
+Exchange plan_exchange_shadowed(const EpContext& ep, const std::vector<int64_t>& counts,
+                                int64_t experts, double above, std::vector<uint8_t>& shadowed) {
+  const int n = ep.size;
+  if (experts % n != 0)
+    fail("{} experts do not split over {} expert-parallel ranks (use an --ep that divides {})",
+         experts, n, experts);
+  std::vector<int32_t> mine(static_cast<size_t>(experts)), gathered(mine.size() * n);
+  for (int64_t e = 0; e < experts; ++e)
+    mine[static_cast<size_t>(e)] = static_cast<int32_t>(counts[static_cast<size_t>(e)]);
+  ep.group->all_gather(comm::Buf(mine.data(), experts, DType::kI32),
+                       comm::Buf(gathered.data(), experts * n, DType::kI32));
+  const std::vector<int64_t> all(gathered.begin(), gathered.end());
+  shadowed = choose_shadows(all, n, experts, above);
+  Exchange x;
+  x.ranks = n;
+  x.local_experts = experts / n;
+  const int64_t El = x.local_experts;
+  const auto travels = [&](int s, int64_t e) {
+    return shadowed[static_cast<size_t>(e)]
+               ? 0
+               : all[static_cast<size_t>(s) * static_cast<size_t>(experts) + static_cast<size_t>(e)];
+  };
+  x.send_rows.assign(static_cast<size_t>(n), 0);
+  for (int64_t e = 0; e < experts; ++e) x.send_rows[static_cast<size_t>(e / El)] += travels(ep.rank, e);
+  x.table.assign(static_cast<size_t>(n * El), 0);
+  x.recv_rows.assign(static_cast<size_t>(n), 0);
+  x.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int s = 0; s < n; ++s)
+    for (int64_t le = 0; le < El; ++le) {
+      const int64_t c = travels(s, ep.rank * El + le);
+      x.table[static_cast<size_t>(s * El + le)] = c;
+      x.recv_rows[static_cast<size_t>(s)] += c;
+      x.expert_rows[static_cast<size_t>(le)] += c;
+      x.received += c;
+    }
+  return x;
+}
+
 int64_t max_received_rows(int ranks, int64_t n, int64_t top_k, int64_t experts, int64_t capacity) {
   const int64_t El = experts / ranks;
   const int64_t dropless = ranks * n * std::min(top_k, El);

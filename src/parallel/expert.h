@@ -45,6 +45,27 @@ struct Exchange {
 // in expert order (what route() counted). Exchanges the per-expert counts.
 Exchange plan_exchange(const EpContext& ep, const std::vector<int64_t>& counts, int64_t experts);
 
+// Shadow experts (FasterMoE, He et al., PPoPP 2022), --moe-shadow: when the routing piles
+// rows onto the experts of one rank, that rank's experts run while the others wait. A
+// shadowed expert's weights go to every ep rank instead (one all_gather), each rank runs its
+// own rows of it, and the weight gradients come back to the owner summed (one
+// reduce_scatter): its rows never travel and its work is split by where the tokens are.
+//
+// Which experts, from every rank's kept rows per expert `all` ([ep][E], the same on every
+// rank, so every rank chooses alike): a rank's load is the rows it computes (its
+// unshadowed experts' rows from every rank, plus its own rows of every shadowed expert).
+// While the heaviest rank's load is above `above` x the mean, shadow its unshadowed expert
+// with the most rows from other ranks, if that lowers the heaviest load; at most E/ep
+// experts (a rank holds at most E/ep foreign copies). Returns [E], 1 for shadowed.
+std::vector<uint8_t> choose_shadows(const std::vector<int64_t>& all, int ranks, int64_t experts,
+                                    double above);
+
+// Collective: gathers every rank's kept rows per expert (`counts`, [E]), chooses the shadows
+// (choose_shadows) into `shadowed`, and plans the exchange of the rows that still travel
+// (a shadowed expert's rows counted as 0: they stay where they are).
+Exchange plan_exchange_shadowed(const EpContext& ep, const std::vector<int64_t>& counts,
+                                int64_t experts, double above, std::vector<uint8_t>& shadowed);
+
 // The most rows a rank can receive in one layer for n local tokens, top_k each, with
 // per-expert capacity `capacity` (0: dropless): a token sends at most min(k, E/ep) rows to
 // one rank, and a capacity bounds each expert's rows from each source.

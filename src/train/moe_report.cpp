@@ -10,7 +10,7 @@
 namespace mt::train {
 
 namespace {
-constexpr int64_t kFields = 5;  // assignments, dropped, aux, z, microbatches (after E counts)
+constexpr int64_t kFields = kMoeCounterFields;
 }
 
 std::vector<float> moe_counters(const model::Gpt& gpt, bool counted) {
@@ -33,6 +33,7 @@ std::vector<float> moe_counters(const model::Gpt& gpt, bool counted) {
     out[E + 2] = static_cast<float>(s.aux);
     out[E + 3] = static_cast<float>(s.z);
     out[E + 4] = static_cast<float>(s.microbatches);
+    out[E + 5] = static_cast<float>(s.shadowed);
   }
   return v;
 }
@@ -81,6 +82,8 @@ MoeReport summarise_moe(const std::vector<float>& summed, const model::GptConfig
     const double mbs = v[E + 4];
     L.aux = mbs > 0 ? v[E + 2] / mbs : 0;
     L.z = mbs > 0 ? v[E + 3] / mbs : 0;
+    L.shadowed = mbs > 0 ? v[E + 5] / mbs : 0;  // every ep rank counts each microbatch's alike
+    r.shadowed += L.shadowed;
     r.aux_loss += o.aux_loss * L.aux;
     r.z_loss += o.z_loss * L.z;
     r.worst_cv = std::max(r.worst_cv, L.cv);
@@ -102,11 +105,13 @@ nlohmann::json moe_json(const MoeReport& r) {
                       {"cv", L.cv},
                       {"dropped", L.dropped},
                       {"aux", L.aux},
-                      {"z", L.z}});
+                      {"z", L.z},
+                      {"shadowed", L.shadowed}});
   return {{"aux_loss", r.aux_loss},
           {"z_loss", r.z_loss},
           {"worst_cv", r.worst_cv},
           {"dropped", r.dropped},
+          {"shadowed", r.shadowed},
           {"layers", layers}};
 }
 
@@ -114,8 +119,10 @@ std::string moe_progress(const MoeReport& r) {
   double aux = 0;
   for (const MoeLayerReport& L : r.layers) aux += L.aux;
   if (!r.layers.empty()) aux /= static_cast<double>(r.layers.size());
-  return fmt::format(" | moe cv {:.2f} drop {:.1f}% balance {:.3f}", r.worst_cv, 100 * r.dropped,
-                     aux);
+  std::string line = fmt::format(" | moe cv {:.2f} drop {:.1f}% balance {:.3f}", r.worst_cv,
+                                 100 * r.dropped, aux);
+  if (r.shadowed > 0) line += fmt::format(" shadow {:.1f}", r.shadowed);
+  return line;
 }
 
 }  // namespace mt::train

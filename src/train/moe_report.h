@@ -18,17 +18,23 @@ namespace mt::train {
 // other tp ranks, which hold the same numbers), it is the job's.
 std::vector<float> moe_counters(const model::Gpt& gpt, bool counted);
 
+// moe_counters' row per MoE layer: the E expert loads, then this many fields (assignments,
+// dropped, aux, z, microbatches, experts shadowed).
+constexpr int64_t kMoeCounterFields = 6;
+
 struct MoeLayerReport {
   int layer = 0;
   double tokens_min = 0, tokens_max = 0, cv = 0;  // over experts
   double dropped = 0;                             // share of the assignments
   double aux = 0, z = 0;                          // balancing losses, means over microbatches
+  double shadowed = 0;  // experts shadowed per microbatch (--moe-shadow), mean
   std::vector<double> tokens;                     // routed to each expert (the job's sum)
 };
 struct MoeReport {
   std::vector<MoeLayerReport> layers;
   double aux_loss = 0, z_loss = 0;  // with their coefficients, summed over layers
   double worst_cv = 0, dropped = 0;
+  double shadowed = 0;  // experts shadowed per microbatch, summed over layers
 };
 MoeReport summarise_moe(const std::vector<float>& summed, const model::GptConfig& c,
                         const model::MoeOptions& o);

@@ -430,6 +430,7 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     r.pp_bytes = static_cast<double>(job[2]);
     r.cp_bytes = static_cast<double>(job[3]);
     r.ep_bytes = static_cast<double>(job[4]);
+    if (moe) r.moe_shadowed = moe->shadowed;
     r.outer_bytes = static_cast<double>(job[6]);
     r.outer_step = outer_step;
     if (P > 1)

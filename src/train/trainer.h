@@ -148,6 +148,7 @@ struct StepRecord {
   bool skipped = false;     // the loss or gradient norm was not finite: no update
   double outer_bytes = 0;   // --sites: DiLoCo's outer exchange, over the cross-site groups
   bool outer_step = false;  // --sites: the step ended with an outer step
+  double moe_shadowed = 0;  // --moe-shadow: experts shadowed per microbatch, summed over layers
 };
 
 // What each rank saw (the local backend fills every rank's; under mpirun only this

@@ -103,6 +103,7 @@ TrainOptions oracle_options(const TrainOptions& layout) {
   o.sp = false;
   o.cp = 1;
   o.ep = 1;
+  o.moe.shadow = false;  // a way of running ep, not of the model
   o.zero = 0;
   o.pipeline = PipelineOptions{};
   o.microbatch = layout.microbatch_size();  // each forward sees the same sequences
@@ -120,7 +121,9 @@ std::string describe_layout(const TrainOptions& o) {
   }
   if (o.dp > 1)
     parts.push_back(fmt::format("dp {} (ZeRO-{}{})", o.dp, o.zero,
-                                o.ep > 1 ? fmt::format(", experts over ep {}", o.ep) : ""));
+                                o.ep > 1 ? fmt::format(", experts over ep {}{}", o.ep,
+                                                       o.moe.shadow ? " with shadows" : "")
+                                         : ""));
   if (o.cp > 1) parts.push_back(fmt::format("cp {} ({})", o.cp, o.cp_comm));
   if (o.tp > 1) parts.push_back(fmt::format("tp {}{}", o.tp, o.sp ? " (sp)" : ""));
   std::string s = parts.empty() ? "1 rank" : parts[0];

@@ -55,12 +55,14 @@ inline const EquivOracle& equiv_oracle(const std::string& key, const MakeOptions
   return cache.emplace(key, std::move(r)).first->second;
 }
 
+// `result`: where to keep the layout's run (null: nowhere).
 inline void check_equiv(const std::string& key, const Layout3d& l, const Precision& p,
-                        const MakeOptions& make) {
+                        const MakeOptions& make, train::TrainResult* result = nullptr) {
   const EquivOracle& ref = equiv_oracle(key, make);
   train::TrainOptions o = make(l);
   o.export_path = (dir3d() / (key + "_" + name_of(l) + ".safetensors")).string();
   const train::TrainResult r = train::run_training(o);
+  if (result) *result = r;
   ASSERT_EQ(r.steps.size(), ref.result.steps.size());
   double worst = 0, worst_norm = 0;
   for (size_t i = 0; i < r.steps.size(); ++i) {

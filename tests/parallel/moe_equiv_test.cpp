@@ -34,10 +34,11 @@ TrainOptions moe_options(const test::Layout3d& l, const Precision& p, const Moe&
   return test::moe_options(l, p.steps, p.dtype, m);
 }
 
-void check(const test::Layout3d& l, const Precision& p, const Moe& m = {}) {
-  test::check_equiv(
-      std::string("moe_") + p.dtype + "_c" + std::to_string(m.capacity) + (m.bias ? "_bias" : ""),
-      l, p, [&](const test::Layout3d& x) { return moe_options(x, p, m); });
+void check(const test::Layout3d& l, const Precision& p, const Moe& m = {},
+           TrainResult* result = nullptr) {
+  test::check_equiv(std::string("moe_") + p.dtype + "_c" + std::to_string(m.capacity) +
+                        (m.bias ? "_bias" : "") + (m.shadow ? "_shadow" : ""),
+                    l, p, [&](const test::Layout3d& x) { return moe_options(x, p, m); }, result);
 }
 
 using L = test::Layout3d;
@@ -133,6 +134,28 @@ TEST(MoeEquivEpRecompute, FullAndSelectiveMatchTheSingleRank) {
                         return o;
                       });
   }
+}
+
+// --moe-shadow at any imbalance: the busiest rank's experts are shadowed in most microbatches
+// and layers (each rank runs its own rows of them, the gradients summed at the owner), and
+// the layouts still train the single rank's model to the same tolerances. The run must have
+// shadowed (else this tests the plain exchange again).
+void check_shadowed(const L& l, const Precision& p) {
+  TrainResult r;
+  check(l, p, {0, false, true}, &r);
+  double shadowed = 0;
+  for (const StepRecord& s : r.steps) shadowed += s.moe_shadowed;
+  EXPECT_GT(shadowed, 0) << "no expert was shadowed in " << r.steps.size() << " steps";
+}
+class MoeEquivShadow : public ::testing::TestWithParam<L> {};
+TEST_P(MoeEquivShadow, F32MatchesTheSingleRank) { check_shadowed(GetParam(), kF32); }
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeEquivShadow,
+                         ::testing::Values(with_ep(L{2, 1, 1, 0}, 2), with_ep(L{4, 1, 1, 3}, 2),
+                                           with_ep(L{4, 1, 1, 1}, 4),
+                                           with_ep(L{2, 2, 2, 1, "1f1b", 1, true}, 2)),
+                         [](const auto& info) { return test::name_of(info.param); });
+TEST(MoeEquivShadowBf16, MatchesTheBf16SingleRank) {
+  check_shadowed(with_ep(L{2, 2, 1, 2, "1f1b", 1, true}, 2), kBf16);
 }
 
 class MoeEquivEpBf16 : public ::testing::TestWithParam<L> {};

@@ -1,11 +1,12 @@
 // Under mpirun (-np 8, see tests/CMakeLists.txt): the MoE tests' model with expert
 // parallelism on the mpi backend, ep 4 carved from dp 8 with ZeRO-1, and ep 2 x tp 2 (+ sp)
-// x pp 2 with ZeRO-3, trains the same model as the single rank (computed on rank 0 with the
+// x pp 2 with ZeRO-3 (also with --moe-shadow), trains the same model as the single rank (computed on rank 0 with the
 // local backend). Tolerances as in moe_equiv_test.cpp (equiv_check.h's f32 ones).
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "comm/launch.h"
 #include "moe_test_util.h"
@@ -22,14 +23,23 @@ TEST(MoeMpi, ExpertParallelLayoutsMatchTheSingleRank) {
   folded.ep = 4;
   test::Layout3d composed{2, 2, 2, 3, "1f1b", 1, true};
   composed.ep = 2;
-  for (const test::Layout3d& l : {folded, composed}) {
+  // The composed layout twice: the second with --moe-shadow (its uneven all_gather of
+  // weights and reduce_scatter of gradients over MPI), which must have shadowed.
+  for (const auto& [l, shadow] : {std::pair{folded, false}, std::pair{composed, false},
+                                  std::pair{composed, true}}) {
     const test::MpiAgainstOracle m = test::train_mpi_against_oracle(
-        test::moe_options(l, 10, "f32", {}), test::moe_options({}, 10, "f32", {}),
-        "moe " + test::name_of(l));
+        test::moe_options(l, 10, "f32", {0, false, shadow}), test::moe_options({}, 10, "f32", {}),
+        "moe " + test::name_of(l) + (shadow ? " shadow" : ""));
     if (rank != 0) continue;
     EXPECT_GT(m.layout.steps.back().ep_bytes, 0) << "the tokens went over the ep groups";
-    std::printf("mpi moe %s: ep bytes/step %.0f\n", test::name_of(l).c_str(),
-                m.layout.steps.back().ep_bytes);
+    double shadowed = 0;
+    for (const StepRecord& s : m.layout.steps) shadowed += s.moe_shadowed;
+    if (shadow) {
+      EXPECT_GT(shadowed, 0) << "no expert was shadowed";
+    }
+    std::printf("mpi moe %s%s: ep bytes/step %.0f, experts shadowed per microbatch %.2f\n",
+                test::name_of(l).c_str(), shadow ? " shadow" : "", m.layout.steps.back().ep_bytes,
+                shadowed / static_cast<double>(m.layout.steps.size()));
   }
 }
 

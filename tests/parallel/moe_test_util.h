@@ -9,6 +9,7 @@ namespace mt::test {
 struct Moe {
   double capacity = 0;  // 0: dropless
   bool bias = false;    // --moe-balance bias (rate 0.01: visible within the tests' steps)
+  bool shadow = false;  // --moe-shadow at any imbalance (--moe-shadow-above 1), with ep only
 };
 
 inline train::TrainOptions moe_options(const Layout3d& l, int64_t steps, const char* dtype,
@@ -23,6 +24,8 @@ inline train::TrainOptions moe_options(const Layout3d& l, int64_t steps, const c
   o.moe.capacity_factor = m.capacity;
   o.moe.balance_bias = m.bias;
   o.moe.bias_rate = 0.01;
+  o.moe.shadow = m.shadow && l.ep > 1;  // the oracle runs the same model without ep
+  o.moe.shadow_above = 1.0;
   o.dtype = dtype;
   // The balancing loss and the capacity are per microbatch (as in Megatron-LM): every
   // layout and the oracle run microbatches of the same 2 sequences.

@@ -20,7 +20,7 @@ TEST(MoeBalance, EachBiasMovesByTheRateTowardsTheMeanLoad) {
   model::GptConfig c = model::preset("mixtral-tiny");
   c.n_layer = 2;
   c.moe.n_experts = 4;
-  const int64_t E = 4, per = E + 5;  // moe_counters' row: E loads, then 5 fields
+  const int64_t E = 4, per = E + kMoeCounterFields;  // moe_counters' row: E loads, then fields
   std::vector<float> summed(static_cast<size_t>(2 * per), 0.f);
   const float loads[2][4] = {{3, 1, 2, 2}, {0, 0, 0, 8}};
   for (int l = 0; l < 2; ++l)
