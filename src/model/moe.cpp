@@ -154,13 +154,12 @@ void MoeLayer::experts_backward(const std::vector<int64_t>& rows_of, float* dy_d
     const int64_t rows = rows_of[e];
     if (rows > 0) {
       const int64_t le = static_cast<int64_t>(e), w1 = le * FC * C, w2 = le * C * f;
-      mlp_backward(dy_dx + row0 * C, x + row0 * C, h + row0 * FC, act + row0 * f, rows,
-                   mp ? nullptr : w_in->value.f32() + w1,
-                   mp ? w_in->value_bf16.bf16p() + w1 : nullptr, w_in->grad.f32() + w1,
-                   b_in ? b_in->grad.f32() + le * FC : nullptr,
-                   mp ? nullptr : w_out->value.f32() + w2,
-                   mp ? w_out->value_bf16.bf16p() + w2 : nullptr, w_out->grad.f32() + w2,
-                   b_out ? b_out->grad.f32() + le * C : nullptr, s);
+      mlp_backward(
+          dy_dx + row0 * C, x + row0 * C, h + row0 * FC, act + row0 * f, rows,
+          mp ? nullptr : w_in->value.f32() + w1, mp ? w_in->value_bf16.bf16p() + w1 : nullptr,
+          w_in->grad.f32() + w1, b_in ? b_in->grad.f32() + le * FC : nullptr,
+          mp ? nullptr : w_out->value.f32() + w2, mp ? w_out->value_bf16.bf16p() + w2 : nullptr,
+          w_out->grad.f32() + w2, b_out ? b_out->grad.f32() + le * C : nullptr, s);
     }
     row0 += rows;
   }
@@ -247,7 +246,8 @@ void MoeLayer::shadow_forward(MoeActivations& a, const float* xs, MoeScratch& s)
                 w2 + static_cast<size_t>(le * C * f) * wbytes, static_cast<size_t>(C * f) * wbytes);
     if (Wb > 0) {
       float* b = s.shadow_pack_b.f32() + mine * Wb;
-      if (b_in) std::memcpy(b, b_in->value.f32() + le * FC, static_cast<size_t>(FC) * sizeof(float));
+      if (b_in)
+        std::memcpy(b, b_in->value.f32() + le * FC, static_cast<size_t>(FC) * sizeof(float));
       if (b_out)
         std::memcpy(b + (b_in ? FC : 0), b_out->value.f32() + le * C,
                     static_cast<size_t>(C) * sizeof(float));
@@ -266,11 +266,12 @@ void MoeLayer::shadow_forward(MoeActivations& a, const float* xs, MoeScratch& s)
   for (size_t e = 0; e < a.counts.size(); ++e) {
     const int64_t rows = a.counts[e];
     if (a.shadowed[e]) {
-      const char* w = static_cast<const char*>(a.shadow_w.raw()) + static_cast<size_t>(slot * Wm) * wbytes;
+      const char* w =
+          static_cast<const char*>(a.shadow_w.raw()) + static_cast<size_t>(slot * Wm) * wbytes;
       const float* b = Wb > 0 ? a.shadow_b.f32() + slot * Wb : nullptr;
       if (rows > 0)
-        mlp_forward(sh_h + kept * FC, sh_act + kept * f, a.ys.f32() + at * C,
-                    xs + at * C, rows, mp ? nullptr : reinterpret_cast<const float*>(w),
+        mlp_forward(sh_h + kept * FC, sh_act + kept * f, a.ys.f32() + at * C, xs + at * C, rows,
+                    mp ? nullptr : reinterpret_cast<const float*>(w),
                     mp ? reinterpret_cast<const bf16*>(w) : nullptr, b_in ? b : nullptr,
                     mp ? nullptr : reinterpret_cast<const float*>(w) + FC * C,
                     mp ? reinterpret_cast<const bf16*>(w) + FC * C : nullptr,
@@ -298,8 +299,10 @@ void MoeLayer::shadow_backward(const MoeActivations& a, float* dys, const float*
     const int64_t rows = a.counts[e];
     if (a.shadowed[e]) {
       for (int64_t row = at; row < at + rows; ++row)  // the inputs, gathered again
-        std::memcpy(xs + row * C, x + (r.order[row] / k) * C, static_cast<size_t>(C) * sizeof(float));
-      const char* w = static_cast<const char*>(a.shadow_w.raw()) + static_cast<size_t>(slot * Wm) * wbytes;
+        std::memcpy(xs + row * C, x + (r.order[row] / k) * C,
+                    static_cast<size_t>(C) * sizeof(float));
+      const char* w =
+          static_cast<const char*>(a.shadow_w.raw()) + static_cast<size_t>(slot * Wm) * wbytes;
       float* g = dw + slot * Wg;
       if (rows > 0)
         mlp_backward(dys + at * C, xs + at * C, sh_h + kept * FC, sh_act + kept * f, rows,

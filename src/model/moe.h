@@ -87,7 +87,7 @@ struct MoeActivations {
   // backward; allocated on the first shadow).
   std::vector<uint8_t> shadowed;
   int64_t shadows = 0;
-  Tensor shadow_w, shadow_b;       // [E/ep, FC·C + C·F], [E/ep, FC + C] (with biases)
+  Tensor shadow_w, shadow_b;  // [E/ep, FC·C + C·F], [E/ep, FC + C] (with biases)
   // Where this rank's shadowed rows' h and act are: from row shadow_row0 of h and act (after
   // the received rows), or -1: in shadow_h and shadow_act ([n·k, FC], [n·k, F]; only where
   // they do not fit, top_k > E/ep).

@@ -97,10 +97,12 @@ Exchange plan_exchange_shadowed(const EpContext& ep, const std::vector<int64_t>&
   const auto travels = [&](int s, int64_t e) {
     return shadowed[static_cast<size_t>(e)]
                ? 0
-               : all[static_cast<size_t>(s) * static_cast<size_t>(experts) + static_cast<size_t>(e)];
+               : all[static_cast<size_t>(s) * static_cast<size_t>(experts) +
+                     static_cast<size_t>(e)];
   };
   x.send_rows.assign(static_cast<size_t>(n), 0);
-  for (int64_t e = 0; e < experts; ++e) x.send_rows[static_cast<size_t>(e / El)] += travels(ep.rank, e);
+  for (int64_t e = 0; e < experts; ++e)
+    x.send_rows[static_cast<size_t>(e / El)] += travels(ep.rank, e);
   x.table.assign(static_cast<size_t>(n * El), 0);
   x.recv_rows.assign(static_cast<size_t>(n), 0);
   x.expert_rows.assign(static_cast<size_t>(El), 0);

@@ -107,20 +107,16 @@ nlohmann::json moe_json(const MoeReport& r) {
                       {"aux", L.aux},
                       {"z", L.z},
                       {"shadowed", L.shadowed}});
-  return {{"aux_loss", r.aux_loss},
-          {"z_loss", r.z_loss},
-          {"worst_cv", r.worst_cv},
-          {"dropped", r.dropped},
-          {"shadowed", r.shadowed},
-          {"layers", layers}};
+  return {{"aux_loss", r.aux_loss}, {"z_loss", r.z_loss},     {"worst_cv", r.worst_cv},
+          {"dropped", r.dropped},   {"shadowed", r.shadowed}, {"layers", layers}};
 }
 
 std::string moe_progress(const MoeReport& r) {
   double aux = 0;
   for (const MoeLayerReport& L : r.layers) aux += L.aux;
   if (!r.layers.empty()) aux /= static_cast<double>(r.layers.size());
-  std::string line = fmt::format(" | moe cv {:.2f} drop {:.1f}% balance {:.3f}", r.worst_cv,
-                                 100 * r.dropped, aux);
+  std::string line =
+      fmt::format(" | moe cv {:.2f} drop {:.1f}% balance {:.3f}", r.worst_cv, 100 * r.dropped, aux);
   if (r.shadowed > 0) line += fmt::format(" shadow {:.1f}", r.shadowed);
   return line;
 }

@@ -27,8 +27,8 @@ struct MoeLayerReport {
   double tokens_min = 0, tokens_max = 0, cv = 0;  // over experts
   double dropped = 0;                             // share of the assignments
   double aux = 0, z = 0;                          // balancing losses, means over microbatches
-  double shadowed = 0;  // experts shadowed per microbatch (--moe-shadow), mean
-  std::vector<double> tokens;                     // routed to each expert (the job's sum)
+  double shadowed = 0;         // experts shadowed per microbatch (--moe-shadow), mean
+  std::vector<double> tokens;  // routed to each expert (the job's sum)
 };
 struct MoeReport {
   std::vector<MoeLayerReport> layers;

@@ -134,12 +134,14 @@ namespace {
 void check_expert_parallel(const TrainOptions& o) {
   if (o.ep < 1) fail("--ep {} must be at least 1", o.ep);
   if (!(o.moe.shadow_above >= 1) || !std::isfinite(o.moe.shadow_above))
-    fail("--moe-shadow-above {} must be a number of at least 1 (the default is 1.1: shadow when "
-         "the busiest ep rank has 10% more rows than the mean)",
-         o.moe.shadow_above);
+    fail(
+        "--moe-shadow-above {} must be a number of at least 1 (the default is 1.1: shadow when "
+        "the busiest ep rank has 10% more rows than the mean)",
+        o.moe.shadow_above);
   if (o.moe.shadow && o.ep == 1)
-    fail("--moe-shadow needs expert parallelism (--ep 2 or more): without it every rank holds "
-         "all the experts and there is nothing to shadow");
+    fail(
+        "--moe-shadow needs expert parallelism (--ep 2 or more): without it every rank holds "
+        "all the experts and there is nothing to shadow");
   if (o.ep == 1) return;
   if (!o.model.moe.enabled())
     fail(

@@ -120,10 +120,10 @@ std::string describe_layout(const TrainOptions& o) {
         fmt::format("pp {} ({}, {} microbatches)", o.pipeline.pp, o.pipeline.schedule, m));
   }
   if (o.dp > 1)
-    parts.push_back(fmt::format("dp {} (ZeRO-{}{})", o.dp, o.zero,
-                                o.ep > 1 ? fmt::format(", experts over ep {}{}", o.ep,
-                                                       o.moe.shadow ? " with shadows" : "")
-                                         : ""));
+    parts.push_back(fmt::format(
+        "dp {} (ZeRO-{}{})", o.dp, o.zero,
+        o.ep > 1 ? fmt::format(", experts over ep {}{}", o.ep, o.moe.shadow ? " with shadows" : "")
+                 : ""));
   if (o.cp > 1) parts.push_back(fmt::format("cp {} ({})", o.cp, o.cp_comm));
   if (o.tp > 1) parts.push_back(fmt::format("tp {}{}", o.tp, o.sp ? " (sp)" : ""));
   std::string s = parts.empty() ? "1 rank" : parts[0];

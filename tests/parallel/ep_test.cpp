@@ -193,10 +193,10 @@ TEST(EpShadows, NoneWhenBalancedOrWhenItWouldNotLowerThePeak) {
 // experts' weights once from rank 0 to rank 1 (each FC·C + C·F f32) and their gradients once
 // back, no rows.
 struct ShadowRun {
-  std::vector<float> loss;                       // [rank]
-  std::vector<std::vector<float>> grads;         // [rank] the flat gradients
+  std::vector<float> loss;                                     // [rank]
+  std::vector<std::vector<float>> grads;                       // [rank] the flat gradients
   std::vector<std::map<comm::OpType, comm::ByteCount>> bytes;  // [rank]
-  std::vector<int64_t> shadows;                  // [rank] experts shadowed, summed over layers
+  std::vector<int64_t> shadows;  // [rank] experts shadowed, summed over layers
 };
 
 ShadowRun run_zero_router(bool shadow) {
@@ -261,8 +261,8 @@ TEST(EpShadows, AllRowsOnOneRanksExpertsRunWhereTheyAreAndMatchTheExchange) {
     for (size_t i = 0; i < g0.size(); ++i)
       if (std::abs(g0[i] - g1[i]) > std::abs(g0[worst] - g1[worst])) worst = i;
     EXPECT_LE(std::abs(g0[worst] - g1[worst]), 1e-5 * largest)
-        << "rank " << r << " element " << worst << ": " << g0[worst] << " unshadowed, "
-        << g1[worst] << " shadowed";
+        << "rank " << r << " element " << worst << ": " << g0[worst] << " unshadowed, " << g1[worst]
+        << " shadowed";
     // Bytes: per layer the counts, rank 0's two experts out (all_gather) and their gradients
     // back (reduce_scatter); the four row exchanges move nothing.
     const auto& b = shadowed.bytes[ri];

@@ -36,9 +36,10 @@ TrainOptions moe_options(const test::Layout3d& l, const Precision& p, const Moe&
 
 void check(const test::Layout3d& l, const Precision& p, const Moe& m = {},
            TrainResult* result = nullptr) {
-  test::check_equiv(std::string("moe_") + p.dtype + "_c" + std::to_string(m.capacity) +
-                        (m.bias ? "_bias" : "") + (m.shadow ? "_shadow" : ""),
-                    l, p, [&](const test::Layout3d& x) { return moe_options(x, p, m); }, result);
+  test::check_equiv(
+      std::string("moe_") + p.dtype + "_c" + std::to_string(m.capacity) + (m.bias ? "_bias" : "") +
+          (m.shadow ? "_shadow" : ""),
+      l, p, [&](const test::Layout3d& x) { return moe_options(x, p, m); }, result);
 }
 
 using L = test::Layout3d;

@@ -1,7 +1,8 @@
 // Under mpirun (-np 8, see tests/CMakeLists.txt): the MoE tests' model with expert
 // parallelism on the mpi backend, ep 4 carved from dp 8 with ZeRO-1, and ep 2 x tp 2 (+ sp)
-// x pp 2 with ZeRO-3 (also with --moe-shadow), trains the same model as the single rank (computed on rank 0 with the
-// local backend). Tolerances as in moe_equiv_test.cpp (equiv_check.h's f32 ones).
+// x pp 2 with ZeRO-3 (also with --moe-shadow), trains the same model as the single rank (computed
+// on rank 0 with the local backend). Tolerances as in moe_equiv_test.cpp (equiv_check.h's f32
+// ones).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -25,8 +26,8 @@ TEST(MoeMpi, ExpertParallelLayoutsMatchTheSingleRank) {
   composed.ep = 2;
   // The composed layout twice: the second with --moe-shadow (its uneven all_gather of
   // weights and reduce_scatter of gradients over MPI), which must have shadowed.
-  for (const auto& [l, shadow] : {std::pair{folded, false}, std::pair{composed, false},
-                                  std::pair{composed, true}}) {
+  for (const auto& [l, shadow] :
+       {std::pair{folded, false}, std::pair{composed, false}, std::pair{composed, true}}) {
     const test::MpiAgainstOracle m = test::train_mpi_against_oracle(
         test::moe_options(l, 10, "f32", {0, false, shadow}), test::moe_options({}, 10, "f32", {}),
         "moe " + test::name_of(l) + (shadow ? " shadow" : ""));
