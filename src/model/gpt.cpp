@@ -255,8 +255,18 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
   const Block::Keep keep = recompute_ == Recompute::kFull        ? Block::Keep::kOutputOnly
                            : recompute_ == Recompute::kSelective ? Block::Keep::kNoAttention
                                                                  : Block::Keep::kAll;
-  if (keep == Block::Keep::kOutputOnly && !recomputed_.att.defined())
+  // --moe-shadow: every MoE layer's shadow buffers with the rest (MoeLayer's shapes are the
+  // same in every MoE block).
+  const MoeLayer* moe = nullptr;
+  for (const Block& b : blocks_)
+    if (b.moe.router) moe = &b.moe;
+  const auto with_shadows = [&](BlockActivations& b) {
+    if (moe && moe_options_->shadow && ep_.active()) moe->make_shadow_activations(b.moe);
+  };
+  if (keep == Block::Keep::kOutputOnly && !recomputed_.att.defined()) {
     recomputed_ = Block::make_activations(config_, B, T, tp_, Block::Keep::kAll, ep_.size);
+    with_shadows(recomputed_);
+  }
   if (keep == Block::Keep::kNoAttention && !recomputed_.att.defined())
     recomputed_.att = acts({kernels::attention_stash_elems(B, config_.n_head / tp_.size, T)});
   if (keep != Block::Keep::kAll &&
@@ -271,6 +281,7 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
       b = recomputed_;
       b.out = out;
     }
+    with_shadows(b);
     a.blocks.push_back(std::move(b));
     if (split) a.stash.push_back(Block::make_stash(config_, B, T, tp_));
   }

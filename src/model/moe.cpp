@@ -194,33 +194,35 @@ std::vector<int64_t> shadow_counts(const std::vector<uint8_t>& shadowed, int ran
   return n;
 }
 
-Tensor grown(Tensor& t, const Shape& shape, DType dtype, mem::Category c) {
+void allocate_once(Tensor& t, const Shape& shape, DType dtype, mem::Category c) {
   if (!t.defined()) t = Tensor::empty(shape, dtype, c);
-  return t;
 }
 }  // namespace
 
-void MoeLayer::shadow_buffers(MoeActivations& a, MoeScratch& s) const {
-  // Allocated at the first forward with --moe-shadow, shadows or not, so that a step after
-  // the first allocates nothing.
+void MoeLayer::make_shadow_activations(MoeActivations& a) const {
   const int64_t El = local_experts(), FC = fc(), Wm = shadow_matrix_elems(),
                 Wb = shadow_bias_elems(), rows_max = a.ys.shape()[0];
-  const DType wt = mp ? DType::kBF16 : DType::kF32;
-  grown(a.shadow_w, {El, Wm}, wt, mem::Category::kActivations);
-  grown(s.shadow_pack, {El, Wm}, wt, mem::Category::kWorkspace);
-  if (Wb > 0) {
-    grown(a.shadow_b, {El, Wb}, DType::kF32, mem::Category::kActivations);
-    grown(s.shadow_pack_b, {El, Wb}, DType::kF32, mem::Category::kWorkspace);
-  }
-  grown(s.shadow_dw, {El, Wm + Wb}, DType::kF32, mem::Category::kWorkspace);
-  grown(s.shadow_sum, {El, Wm + Wb}, DType::kF32, mem::Category::kWorkspace);
+  allocate_once(a.shadow_w, {El, Wm}, mp ? DType::kBF16 : DType::kF32, mem::Category::kActivations);
+  if (Wb > 0) allocate_once(a.shadow_b, {El, Wb}, DType::kF32, mem::Category::kActivations);
   // The shadowed rows' h and act go after the received rows' in h and act when top_k <=
   // E/ep: a source then sends a rank at most n·k rows, so the received rows and this rank's
   // own shadowed ones number at most ep·n·k, what h holds. Else in buffers of their own.
   if (top_k > El) {
-    grown(a.shadow_h, {rows_max, FC}, DType::kF32, mem::Category::kActivations);
-    grown(a.shadow_act, {rows_max, f}, DType::kF32, mem::Category::kActivations);
+    allocate_once(a.shadow_h, {rows_max, FC}, DType::kF32, mem::Category::kActivations);
+    allocate_once(a.shadow_act, {rows_max, f}, DType::kF32, mem::Category::kActivations);
   }
+}
+
+void MoeLayer::shadow_buffers(MoeActivations& a, MoeScratch& s) const {
+  // The scratch at the first forward with --moe-shadow, shadows or not (every forward of
+  // the first step shares it); the activations' made with them, else here.
+  const int64_t El = local_experts(), Wm = shadow_matrix_elems(), Wb = shadow_bias_elems();
+  const DType wt = mp ? DType::kBF16 : DType::kF32;
+  make_shadow_activations(a);
+  allocate_once(s.shadow_pack, {El, Wm}, wt, mem::Category::kWorkspace);
+  if (Wb > 0) allocate_once(s.shadow_pack_b, {El, Wb}, DType::kF32, mem::Category::kWorkspace);
+  allocate_once(s.shadow_dw, {El, Wm + Wb}, DType::kF32, mem::Category::kWorkspace);
+  allocate_once(s.shadow_sum, {El, Wm + Wb}, DType::kF32, mem::Category::kWorkspace);
 }
 
 void MoeLayer::shadow_forward(MoeActivations& a, const float* xs, MoeScratch& s) const {

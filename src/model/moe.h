@@ -143,6 +143,11 @@ struct MoeLayer {
   // ep: the number of ranks the experts are split over (1: all here).
   static MoeActivations make_activations(const GptConfig& c, int64_t n, int ep = 1);
   static MoeScratch make_scratch(const GptConfig& c, int64_t n, int ep = 1);
+  // --moe-shadow: a microbatch's buffers for shadowed experts (their weights, kept for
+  // backward; h and act where they do not fit after the received rows), made with the rest of
+  // its activations (Gpt::make_activations): a buffer that a pipeline schedule first uses in a
+  // later step must not allocate then.
+  void make_shadow_activations(MoeActivations& a) const;
 
   // y [n, C] = the layer's output for x [n, C] (overwritten).
   void forward(MoeActivations& a, float* y, const float* x, int64_t n, MoeScratch& s) const;
