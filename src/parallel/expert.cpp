@@ -7,28 +7,22 @@
 
 namespace mt::parallel::ep {
 
-Exchange plan_exchange(const EpContext& ep, const std::vector<int64_t>& counts, int64_t experts) {
-  const int n = ep.size;
-  if (experts % n != 0)
-    fail("{} experts do not split over {} expert-parallel ranks (use an --ep that divides {})",
-         experts, n, experts);
+namespace {
+// An exchange from this rank's rows per global expert (`mine`, [E]) and the rows every source
+// sends to each of this rank's experts (`to_me`, [ep][E/ep]).
+Exchange exchange_of(int ranks, int64_t experts, const std::vector<int64_t>& mine,
+                     const std::vector<int64_t>& to_me) {
   Exchange x;
-  x.ranks = n;
-  x.local_experts = experts / n;
+  x.ranks = ranks;
+  x.local_experts = experts / ranks;
   const int64_t El = x.local_experts;
-  std::vector<int32_t> mine(static_cast<size_t>(experts)), theirs(mine.size());
-  x.send_rows.assign(static_cast<size_t>(n), 0);
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t c = counts[static_cast<size_t>(e)];
-    mine[static_cast<size_t>(e)] = static_cast<int32_t>(c);
-    x.send_rows[static_cast<size_t>(e / El)] += c;
-  }
-  ep.group->all_to_all(comm::Buf(mine.data(), experts, DType::kI32),
-                       comm::Buf(theirs.data(), experts, DType::kI32));
-  x.table.assign(theirs.begin(), theirs.end());
-  x.recv_rows.assign(static_cast<size_t>(n), 0);
+  x.send_rows.assign(static_cast<size_t>(ranks), 0);
+  for (int64_t e = 0; e < experts; ++e)
+    x.send_rows[static_cast<size_t>(e / El)] += mine[static_cast<size_t>(e)];
+  x.table = to_me;
+  x.recv_rows.assign(static_cast<size_t>(ranks), 0);
   x.expert_rows.assign(static_cast<size_t>(El), 0);
-  for (int s = 0; s < n; ++s)
+  for (int s = 0; s < ranks; ++s)
     for (int64_t e = 0; e < El; ++e) {
       const int64_t c = x.table[static_cast<size_t>(s * El + e)];
       x.recv_rows[static_cast<size_t>(s)] += c;
@@ -36,6 +30,23 @@ Exchange plan_exchange(const EpContext& ep, const std::vector<int64_t>& counts, 
       x.received += c;
     }
   return x;
+}
+
+void check_split(int64_t experts, int n) {
+  if (experts % n != 0)
+    fail("{} experts do not split over {} expert-parallel ranks (use an --ep that divides {})",
+         experts, n, experts);
+}
+}  // namespace
+
+Exchange plan_exchange(const EpContext& ep, const std::vector<int64_t>& counts, int64_t experts) {
+  check_split(experts, ep.size);
+  std::vector<int32_t> mine(static_cast<size_t>(experts)), theirs(mine.size());
+  for (int64_t e = 0; e < experts; ++e)
+    mine[static_cast<size_t>(e)] = static_cast<int32_t>(counts[static_cast<size_t>(e)]);
+  ep.group->all_to_all(comm::Buf(mine.data(), experts, DType::kI32),
+                       comm::Buf(theirs.data(), experts, DType::kI32));
+  return exchange_of(ep.size, experts, counts, std::vector<int64_t>(theirs.begin(), theirs.end()));
 }
 
 std::vector<uint8_t> choose_shadows(const std::vector<int64_t>& all, int ranks, int64_t experts,
@@ -80,9 +91,7 @@ std::vector<uint8_t> choose_shadows(const std::vector<int64_t>& all, int ranks, 
 Exchange plan_exchange_shadowed(const EpContext& ep, const std::vector<int64_t>& counts,
                                 int64_t experts, double above, std::vector<uint8_t>& shadowed) {
   const int n = ep.size;
-  if (experts % n != 0)
-    fail("{} experts do not split over {} expert-parallel ranks (use an --ep that divides {})",
-         experts, n, experts);
+  check_split(experts, n);
   std::vector<int32_t> mine(static_cast<size_t>(experts)), gathered(mine.size() * n);
   for (int64_t e = 0; e < experts; ++e)
     mine[static_cast<size_t>(e)] = static_cast<int32_t>(counts[static_cast<size_t>(e)]);
@@ -90,31 +99,17 @@ Exchange plan_exchange_shadowed(const EpContext& ep, const std::vector<int64_t>&
                        comm::Buf(gathered.data(), experts * n, DType::kI32));
   const std::vector<int64_t> all(gathered.begin(), gathered.end());
   shadowed = choose_shadows(all, n, experts, above);
-  Exchange x;
-  x.ranks = n;
-  x.local_experts = experts / n;
-  const int64_t El = x.local_experts;
+  // The rows that travel: a shadowed expert's stay where they are.
+  const int64_t El = experts / n;
   const auto travels = [&](int s, int64_t e) {
-    return shadowed[static_cast<size_t>(e)]
-               ? 0
-               : all[static_cast<size_t>(s) * static_cast<size_t>(experts) +
-                     static_cast<size_t>(e)];
+    return shadowed[static_cast<size_t>(e)] ? 0 : all[static_cast<size_t>(s * experts + e)];
   };
-  x.send_rows.assign(static_cast<size_t>(n), 0);
-  for (int64_t e = 0; e < experts; ++e)
-    x.send_rows[static_cast<size_t>(e / El)] += travels(ep.rank, e);
-  x.table.assign(static_cast<size_t>(n * El), 0);
-  x.recv_rows.assign(static_cast<size_t>(n), 0);
-  x.expert_rows.assign(static_cast<size_t>(El), 0);
+  std::vector<int64_t> sent(static_cast<size_t>(experts)), to_me(static_cast<size_t>(n * El));
+  for (int64_t e = 0; e < experts; ++e) sent[static_cast<size_t>(e)] = travels(ep.rank, e);
   for (int s = 0; s < n; ++s)
-    for (int64_t le = 0; le < El; ++le) {
-      const int64_t c = travels(s, ep.rank * El + le);
-      x.table[static_cast<size_t>(s * El + le)] = c;
-      x.recv_rows[static_cast<size_t>(s)] += c;
-      x.expert_rows[static_cast<size_t>(le)] += c;
-      x.received += c;
-    }
-  return x;
+    for (int64_t le = 0; le < El; ++le)
+      to_me[static_cast<size_t>(s * El + le)] = travels(s, ep.rank * El + le);
+  return exchange_of(n, experts, sent, to_me);
 }
 
 int64_t max_received_rows(int ranks, int64_t n, int64_t top_k, int64_t experts, int64_t capacity) {

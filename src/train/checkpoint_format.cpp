@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/write_file.h"
+#include "train/hf_export.h"
 #include "train/outer_optimizer.h"
 #include "train/replica.h"
 
@@ -133,13 +134,7 @@ json config_json(const model::GptConfig& c) {
   j["mlp"] = model::mlp_name(c.mlp);
   j["positions"] = model::positions_name(c.positions);
   j["rope_theta"] = c.rope_theta;
-  if (c.rope_scaling.llama3)
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", c.rope_scaling.factor},
-        {"low_freq_factor", c.rope_scaling.low_freq_factor},
-        {"high_freq_factor", c.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  if (c.rope_scaling.llama3) j["rope_scaling"] = hf_rope_scaling(c.rope_scaling);
   if (c.moe.enabled())  // the mixture of experts (absent: a dense model)
     j["moe"] = {{"n_experts", c.moe.n_experts},
                 {"top_k", c.moe.top_k},

@@ -310,6 +310,15 @@ std::string export_weights_file(const std::string& path) {
   return is_folder_path(path) ? (fs::path(path) / "model.safetensors").string() : path;
 }
 
+nlohmann::json hf_rope_scaling(const model::RopeScaling& r) {
+  if (!r.llama3) return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", r.factor},
+          {"low_freq_factor", r.low_freq_factor},
+          {"high_freq_factor", r.high_freq_factor},
+          {"original_max_position_embeddings", r.original_max_position}};
+}
+
 std::string hf_config_json(const model::GptConfig& c) {
   json j;
   if (c.llama_family()) {
@@ -346,14 +355,7 @@ std::string hf_config_json(const model::GptConfig& c) {
       }
       if (c.moe.d_ff_shared > 0) j["meshtrain_shared_expert_intermediate_size"] = c.moe.d_ff_shared;
     }
-    j["rope_scaling"] = nullptr;
-    if (c.rope_scaling.llama3)
-      j["rope_scaling"] = {
-          {"rope_type", "llama3"},
-          {"factor", c.rope_scaling.factor},
-          {"low_freq_factor", c.rope_scaling.low_freq_factor},
-          {"high_freq_factor", c.rope_scaling.high_freq_factor},
-          {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+    j["rope_scaling"] = hf_rope_scaling(c.rope_scaling);
   } else {
     j = {{"architectures", {"GPT2LMHeadModel"}},
          {"model_type", "gpt2"},

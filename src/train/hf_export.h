@@ -7,6 +7,7 @@
 // the weights alone, so that no config.json beside it is overwritten).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 
@@ -20,6 +21,9 @@ void export_hf_safetensors(const model::Gpt& gpt, const std::string& path);
 std::string export_weights_file(const std::string& path);
 // Hugging Face's config.json of a model (GPT2Config or LlamaConfig fields).
 std::string hf_config_json(const model::GptConfig& c);
+// Its rope_scaling field: Llama 3's frequency scaling as transformers names it, null without.
+// A checkpoint's model description writes the same object.
+nlohmann::json hf_rope_scaling(const model::RopeScaling& r);
 
 // Reads weights given as a file or as an export folder: a folder's config.json gives the
 // model (required for Llama weights, whose heads are not in the shapes).
