@@ -30,8 +30,8 @@ void PlanFlags::add_to(CLI::App& app) {
       "MLP width (default: the preset's d_ff, scaled with --d-model by the preset's d_ff / "
       "d_model ratio)");
   app.add_option("--cluster", cluster,
-                 "dgx-a100, dgx-h100 (default), dgx-h100-measured, hgx-b200, this-host (meshtrain calibrate) or a "
-                 "JSON file");
+                 "dgx-a100, dgx-h100 (default), dgx-h100-measured, hgx-b200, this-host (meshtrain "
+                 "calibrate) or a JSON file");
   app.add_option("--gpus", gpus, "GPUs (ranks) in the job")->required();
   app.add_option("--batch", batch, "global batch, in sequences (default: --gpus)");
   app.add_option("--dtype", dtype, "bf16 or fp16 (mixed precision), f32 (our CPU runtime)")
@@ -413,6 +413,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
             {"tp_comm", e.tp_comm_s},
             {"cp_comm", e.cp_comm_s},
             {"ep_comm", e.ep_comm_s},
+            {"moe_tp_comm", e.moe_tp_comm_s},
             {"pp_comm", e.pp_comm_s},
             {"dp_comm", e.dp_comm_s},
             {"dp_exposed", e.dp_exposed_s},

@@ -43,6 +43,7 @@ std::vector<StepItem> explain(const Job& job, const Estimate& e) {
       {"TP vocabulary-parallel collectives", e.tp_vocab_s},
       {"CP ring communication (exposed)", e.cp_comm_s},
       {"EP all-to-all (dispatch, combine)", e.ep_comm_s},
+      {"MoE expert-TP gather, scatter", e.moe_tp_comm_s},
       {"gradient accumulation (unfused)", e.grad_accum_s},
   };
   const double busy = e.forward_s + e.backward_s;

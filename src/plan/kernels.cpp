@@ -12,8 +12,9 @@ namespace {
 // experts"): the router [n, C] × [C, E]; each of its E/ep experts as its own GEMM pair on its
 // share of the tokens, ep·n·k/E rows (times the busiest expert's load where ep > 1); the
 // shared expert on every token. Megatron-Core routes the sequence-parallel shard (n/t
-// tokens) and splits the shared expert over tp; our runtime routes all n tokens on every tp
-// rank and keeps the shared expert whole. `gemm(M, N, K)` costs one GEMM without a launch
+// tokens), splits every expert over the expert-tp group (moe_expert_tp: tp) whose routed rows
+// it gathers first, and splits the shared expert over tp; our runtime routes all n tokens on
+// every tp rank and keeps the experts whole. `gemm(M, N, K)` costs one GEMM without a launch
 // floor (a grouped GEMM is one kernel).
 template <class Gemm>
 std::pair<double, double> moe_gemms(const Job& j, const Layout& l, double n, Gemm gemm) {
@@ -21,8 +22,10 @@ std::pair<double, double> moe_gemms(const Job& j, const Layout& l, double n, Gem
   const bool ours = runs_our_runtime(j);
   const double t = l.tp, nm = ours ? n : n / t, C = double(m.d_model), E = double(m.n_experts);
   const double k = double(m.top_k), ep = l.ep, load = compute_load(j, l);
-  const double Fe = double(m.d_ff_expert), Fs = double(m.d_ff_shared), mats = m.swiglu ? 2 : 1;
-  const double rows = std::max(1.0, ep * nm * k / E * load), local = E / ep;
+  const double et = moe_expert_tp(j, l);
+  const double Fe = double(m.d_ff_expert) / et, Fs = double(m.d_ff_shared);
+  const double mats = m.swiglu ? 2 : 1;
+  const double rows = std::max(1.0, et * ep * nm * k / E * load), local = E / ep;
   double in = gemm(nm, E, C) + local * gemm(rows, mats * Fe, C);
   double out = local * gemm(rows, C, Fe);
   if (Fs > 0) {
@@ -77,10 +80,12 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
                moe * std::max(launch, in);
     k.mlp_out = (1 - moe) * chunks * gemm(rows, h, Fd / t, 1) + moe * std::max(launch, out);
     // Token copies, bytes forward: gathering the routed rows in expert order (read + write
-    // n·k rows of C), combining them (read n·k, write n), and with ep the regrouping of what
-    // arrives and what returns (twice, read + write, the rows received: n·k·load).
+    // n·k rows of C), combining them (read n·k, write n), and with ep or expert tp the
+    // regrouping of what arrives (after the all-to-all and the expert-tp all-gather) and
+    // what returns (twice, read + write, the rows received: n·k·load, times expert tp).
     const double nm = runs_our_runtime(job) ? n : n / t, kk = double(mo.top_k);
-    const double recv = l.ep > 1 ? nm * kk * compute_load(job, l) : 0.0;
+    const double et = moe_expert_tp(job, l);
+    const double recv = l.ep > 1 || et > 1 ? et * nm * kk * compute_load(job, l) : 0.0;
     const double bytes = (2 * nm * kk + nm * kk + nm + 4 * recv) * h * (mixed ? 2 : 4);
     k.moe_copy = moe * std::max(launch, bytes / hbm);
   }

@@ -121,8 +121,9 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
   std::vector<MemoryBytes> stages;
   for (int r = 0; r < l.pp; ++r) {
     const double psi_r = stage_params(j, l, split, r);
-    // Routed experts: sharded over ep, their states over expert-dp (plan/moe.h).
-    const double experts_r = split.rank[size_t(r)] * m.block_expert_params() / l.ep;
+    // Routed experts: sharded over ep (and expert tp), their states over expert-dp
+    // (plan/moe.h).
+    const double experts_r = split.rank[size_t(r)] * expert_params_per_layer(j, l);
     MemoryBytes mb = ep_model_states(psi_r, experts_r, l, j.dtype, runs_our_runtime(j));
     // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
     if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
@@ -167,14 +168,16 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
     // (Our runtime receives into its activation sets: the spare one, above.)
     if (l.pp > 1 && mixed(j) && !spare_set(j)) comm += 4 * s * b * h * wb / (l.sp ? t : 1);
     if (mixed(j)) {
-      const double block = m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j));
+      const double block =
+          m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j), moe_expert_tp(j, l));
       if (l.zero >= 2) comm += 2 * block * gradient_bytes(j);  // gradient pool
       if (l.zero >= 3) comm += 2 * block * wb;
     } else if (l.zero >= 2) {
       // Our runtime's unit pool (docs/data_parallel.md): 4·(E + H + 2·Bk) bytes for the
       // gradients, the same again for ZeRO-3's gathered values.
-      const double pool = 4 * (m.embedding_params_per_tp(l.tp) + m.head_params_per_tp(l.tp) +
-                               2 * m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j)));
+      const double pool =
+          4 * (m.embedding_params_per_tp(l.tp) + m.head_params_per_tp(l.tp) +
+               2 * m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j), moe_expert_tp(j, l)));
       comm += (l.zero >= 3 ? 2 : 1) * pool;
     }
     // Our runtime with ep: the dense gradients' packed buffer for their sum over ep.
@@ -197,9 +200,10 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
         return n > 1 ? n * std::min(bytes / n, double(comm::kMpiSegmentBytes)) : 0.0;
       };
       const double gb = gradient_bytes(j);
-      const double unit = std::max({m.embedding_params_per_tp(l.tp), m.head_params_per_tp(l.tp),
-                                    m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j))}) *
-                          gb;
+      const double unit =
+          std::max({m.embedding_params_per_tp(l.tp), m.head_params_per_tp(l.tp),
+                    m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j), moe_expert_tp(j, l))}) *
+          gb;
       const double dp_bytes = l.zero >= 2 ? unit : psi_r * gb;
       // One backend, and one scratch, per group: the DP and TP groups' add up.
       comm += scratch(dp_bytes, l.dp * l.cp) + scratch(s * b * h * wb, l.tp);

@@ -57,13 +57,14 @@ struct ModelSpec {
   // Megatron-Core splits it like the dense MLP).
   double block_moe_replicated_params(bool shared_whole) const;
   // One TP rank's share of a block: the split matrices and biases / t, the rest whole.
-  // Routed experts run with tensor parallelism 1 (Megatron-Core's expert-tensor-parallel 1):
-  // every TP rank of an ep rank holds its n_experts / ep experts whole. `ours`: as our
-  // runtime holds them (the shared expert whole too).
-  double block_params_per_tp(int t, int ep = 1, bool ours = false) const {
+  // Routed experts: n_experts / ep of them on an ep rank, each split over `et` of its tp
+  // ranks (the expert tensor-parallel size, plan/moe.h moe_expert_tp: Megatron-Core's default
+  // is t; our runtime keeps them whole, 1). `ours`: as our runtime holds the rest (the shared
+  // expert whole too).
+  double block_params_per_tp(int t, int ep = 1, bool ours = false, int et = 1) const {
     const double whole = block_replicated_params() + block_moe_replicated_params(ours);
     return (block_params() - block_expert_params() - whole) / t + whole +
-           block_expert_params() / ep;
+           block_expert_params() / (double(ep) * et);
   }
   // One TP rank's embedding (token, + position) and head (final norm, + LM head when
   // untied): the vocabulary split (vocab-parallel), the position table and norm whole.

@@ -23,6 +23,14 @@ double compute_load(const Job& j, const Layout& l) {
   return 1.0 + (j.expert_load - 1.0) * per_rank_share(j) / rank_cap(j);
 }
 
+int moe_expert_tp(const Job& j, const Layout& l) {
+  return j.model.is_moe() && !runs_our_runtime(j) ? l.tp : 1;
+}
+
+double expert_params_per_layer(const Job& j, const Layout& l) {
+  return j.model.block_expert_params() / (double(l.ep) * moe_expert_tp(j, l));
+}
+
 int ep_per_node(const Job& j, const Layout& l) {
   const int64_t stride = int64_t(l.cp) * l.tp;
   const int64_t fit = std::max<int64_t>(1, j.cluster.gpus_per_node / stride);

@@ -27,6 +27,18 @@ Job compute_view(const Job& j, const Layout& l);
 // whole load, 1.79). On GPUs, or with no more ranks than cores, the whole load.
 double compute_load(const Job& j, const Layout& l);
 
+// The expert tensor-parallel size: how many tp ranks split each expert. Megatron-Core's
+// default (expert_tensor_parallel_size unset, or before it existed) is tp: its alltoall
+// dispatcher all-gathers the routed rows over tp after the all-to-all and reduce-scatters the
+// experts' outputs before the return, plain collectives beside no GEMM (Layout::tp_comm_overlap
+// chunks only the dense linears). Our runtime keeps the experts whole on every tp rank: 1.
+// A dense model: 1.
+int moe_expert_tp(const Job& j, const Layout& l);
+
+// One rank's routed-expert parameters per block (averaged over the blocks): 1/ep of them,
+// each split over moe_expert_tp ranks.
+double expert_params_per_layer(const Job& j, const Layout& l);
+
 // How many ranks of an ep group share a node: the group is ep ranks cp·tp apart (mesh
 // order pp, dp, ep, cp, tp).
 int ep_per_node(const Job& j, const Layout& l);

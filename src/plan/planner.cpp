@@ -81,9 +81,10 @@ struct PassCosts {
   double fwd = 0, bwd = 0;  // per layer per microbatch, compute + exposed TP comm
   double bwd_plain = 0;     // bwd without recomputation
   double tp_fwd = 0, tp_bwd = 0;
-  double cp_fwd = 0, cp_bwd = 0;      // ring attention's exposed transfers
-  double ep_fwd = 0, ep_bwd = 0;      // MoE all-to-alls (plan/moe.h), not overlapped
-  double head_fwd = 0, head_bwd = 0;  // last stage
+  double cp_fwd = 0, cp_bwd = 0;          // ring attention's exposed transfers
+  double ep_fwd = 0, ep_bwd = 0;          // MoE all-to-alls (plan/moe.h), not overlapped
+  double moe_tp_fwd = 0, moe_tp_bwd = 0;  // Megatron-Core's expert-tp gather and scatter
+  double head_fwd = 0, head_bwd = 0;      // last stage
   double embed_fwd = 0, embed_bwd = 0;
   double vocab_first = 0, vocab_last = 0;  // the tp collectives in embed_* and head_* (a pass pair)
 };
@@ -113,15 +114,28 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
     return ring_time(bytes, l.tp, factor, j.cluster.intra_bytes_per_s, j.cluster.intra_latency_s);
   };
   const double tp_one = l.sp ? 2 * tp_collective(act_bytes, 1) : tp_collective(act_bytes, 2);
+  // Megatron-Core's MoE blocks split their experts over tp (plan/moe.h moe_expert_tp): their
+  // MLP has no sequence-parallel gather and scatter of the tokens; the dispatcher gathers the
+  // routed rows (k per token, the busiest rank's load) over tp instead, and reduce-scatters
+  // the experts' outputs, forward and (the other way) backward, beside no GEMM.
+  const double et = moe_expert_tp(j, l);
+  const double moe_share = et > 1 ? double(m.moe_layers) / double(m.n_layer) : 0.0;
+  const double mlp_sp = 1 - moe_share;  // the blocks whose MLP has SP's collectives
   PassCosts pc;
-  pc.tp_fwd = 2 * tp_one;
+  if (et > 1) {
+    const double load = l.ep > 1 ? j.expert_load : 1.0;
+    const double routed = double(m.top_k) * load * act_bytes;
+    pc.moe_tp_fwd = pc.moe_tp_bwd = moe_share * 2 * tp_collective(routed, 1);
+  }
+  pc.tp_fwd = (1 + mlp_sp) * tp_one;
   // Backward's two belong to the column-parallel linears (their input gradients); overlapped,
   // each shows only beyond its linear's weight-gradient GEMM (the forward GEMM's FLOPs). On a
   // shared host the cores that would compute do the copies: nothing overlaps.
   // Zero-bubble schedules run the weight gradients later, apart from the input gradients
   // whose collectives would hide behind them: no overlap there either.
   const bool overlap = l.tp_overlap && j.cluster.compute_units == 0 && l.schedule != "zb1";
-  pc.tp_bwd = overlap ? std::max(0.0, tp_one - qkv) + std::max(0.0, tp_one - mlp_in) : 2 * tp_one;
+  pc.tp_bwd = overlap ? std::max(0.0, tp_one - qkv) + mlp_sp * std::max(0.0, tp_one - mlp_in)
+                      : (1 + mlp_sp) * tp_one;
   if (ub) {
     // Userbuffers: each of SP's four collectives per pass (half of tp_one) is chunked with
     // the GEMM beside it. An all-gather (before qkv and MLP in) shows only beyond its GEMM:
@@ -130,8 +144,9 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
     // transfer follows the GEMM whatever its size. Backward: the same pairs with the
     // input-gradient GEMMs of those shapes.
     const double one = tp_one / 2;
-    const double exposed = std::max(0.0, one - qkv) + std::max(0.0, one - mlp_in) +
-                           std::max(one / t, one - proj) + std::max(one / t, one - mlp_out);
+    const double exposed =
+        std::max(0.0, one - qkv) + std::max(one / t, one - proj) +
+        mlp_sp * (std::max(0.0, one - mlp_in) + std::max(one / t, one - mlp_out));
     pc.tp_fwd = pc.tp_bwd = exposed;
   }
   if (l.cp > 1) {
@@ -169,14 +184,15 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   const EpCosts ep = ep_costs(j, l);
   pc.ep_fwd = ep.fwd;
   pc.ep_bwd = ep.bwd;
-  pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd;
-  double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd + pc.ep_bwd;
+  pc.fwd = fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd + pc.moe_tp_fwd;
+  double bwd = bwd_compute + pc.tp_bwd + pc.cp_bwd + pc.ep_bwd + pc.moe_tp_bwd;
   pc.bwd_plain = bwd;
   if (l.recompute == Recompute::kFull) {
-    bwd += fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd;
+    bwd += fwd_compute + pc.tp_fwd + pc.cp_fwd + pc.ep_fwd + pc.moe_tp_fwd;
     pc.tp_bwd += pc.tp_fwd;
     pc.cp_bwd += pc.cp_fwd;
     pc.ep_bwd += pc.ep_fwd;
+    pc.moe_tp_bwd += pc.moe_tp_fwd;
   } else if (l.recompute == Recompute::kSelective) {
     bwd += k.attention + k.softmax + pc.cp_fwd;  // the attention core again (the ring with CP)
     pc.cp_bwd += pc.cp_fwd;
@@ -362,9 +378,9 @@ Prepared prepare(const Job& j, const Layout& l) {
   // The ranks that hold the same parameters: DP and CP (a CP rank's gradients cover its part
   // of the sequence), tp-strided: gpus_per_node / tp of them share a node.
   const int dpn = l.dp * l.cp;
-  // MoE with ep: the worst stage's routed experts (1/ep of them) reduce over expert-dp,
-  // dpn / ep ranks ep·cp·tp apart; the rest over dp × cp. One after the other.
-  const double psi_e = p.split.rank[size_t(worst)] * m.block_expert_params() / l.ep;
+  // MoE with ep: the worst stage's routed experts (1/ep of them, split over expert tp) reduce
+  // over expert-dp, dpn / ep ranks ep·cp·tp apart; the rest over dp × cp. One after the other.
+  const double psi_e = p.split.rank[size_t(worst)] * expert_params_per_layer(j, l);
   auto reduction = [&](double params, int n, int per_node) {
     const double grad_bytes = params * gradient_bytes(j);
     double rs = hier_collective(j, grad_bytes, n, per_node, 1);   // gradients
@@ -545,6 +561,7 @@ void finish(const Job& j, const Prepared& p, Estimate& e) {
   }
   e.cp_comm_s = layers * (p.pc.cp_fwd + p.pc.cp_bwd);
   e.ep_comm_s = layers * (p.pc.ep_fwd + p.pc.ep_bwd);
+  e.moe_tp_comm_s = layers * (p.pc.moe_tp_fwd + p.pc.moe_tp_bwd);
   e.pp_comm_s = l.pp > 1 && !p2p_overlapped(l, p) ? 2 * mb * p.p2p : 0;
   // The busiest rank's adds, as its forward_s and backward_s: its chunks' parameters, once
   // per backward.

@@ -169,6 +169,10 @@ struct Estimate {
   // ep_comm_s: the busiest rank's MoE all-to-alls (dispatch + combine, forward and backward;
   // not overlapped).
   double ep_comm_s = 0;
+  // moe_tp_comm_s: the busiest rank's expert-tp collectives (Megatron-Core: the routed rows
+  // all-gathered over tp before the experts, their outputs reduce-scattered after; forward
+  // and backward; not overlapped; plan/moe.h moe_expert_tp).
+  double moe_tp_comm_s = 0;
   // One block's forward and backward (+ recomputation) for one microbatch, exposed TP and CP
   // communication included: what Korthikanti et al. 2022 Table 4 measures per layer.
   double layer_forward_s = 0, layer_backward_s = 0;

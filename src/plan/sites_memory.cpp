@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "plan/moe.h"
 #include "plan/stages.h"
 
 namespace mt::plan {
@@ -45,7 +46,7 @@ std::vector<MemoryBytes> memory_by_stage_in_sites(const Job& job, const Layout& 
     // The stage's parameters per tp rank, its own experts only with ep (memory.cpp's psi_r).
     // With ep its dense part: all but the experts of its layers (n_experts / ep of each).
     const double psi = stage_params(j, l, split, r);
-    const double experts = split.rank[size_t(r)] * j.model.block_expert_params() / l.ep;
+    const double experts = split.rank[size_t(r)] * expert_params_per_layer(j, l);
     const MemoryBytes add =
         outer_state_bytes(psi / group, o, l.ep > 1 ? (psi - experts) / group : 0, l.ep);
     stages[size_t(r)].optimizer += add.optimizer;

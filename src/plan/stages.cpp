@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "plan/moe.h"
+
 namespace mt::plan {
 
 Split split_of(const Job& j, const Layout& l) {
@@ -21,7 +23,8 @@ Split split_of(const Job& j, const Layout& l) {
 // Parameters of pipeline chunk c (model order; before ZeRO), per TP rank.
 double chunk_params(const Job& j, const Layout& l, const Split& split, int c) {
   const ModelSpec& m = j.model;
-  double p = split.chunk[size_t(c)] * m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j));
+  double p = split.chunk[size_t(c)] *
+             m.block_params_per_tp(l.tp, l.ep, runs_our_runtime(j), moe_expert_tp(j, l));
   if (c == 0) p += m.embedding_params_per_tp(l.tp);
   if (c == int(split.chunk.size()) - 1) {
     p += m.head_params_per_tp(l.tp);

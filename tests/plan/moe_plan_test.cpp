@@ -5,8 +5,10 @@
 // DeepSeek-V3.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "plan/kernels.h"
 #include "plan/moe.h"
 #include "plan/planner.h"
 
@@ -136,6 +138,44 @@ TEST(PlanMoe, AllToAllCostsTheFabricTheEpGroupSpans) {
   // The bytes scale by 1.5, the latencies (7 per all-to-all) do not: between 1x and 1.5x.
   EXPECT_GT(s.ep_comm_s, a.ep_comm_s);
   EXPECT_LE(s.ep_comm_s, 1.5 * a.ep_comm_s * (1 + 1e-12));
+}
+
+TEST(PlanMoe, MegatronCoreSplitsTheExpertsOverTpAndGathersTheRoutedRows) {
+  // Megatron-Core's alltoall dispatcher under tp 4 (expert tp = tp, its default): per MoE
+  // block and pass, an all-gather over tp of the routed rows (top_k = 2 per token) before the
+  // experts and a reduce-scatter of their outputs after, forward and backward alike, beside
+  // no GEMM; SP's gather and scatter of the MLP's tokens are not there (the attention's stay).
+  const Job j = mixtral_job(64);
+  Layout l = layout(16, 4, 1, 8, 1);
+  l.sp = true;
+  l.recompute = Recompute::kNone;
+  EXPECT_EQ(moe_expert_tp(j, l), 4);
+  const Estimate e = estimate(j, l);
+  const ClusterSpec& c = j.cluster;
+  auto ring = [&](double bytes) {  // all-gather or reduce-scatter over 4 ranks in a node
+    return 3.0 / 4 * bytes / c.intra_bytes_per_s + 3 * c.intra_latency_s;
+  };
+  const double act = 4096.0 * 4096 * 2;   // a microbatch's tokens × d_model, bf16
+  const double blocks = 256 / 16 * 32.0;  // microbatches × the rank's 32 MoE blocks
+  EXPECT_NEAR(e.moe_tp_comm_s, blocks * 2 * (2 * ring(2 * act)), 1e-12 * blocks);
+  const double attention_sp = 2 * ring(act);  // SP's all-gather + reduce-scatter, attention
+  const double qkv = layer_kernels(j, e.layout, 1).qkv;
+  const double bwd = e.layout.tp_overlap ? std::max(0.0, attention_sp - qkv) : attention_sp;
+  EXPECT_NEAR(e.tp_comm_s, blocks * (attention_sp + bwd), 1e-12 * blocks);
+  // Memory: a rank holds 1/(ep·tp) of the routed experts (1/ep with experts whole).
+  const ModelSpec& m = j.model;
+  const double experts = 8 * 3 * 4096.0 * 14336;  // one block's
+  EXPECT_NEAR(m.block_params_per_tp(4, 8, false, 1) - m.block_params_per_tp(4, 8, false, 4),
+              experts / 8 - experts / 32, 1e-6);
+  const double psi = 32 * m.block_params_per_tp(4, 8, false, 4) + m.embedding_params_per_tp(4) +
+                     m.head_params_per_tp(4);
+  EXPECT_NEAR(memory_per_gpu(j, l).parameters, 2 * psi, 1e3);
+  // tp 1: no expert tp. Our runtime keeps the experts whole on every tp rank: none either.
+  EXPECT_EQ(estimate(j, layout(64, 1, 1, 8, 1)).moe_tp_comm_s, 0);
+  Job ours = j;
+  ours.our_runtime = true;
+  EXPECT_EQ(moe_expert_tp(ours, l), 1);
+  EXPECT_EQ(estimate(ours, l).moe_tp_comm_s, 0);
 }
 
 TEST(PlanMoe, BadEpIsRefusedWithTheReason) {

@@ -264,16 +264,16 @@ TEST(PublishedRuns, MapePerSourceAndOverall) {
   // Each figure is held to issue 30's goal where the planner meets it, and elsewhere to what
   // was measured (a regression guard; the goal is printed above with what misses it, and in
   // docs/planner.md, "The published test set"): the MAPE per source and overall and the rows
-  // above 15% measured on 2026-11-27 after the ZeRO-3 rows ran as DeepSpeed 2021
-  // (Software::kDeepSpeed2021) and the nine Grok-1 MoE rows (EP, CP) joined the set, plus 0.5
-  // percentage point of slack for small model changes. Per source, so that one source cannot
-  // get worse behind another's gain.
+  // above 15% measured on 2026-11-29 after Megatron-Core's expert tensor parallelism (the
+  // routed rows gathered and scattered over tp; plan/moe.h moe_expert_tp) came into the MoE
+  // cost, plus 0.5 percentage point of slack for small model changes. Per source, so that one
+  // source cannot get worse behind another's gain.
   constexpr double kSlack = 0.005, kGoalOverall = 0.05, kGoalSource = 0.08;
   const std::map<std::string, double> kMeasured = {
-      {"korthikanti2022", 0.0326}, {"meta-llama3", 0.1009},       {"narayanan2021", 0.0708},
-      {"nvidia-dgxc", 0.0322},     {"nvidia-dgxc-grok1", 0.1256}, {"torchtitan", 0.0101}};
-  constexpr double kOverall = 0.0634;
-  constexpr int kRowsOver15 = 4;
+      {"korthikanti2022", 0.0326}, {"meta-llama3", 0.1007},       {"narayanan2021", 0.0709},
+      {"nvidia-dgxc", 0.0320},     {"nvidia-dgxc-grok1", 0.0894}, {"torchtitan", 0.0101}};
+  constexpr double kOverall = 0.0565;
+  constexpr int kRowsOver15 = 3;
   auto bar = [&](double measured, double goal) {
     return measured <= goal ? std::min(goal, measured + kSlack) : measured + kSlack;
   };
@@ -313,9 +313,10 @@ TEST(PublishedRuns, WithTheMeasuredH100Kernels) {
     EXPECT_LT(err, -0.04) << r.at("where") << ": the measured kernels are optimistic";
     EXPECT_GT(err, -0.15) << r.at("where") << ": by the uniform residual only";
   }
-  // A regression guard on the figures measured on 2026-11-27 (plus 0.5 point of slack).
+  // A regression guard on the figures measured on 2026-11-27 (Grok-1's on 2026-11-29, with
+  // expert tp), plus 0.5 point of slack.
   EXPECT_LE(measured.by_source.at("nvidia-dgxc").mape(), 0.0974 + 0.005);
-  EXPECT_LE(measured.by_source.at("nvidia-dgxc-grok1").mape(), 0.1546 + 0.005);
+  EXPECT_LE(measured.by_source.at("nvidia-dgxc-grok1").mape(), 0.1006 + 0.005);
   EXPECT_LE(measured.by_source.at("meta-llama3").mape(), 0.1755 + 0.005);
 }
 
