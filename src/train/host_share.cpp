@@ -48,6 +48,13 @@ double gpu_share(const std::vector<RankPlace>& ranks, int me) {
   return 1.0 / std::max(1, sharing);
 }
 
+int gpu_measurer(const std::vector<RankPlace>& ranks, int me) {
+  const RankPlace& mine = ranks.at(static_cast<size_t>(me));
+  for (int r = 0; r < me; ++r)
+    if (ranks[size_t(r)].host == mine.host && ranks[size_t(r)].gpu == mine.gpu) return r;
+  return me;
+}
+
 CpuPeakBasis cpu_peak_basis(int threads, int cpus_in_mask, double cores_owned) {
   CpuPeakBasis b;
   b.peak_threads = std::max(1, std::min(threads, cpus_in_mask));
@@ -71,6 +78,12 @@ RankPlace my_place(int gpu) {
 }
 
 RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int gpu) {
+  return rank_peak_flops(world, gemm_dtype, threads, gpu,
+                         [gemm_dtype] { return kernels::gpu_peak_flops(gemm_dtype); });
+}
+
+RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int gpu,
+                         const std::function<double()>& measure_gpu) {
   const RankPlace me = my_place(gpu);
   const int n = world ? world->size() : 1, rank = world ? world->rank() : 0;
   // Rows of [host, gpu, mask words]; int64 as the bits of two f32 (an all-gather only copies).
@@ -96,8 +109,19 @@ RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int 
     if (r < rank && at[0] == me.host) host_leader = false;
   }
   if (gpu >= 0) {
+    // One rank per (host, GPU) times the device while the others sharing it wait here; every
+    // rank then takes its measurer's figure (a double as the bits of two floats).
+    const int measurer = gpu_measurer(places, rank);
+    std::vector<double> peaks(static_cast<size_t>(n), 0.0);
+    double measured = measurer == rank ? measure_gpu() : 0.0;
+    if (world) {
+      world->all_gather(comm::Buf(reinterpret_cast<float*>(&measured), 2),
+                        comm::Buf(reinterpret_cast<float*>(peaks.data()), 2 * int64_t{n}));
+    } else {
+      peaks[0] = measured;
+    }
     const double share = gpu_share(places, rank);
-    return {kernels::gpu_peak_flops(gemm_dtype) * share, share, true};
+    return {peaks[static_cast<size_t>(measurer)] * share, share, true};
   }
   int in_mask = 0;
   for (uint64_t w : me.cpus) in_mask += std::popcount(w);

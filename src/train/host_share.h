@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ double cpu_cores_owned(const std::vector<RankPlace>& ranks, int me);
 // The fraction of its device rank `me` has: 1 / the ranks on its host using the same GPU.
 double gpu_share(const std::vector<RankPlace>& ranks, int me);
 
+// The rank that measures the peak of rank `me`'s GPU: the first on its host with that GPU.
+// Timed by every process at once, a GPU shared by k ranks would show each about 1/k of its
+// peak, and MFU (over that times 1/k) would read k times too high; the others take its figure.
+int gpu_measurer(const std::vector<RankPlace>& ranks, int me);
+
 // The CPU peak MFU divides by: the GEMM peak at the threads the rank can run at once
 // (`peak_threads`, its threads but no more than the CPUs in its mask) times `share`, the
 // fraction of those threads' cores it really has (1 when it owns that many cores).
@@ -49,13 +55,18 @@ RankPlace my_place(int gpu);
 // The peak (FLOP/s) MFU divides by for this rank of `world` (collective: every rank calls
 // it once): on a GPU the device's peak over the ranks sharing it; on a CPU the GEMM peak at
 // the basis above. A peak not yet cached is measured by one rank of a host at a time, so
-// ranks that share cores do not measure each other's load.
+// ranks that share cores do not measure each other's load; a GPU's by one of the ranks that
+// share it (gpu_measurer), the others waiting.
 struct RankPeak {
   double flops = 0;
   double units = 0;  // the cores' worth (CPU) or the fraction of the device (GPU) it is of
   bool gpu = false;
 };
 RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int gpu);
+// The same with the GPU's measurement given (the one above times an 8192³ GEMM on the
+// device, kernels::gpu_peak_flops); called on the measuring ranks only (gpu_measurer).
+RankPeak rank_peak_flops(comm::Group* world, DType gemm_dtype, int threads, int gpu,
+                         const std::function<double()>& measure_gpu);
 
 // MFU above kMfuImpossible cannot be: the peak it divides by is below what the run computed,
 // as when the cached CPU peak was measured while other work ran beside it (a stored peak is

@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
+
+#include "comm/comm_test_util.h"
+
 namespace mt::train {
 namespace {
 
@@ -63,6 +68,36 @@ TEST(HostShare, OnlyTheSameHostShares) {
   EXPECT_EQ(gpu_share(r, 0), 0.5);              // GPU 0 of host 1 with rank 2
   EXPECT_EQ(gpu_share(r, 1), 1.0);
   EXPECT_EQ(gpu_share(r, 3), 1.0);
+}
+
+// Ranks sharing a GPU: the first of them times it, alone, and all of them divide that one
+// figure (timed by every process at once, each would see about half the peak: MFU twice too
+// high). 4 rank threads on one host, GPUs 0, 0, 1, 1; the fake measurement returns a new
+// value at every call, so a rank that measured for itself would differ from its partner.
+TEST(HostShare, OneRankPerGpuMeasuresAndTheOthersTakeItsFigure) {
+  const std::vector<RankPlace> r{on(7, {0}, 0), on(7, {1}, 0), on(7, {0}, 1), on(7, {1}, 1)};
+  EXPECT_EQ(gpu_measurer(r, 0), 0);
+  EXPECT_EQ(gpu_measurer(r, 1), 0);
+  EXPECT_EQ(gpu_measurer(r, 2), 2);
+  EXPECT_EQ(gpu_measurer(r, 3), 2);
+  std::atomic<int> calls{0};
+  std::mutex mu;
+  std::vector<RankPeak> got(4);
+  comm::testing::run_local(4, [&](comm::Group& g) {
+    const RankPeak p = rank_peak_flops(&g, DType::kBF16, 1, g.rank() / 2,
+                                       [&] { return 1000.0 * (1 + calls.fetch_add(1)); });
+    std::lock_guard<std::mutex> lock(mu);
+    got[size_t(g.rank())] = p;
+  });
+  EXPECT_EQ(calls.load(), 2);  // once per GPU
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_TRUE(got[size_t(k)].gpu);
+    EXPECT_EQ(got[size_t(k)].units, 0.5);
+  }
+  EXPECT_EQ(got[0].flops, got[1].flops);
+  EXPECT_EQ(got[2].flops, got[3].flops);
+  EXPECT_NE(got[0].flops, got[2].flops);  // each GPU its own measurement
+  EXPECT_TRUE(got[0].flops == 500.0 || got[0].flops == 1000.0) << got[0].flops;
 }
 
 }  // namespace
