@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/philox.h"
+#include "core/profile.h"
 #include "kernels/mixed.h"
 
 namespace mt::model {
@@ -345,6 +346,7 @@ void ParamStore::bind_bf16(int first, int end, const Tensor& buffer) {
 }
 
 void ParamStore::refresh_bf16(int first, int end) {
+  profile::Scope prof("bf16.weights");  // the working copy from the f32 master values
   for (int i = first; i < end; ++i) {
     Param& p = params_[static_cast<size_t>(i)];
     if (p.bf16_offset_elems >= 0)

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "kernels/kernels.h"
 
 namespace mt::train {
@@ -146,6 +147,7 @@ Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfi
 }
 
 double Replica::owned_norm_sq() {
+  profile::Scope prof("grad_norm");
   const float* g = owned_grads();
   const int64_t lo = shard.lo(), hi = shard.hi();
   if (uncounted.empty()) return kernels::sum_squares(g, hi - lo);

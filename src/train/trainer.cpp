@@ -302,6 +302,9 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   bool stopped_early = false;         // a signal, or --stop-after: the run has not finished
   const double run_t0 = now_s();
   for (int64_t step = start_step; step < o.steps; ++step) {
+    // --profile leaves the first step out: its first touches of every buffer (page faults,
+    // oneDNN's primitive creation) would be counted in whichever kernel wrote first.
+    if (o.profile && step == start_step + 1) profile::reset();
     const double t0 = now_s();
     rep.begin_step();
     double loss_sum = 0, compute = 0;
@@ -374,9 +377,11 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     const bool give_up = guard.record(nonfinite);
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
     if (!nonfinite) {  // a non-finite step changes nothing: no clipping, no update
-      if (o.grad_clip > 0 && clip_norm > o.grad_clip)
+      if (o.grad_clip > 0 && clip_norm > o.grad_clip) {
+        profile::Scope prof("grad_clip");
         kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (clip_norm + 1e-6)),
                        rep.opt_elems());
+      }
       rep.optimizer_step(lr);
     }
     const bool outer_step = outer && outer->after_inner_step(step + 1, o.steps);
@@ -477,8 +482,11 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     if (eval_now) {
       const int64_t batches =
           std::max<int64_t>(1, std::min(o.eval_batches, data.val->num_samples() / B));
+      const bool profiling = profile::enabled();  // the profile is of training steps
+      profile::enable(false);
       const float vl = evaluate(rep, d, D, &acts, stage.get(), ppg, *data.val, batches, B, n_micro,
                                 mb, scalars, inputs, targets);
+      profile::enable(profiling);
       val_losses.emplace_back(r.step, vl);
       row["val_loss"] = vl;
       // The validation's traffic (pipeline activations) is not the next step's. The cross-site
@@ -601,10 +609,12 @@ void run_rank(Shared& sh, comm::Group& world_in) {
   if (o.profile && talk) {
     double total = 0;
     for (const auto& [name, e] : profile::entries()) total += e.time_s;
+    const int64_t profiled = o.steps - start_step > 1 ? o.steps - start_step - 1 : 1;
     progress.line(fmt::format(
-        "profile of rank 0 (pp {} dp {} tp {}; each rank times its own kernels) over {} steps "
-        "(time in each kind of kernel):",
-        p, d, tp_group.rank(), o.steps - start_step));
+        "profile of rank 0 (pp {} dp {} tp {}; each rank times its own kernels) over {} "
+        "training step(s){} (time in each kind of kernel):",
+        p, d, tp_group.rank(), profiled,
+        profiled < o.steps - start_step ? ", the first left out" : ""));
     std::vector<std::pair<std::string, profile::Entry>> rows(profile::entries().begin(),
                                                              profile::entries().end());
     std::sort(rows.begin(), rows.end(),

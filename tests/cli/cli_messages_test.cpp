@@ -103,6 +103,21 @@ TEST_F(CliMessages, PlanShowsASmallModelsMemoryInItsUnitAndProfileNamesItsRank) 
   EXPECT_EQ(s.output.find("0.000 GB"), std::string::npos) << s.output;
   const test::RunResult t = expect_ok(run("--steps 1 --dp 2 --profile"));
   EXPECT_NE(t.output.find("profile of rank 0 (pp 0 dp 0 tp 0"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("over 1 training step(s) (time"), std::string::npos) << t.output;
+  // Over more steps the first (page faults, primitive creation) is left out, and the
+  // validation's forwards are not counted: one optimizer call per step counted.
+  const test::RunResult u = expect_ok(run("--steps 3 --profile"));
+  EXPECT_NE(u.output.find("over 2 training step(s), the first left out"), std::string::npos)
+      << u.output;
+  auto calls = [&](const std::string& kernel) {
+    const size_t at = u.output.find("  " + kernel + " ");
+    if (at == std::string::npos) return std::string("(no row)");
+    return u.output.substr(at, u.output.find('\n', at) - at);
+  };
+  EXPECT_NE(calls("optimizer").find(" 2 calls"), std::string::npos) << calls("optimizer");
+  // 2 blocks x 2 steps; the last step's validation forwards would add to the forward only.
+  EXPECT_NE(calls("gelu.fwd").find(" 4 calls"), std::string::npos) << calls("gelu.fwd");
+  EXPECT_NE(calls("gelu.bwd").find(" 4 calls"), std::string::npos) << calls("gelu.bwd");
 }
 
 TEST_F(CliMessages, FlagsThatWouldDoLessThanAskedAreRefused) {
