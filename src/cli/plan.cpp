@@ -16,6 +16,7 @@
 #include "obs/report.h"
 #include "parallel/pipeline/partition.h"
 #include "plan/explain.h"
+#include "plan/moe.h"
 
 namespace mt::cli {
 
@@ -47,6 +48,11 @@ void PlanFlags::add_to(CLI::App& app) {
   app.add_option("--ep", ep,
                  "expert-parallel ranks (MoE models; carved from dp x cp: experts split over ep, "
                  "their gradients reduced over dp x cp / ep)");
+  app.add_option(
+      "--etp", etp,
+      "MoE under Megatron-Core: the experts split over the tp ranks (--etp equal to "
+      "--tp, its default; the routed rows gathered and scattered over tp) or whole on "
+      "each (--etp 1; their gradients reduced over tp x dp x cp / ep); plan: both tried");
   app.add_option("--expert-load", expert_load,
                  "MoE: the busiest expert's load over the mean (default 1, balanced); scales the "
                  "experts' compute and all-to-all bytes under --ep");
@@ -102,6 +108,7 @@ void PlanFlags::check(bool megatron_2021) const {
   at_least("--pp", pp, 1);
   at_least("--cp", cp, 1);
   at_least("--ep", ep, 1);
+  at_least("--etp", etp, 1);
   if (expert_load < 1.0)
     fail("--expert-load {} is below 1 (the busiest expert carries at least the mean load)",
          expert_load);
@@ -298,6 +305,7 @@ plan::Job PlanFlags::job() const {
 plan::SearchPins PlanFlags::pins() const {
   plan::SearchPins p;
   p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.ep = ep, p.zero = zero;
+  p.etp = etp;
   p.virtual_stages = virtual_stages;
   p.microbatch = microbatch;
   if (microbatches) {
@@ -368,6 +376,7 @@ nlohmann::json estimate_json(const plan::Job& j, const plan::Estimate& e) {
           {"cp", l.cp},
           {"cp_comm", l.cp_comm},
           {"ep", l.ep},
+          {"etp", plan::moe_expert_tp(j, l)},
           {"virtual_stages", l.virtual_stages},
           {"pp_layers", plan::chunk_layers(j, l)},
           {"microbatch", l.microbatch},
@@ -439,19 +448,28 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
       "TFLOPs", "MFU", "bubble", "sched", "params", "grads", "optim", "activ", "comm", "f32grad",
       "total", unit);
   int i = 0;
+  bool any_whole = false;
   for (const auto& e : rows) {
     const auto& l = e.layout;
     const auto& m = e.memory;
+    // "w": a MoE layout's experts whole on each tp rank (--etp 1), not split over tp.
+    const bool whole = l.etp == 1 && l.tp > 1;
+    any_whole = any_whole || whole;
+    const std::string ep = fmt::format("{}{}", l.ep, whole ? "w" : "");
     out += fmt::format(
         "{:>3} {:>7} {:>3} {:>4} {:>3} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} "
         "{:>6.3g} {:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} "
         "{:>7.2f} {:>6.2f}\n",
-        ++i, l.dp, l.tp, l.pp, l.cp, l.ep, l.virtual_stages, l.microbatch, l.zero,
+        ++i, l.dp, l.tp, l.pp, l.cp, ep, l.virtual_stages, l.microbatch, l.zero,
         plan::recompute_name(l.recompute), l.sp ? "on" : "off", e.step_time_s, e.tokens_per_s,
         e.tflops_per_gpu, 100 * e.mfu, 100 * e.bubble_fraction, l.schedule, m.parameters / scale,
         m.gradients / scale, m.optimizer / scale, m.activations / scale, m.communication / scale,
         m.step_gradients_f32 / scale, m.total() / scale);
   }
+  if (any_whole)
+    out +=
+        "  ep \"Nw\": the experts whole on each tp rank (--etp 1); otherwise Megatron-Core "
+        "splits them over tp (--etp = --tp)\n";
   return out;
 }
 

@@ -19,6 +19,7 @@ struct PlanFlags {
   std::optional<int64_t> gpus, batch;
   std::string dtype = "bf16";
   std::optional<int> dp, tp, pp, cp, ep, zero, virtual_stages;
+  std::optional<int> etp;    // Megatron-Core's expert tensor parallelism: 1 or --tp
   double expert_load = 1.0;  // MoE: the busiest expert's load over the mean
   std::optional<int64_t> microbatch, microbatches;
   std::optional<std::string> schedule, recompute;

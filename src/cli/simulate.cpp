@@ -24,6 +24,7 @@ plan::Layout layout_of(const PlanFlags& f, const plan::Job& j, plan::Software so
   l.pp = f.pp.value_or(1);
   l.cp = f.cp.value_or(1);
   l.ep = f.ep.value_or(1);
+  l.etp = f.etp.value_or(0);
   const int64_t model_ranks = int64_t(l.tp) * l.pp * l.cp;
   if (!f.dp && j.gpus % model_ranks != 0)
     fail("--gpus {} is not divisible by tp {} x pp {} x cp {}", j.gpus, l.tp, l.pp, l.cp);

@@ -24,7 +24,14 @@ double compute_load(const Job& j, const Layout& l) {
 }
 
 int moe_expert_tp(const Job& j, const Layout& l) {
-  return j.model.is_moe() && !runs_our_runtime(j) ? l.tp : 1;
+  if (!j.model.is_moe() || runs_our_runtime(j)) return 1;
+  return l.etp > 0 ? l.etp : l.tp;
+}
+
+int expert_dp(const Job& j, const Layout& l) {
+  const int whole_over = l.tp / moe_expert_tp(j, l);  // tp ranks holding the same experts
+  const int ranks = runs_our_runtime(j) ? l.dp * l.cp : whole_over * l.dp * l.cp;
+  return std::max(1, ranks / l.ep);
 }
 
 double expert_params_per_layer(const Job& j, const Layout& l) {
@@ -68,6 +75,18 @@ EpCosts ep_costs(const Job& j, const Layout& l) {
 std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
   if (l.ep < 1) return std::pair{"ep below 1", fmt::format("ep {} must be at least 1", l.ep)};
+  if (l.etp != 0 && l.etp != 1 && l.etp != l.tp)
+    return std::pair{"etp neither 1 nor tp",
+                     fmt::format("etp {}: the experts are split over all the tp ranks ({}) or "
+                                 "none (1)",
+                                 l.etp, l.tp)};
+  if (l.etp > 1 && (runs_our_runtime(j) || !m.is_moe()))
+    return std::pair{
+        "etp above 1 without Megatron-Core's experts",
+        fmt::format("etp {}: {}", l.etp,
+                    m.is_moe() ? "our runtime keeps the experts whole on every tp "
+                                 "rank (drop --etp)"
+                               : "a dense model has no experts to split (drop --etp)")};
   if (l.ep == 1) return std::nullopt;
   if (!m.is_moe())
     return std::pair{
@@ -90,11 +109,12 @@ std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, cons
 }
 
 MemoryBytes ep_model_states(double psi, double expert_psi, const Layout& l,
-                            const std::string& dtype, bool ours) {
+                            const std::string& dtype, bool ours, int edp) {
   const int dpn = l.dp * l.cp;
   const int dense_dp = ours ? std::max(1, dpn / l.ep) : dpn;
+  if (edp <= 0) edp = std::max(1, dpn / l.ep);
   const MemoryBytes d = zero_model_states(psi - expert_psi, dense_dp, l.zero, dtype);
-  const MemoryBytes e = zero_model_states(expert_psi, std::max(1, dpn / l.ep), l.zero, dtype);
+  const MemoryBytes e = zero_model_states(expert_psi, edp, l.zero, dtype);
   MemoryBytes mb;
   mb.parameters = d.parameters + e.parameters;
   mb.gradients = d.gradients + e.gradients;

@@ -35,6 +35,12 @@ double compute_load(const Job& j, const Layout& l);
 // A dense model: 1.
 int moe_expert_tp(const Job& j, const Layout& l);
 
+// The ranks that hold the same experts and reduce their gradients (expert-dp): dp·cp / ep,
+// times tp / moe_expert_tp under Megatron-Core (with expert tp 1 the tp ranks hold the same
+// experts whole); our runtime's tp ranks hold whole experts but each reduces with its own
+// (tp rank's) group, as its dense parameters: dp·cp / ep.
+int expert_dp(const Job& j, const Layout& l);
+
 // One rank's routed-expert parameters per block (averaged over the blocks): 1/ep of them,
 // each split over moe_expert_tp ranks.
 double expert_params_per_layer(const Job& j, const Layout& l);
@@ -65,7 +71,7 @@ std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, cons
 // experts (our runtime shards every state over the mesh's dp = dp·cp / ep; docs/moe.md), the
 // experts over expert-dp = dp·cp / ep.
 MemoryBytes ep_model_states(double psi, double expert_psi, const Layout& l,
-                            const std::string& dtype, bool ours = false);
+                            const std::string& dtype, bool ours = false, int edp = 0);
 
 // Our f32 runtime's MoE layer memory (model/moe.h MoeLayer::make_activations and
 // make_scratch), for one microbatch on one rank: every tp rank routes all of its n = b·S/cp

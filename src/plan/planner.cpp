@@ -118,8 +118,10 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   // MLP has no sequence-parallel gather and scatter of the tokens; the dispatcher gathers the
   // routed rows (k per token, the busiest rank's load) over tp instead, and reduce-scatters
   // the experts' outputs, forward and (the other way) backward, beside no GEMM.
+  // With expert tp 1 (Layout::etp) the experts are whole and the rows need no gather: none.
   const double et = moe_expert_tp(j, l);
-  const double moe_share = et > 1 ? double(m.moe_layers) / double(m.n_layer) : 0.0;
+  const bool mcore_moe = m.is_moe() && !runs_our_runtime(j);
+  const double moe_share = mcore_moe ? double(m.moe_layers) / double(m.n_layer) : 0.0;
   const double mlp_sp = 1 - moe_share;  // the blocks whose MLP has SP's collectives
   PassCosts pc;
   if (et > 1) {
@@ -405,13 +407,17 @@ Prepared prepare(const Job& j, const Layout& l) {
   reduction(
       psi - psi_e, dpn,
       l.tp_across_nodes ? std::min(dpn, c.gpus_per_node) : std::max(1, c.gpus_per_node / l.tp));
-  if (psi_e > 0) reduction(psi_e, dpn / l.ep, std::max(1, c.gpus_per_node / (l.tp * l.ep)));
+  // Expert-dp: dp·cp / ep ranks, Megatron-Core's tp ranks too where they hold the same
+  // experts (expert tp 1): a node holds gpus_per_node / (expert tp · ep) of them (ours: the
+  // tp-strided dp·cp / ep, gpus_per_node / (tp · ep)).
+  const int edp = expert_dp(j, l);
+  const int edp_stride = (runs_our_runtime(j) ? l.tp : moe_expert_tp(j, l)) * l.ep;
+  if (psi_e > 0) reduction(psi_e, edp, std::max(1, c.gpus_per_node / edp_stride));
   // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
   // parameter with fp32 master and moments; f32: 28).
   // (Our runtime shards the dense states over expert-dp too: plan/moe.h ep_model_states.)
   const int dense_dp = runs_our_runtime(j) ? std::max(1, dpn / l.ep) : dpn;
-  const double opt_params =
-      l.zero >= 1 ? (psi - psi_e) / dense_dp + psi_e / std::max(1, dpn / l.ep) : psi;
+  const double opt_params = l.zero >= 1 ? (psi - psi_e) / dense_dp + psi_e / edp : psi;
   p.optimizer = opt_params * (mixed(j) ? 30.0 : 28.0) /
                 (c.gpu.hbm_bytes_per_s * c.gpu.hbm_efficiency * per_rank_share(j));
   if (!l.grad_accum_fusion) {
@@ -690,77 +696,84 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
       if (pins.sp) sps = {*pins.sp};
       std::vector<int> eps = ep_choices(j, dp, cp);
       if (pins.ep) eps = {*pins.ep};
+      // Megatron-Core's MoE under tp: the experts split over tp (its default) or whole.
+      std::vector<int> etps = {0};
+      if (m.is_moe() && !runs_our_runtime(j) && t > 1) etps = {0, 1};
+      if (pins.etp) etps = {*pins.etp};
       for (int ep : eps)
-        for (int v : vs)
-          for (int64_t mbs : mbss)
-            for (int z : zeros)
-              for (Recompute rc : rcs)
-                for (bool sp : sps) {
-                  Layout l;
-                  l.dp = dp;
-                  l.tp = t;
-                  l.pp = pp;
-                  l.cp = cp;
-                  l.ep = ep;
-                  l.cp_comm = pins.cp_comm;
-                  l.virtual_stages = v;
-                  l.microbatch = mbs;
-                  l.zero = z;
-                  l.recompute = rc;
-                  l.sp = sp;
-                  set_software(l, pins.megatron_2021);
-                  l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
-                  l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
-                  l.tp_comm_overlap = pins.tp_comm_overlap && sp;
-                  l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
-                  l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
-                  l.pp_layers = pins.pp_layers;
-                  l.tp_across_nodes = pins.tp_across_nodes;
-                  l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
-                  l = as_run(j, l);
-                  ++res.considered;
-                  std::string kind;
-                  std::optional<std::string> why = invalid_reason(j, l, &kind);
-                  // Valid, but a layout the search has already (ZeRO over one rank is stage 0)
-                  // or one that Megatron-LM 2021 could not run (a pinned --virtual-stages).
-                  if (!why && dp * cp == 1 && z > 0) {
-                    kind = "ZeRO over a single data-parallel rank (no ZeRO's layout again)";
-                    why = fmt::format("tp {} pp {} dp {} cp {} zero {}: nothing to shard over", t,
-                                      pp, dp, cp, z);
+        for (int etp : etps)
+          for (int v : vs)
+            for (int64_t mbs : mbss)
+              for (int z : zeros)
+                for (Recompute rc : rcs)
+                  for (bool sp : sps) {
+                    Layout l;
+                    l.dp = dp;
+                    l.tp = t;
+                    l.pp = pp;
+                    l.cp = cp;
+                    l.ep = ep;
+                    l.etp = etp;
+                    l.cp_comm = pins.cp_comm;
+                    l.virtual_stages = v;
+                    l.microbatch = mbs;
+                    l.zero = z;
+                    l.recompute = rc;
+                    l.sp = sp;
+                    set_software(l, pins.megatron_2021);
+                    l.dp_overlap = pins.dp_overlap.value_or(l.dp_overlap);
+                    l.tp_overlap = pins.tp_overlap.value_or(l.tp_overlap);
+                    l.tp_comm_overlap = pins.tp_comm_overlap && sp;
+                    l.fused_attention = pins.fused_attention.value_or(l.fused_attention);
+                    l.grad_accum_fusion = pins.grad_accum_fusion.value_or(l.grad_accum_fusion);
+                    l.pp_layers = pins.pp_layers;
+                    l.tp_across_nodes = pins.tp_across_nodes;
+                    l.schedule = pins.schedule.value_or(v > 1 ? "interleaved" : "1f1b");
+                    l = as_run(j, l);
+                    ++res.considered;
+                    std::string kind;
+                    std::optional<std::string> why = invalid_reason(j, l, &kind);
+                    // Valid, but a layout the search has already (ZeRO over one rank is stage 0)
+                    // or one that Megatron-LM 2021 could not run (a pinned --virtual-stages).
+                    if (!why && dp * cp == 1 && z > 0) {
+                      kind = "ZeRO over a single data-parallel rank (no ZeRO's layout again)";
+                      why = fmt::format("tp {} pp {} dp {} cp {} zero {}: nothing to shard over", t,
+                                        pp, dp, cp, z);
+                    }
+                    if (!why && pins.megatron_2021 && v > 1 && pp <= 2) {
+                      kind = "Megatron-LM 2021 interleaves only with pp > 2";
+                      why = fmt::format("pp {} virtual stages {}", pp, v);
+                    }
+                    if (why) {
+                      note(kind.empty() ? *why : kind, *why);
+                      continue;
+                    }
+                    Cand c;
+                    c.l = l;
+                    const int64_t nmb = j.batch / (int64_t(dp) * mbs);
+                    auto key = std::make_tuple(l.schedule, pp, v, nmb);
+                    auto it = flights.find(key);
+                    if (it == flights.end())
+                      it = flights
+                               .emplace(key,
+                                        max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
+                                                      spare_set(j)))
+                               .first;
+                    c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
+                    if (c.mem.total() > hbm) {
+                      const double over = c.mem.total() - hbm;
+                      best_oom_over = std::min(best_oom_over, over);
+                      note("out of memory",
+                           fmt::format(
+                               "tp {} pp {} dp {} mb {} zero {} recompute {}{}: {:.1f} GB over", t,
+                               pp, dp, mbs, z, recompute_name(rc), sp ? " sp" : "", over / 1e9));
+                      continue;
+                    }
+                    ++res.fit;
+                    c.p = prepare(j, l);
+                    c.lb = lower_bound(j, c.p, l);
+                    cands.push_back(std::move(c));
                   }
-                  if (!why && pins.megatron_2021 && v > 1 && pp <= 2) {
-                    kind = "Megatron-LM 2021 interleaves only with pp > 2";
-                    why = fmt::format("pp {} virtual stages {}", pp, v);
-                  }
-                  if (why) {
-                    note(kind.empty() ? *why : kind, *why);
-                    continue;
-                  }
-                  Cand c;
-                  c.l = l;
-                  const int64_t nmb = j.batch / (int64_t(dp) * mbs);
-                  auto key = std::make_tuple(l.schedule, pp, v, nmb);
-                  auto it = flights.find(key);
-                  if (it == flights.end())
-                    it = flights
-                             .emplace(key, max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
-                                                         spare_set(j)))
-                             .first;
-                  c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
-                  if (c.mem.total() > hbm) {
-                    const double over = c.mem.total() - hbm;
-                    best_oom_over = std::min(best_oom_over, over);
-                    note("out of memory",
-                         fmt::format(
-                             "tp {} pp {} dp {} mb {} zero {} recompute {}{}: {:.1f} GB over", t,
-                             pp, dp, mbs, z, recompute_name(rc), sp ? " sp" : "", over / 1e9));
-                    continue;
-                  }
-                  ++res.fit;
-                  c.p = prepare(j, l);
-                  c.lb = lower_bound(j, c.p, l);
-                  cands.push_back(std::move(c));
-                }
     }
   if (res.dropped.count("out of memory"))
     res.example["out of memory"] +=

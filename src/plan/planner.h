@@ -28,6 +28,11 @@ struct Layout {
   // of the GPU count): a MoE block's routed experts are split over ep ranks, their gradients
   // reduced over expert-dp = dp·cp / ep, the dense parameters' over dp × cp (plan/moe.h).
   int ep = 1;
+  // Expert tensor parallelism (Megatron-Core's expert_tensor_parallel_size): how many of a
+  // rank's tp ranks split each routed expert, 1 or tp; 0 is the software's own (Megatron-Core:
+  // tp; our runtime: 1, experts whole). With 1 under Megatron-Core a tp group's ranks hold the
+  // same experts, so the experts' gradients reduce over tp·dp·cp / ep ranks (plan/moe.h).
+  int etp = 0;
   int virtual_stages = 1;
   int64_t microbatch = 1;
   int zero = 0;
@@ -247,6 +252,7 @@ MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& d
 
 struct SearchPins {
   std::optional<int> dp, tp, pp, cp, ep, virtual_stages, zero;
+  std::optional<int> etp;  // Layout::etp; unset: the search tries tp and 1 (Megatron-Core MoE)
   std::optional<int64_t> microbatch;
   std::optional<Recompute> recompute;
   std::optional<bool> sp;

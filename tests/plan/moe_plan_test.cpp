@@ -178,6 +178,56 @@ TEST(PlanMoe, MegatronCoreSplitsTheExpertsOverTpAndGathersTheRoutedRows) {
   EXPECT_EQ(estimate(ours, l).moe_tp_comm_s, 0);
 }
 
+TEST(PlanMoe, ExpertTp1KeepsTheExpertsWholeAndReducesThemOverTheTpRanksToo) {
+  // Megatron-Core's --expert-tensor-parallel-size 1 under tp 4 (Layout::etp 1): no gather
+  // or scatter of the routed rows; each rank holds its ep rank's experts whole, as its 3 tp
+  // partners do, so the experts' states shard over tp·dp·cp / ep = 8 ranks, not 2.
+  const Job j = mixtral_job(64);
+  Layout split = layout(16, 4, 1, 8, 1);
+  split.sp = true;
+  split.recompute = Recompute::kNone;
+  Layout whole = split;
+  whole.etp = 1;
+  EXPECT_EQ(moe_expert_tp(j, split), 4);
+  EXPECT_EQ(moe_expert_tp(j, whole), 1);
+  EXPECT_EQ(expert_dp(j, split), 2);
+  EXPECT_EQ(expert_dp(j, whole), 8);
+  const Estimate a = estimate(j, split), b = estimate(j, whole);
+  EXPECT_GT(a.moe_tp_comm_s, 0);
+  EXPECT_EQ(b.moe_tp_comm_s, 0);
+  EXPECT_DOUBLE_EQ(b.tp_comm_s, a.tp_comm_s);  // the attention's SP collectives, in both
+  const double experts = 32 * 8 * 3 * 4096.0 * 14336;
+  EXPECT_NEAR(b.memory.parameters - a.memory.parameters, 2 * (experts / 8 - experts / 32), 1e3);
+  // ZeRO-1's fp32 master and moments: experts/32 over 2 ranks or experts/8 over 8, alike.
+  EXPECT_NEAR(b.memory.optimizer, a.memory.optimizer, 1e3);
+  // Only 1 or tp; never above 1 where the experts are whole anyway.
+  Layout two = split;
+  two.etp = 2;
+  auto why = invalid_reason(j, two);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("etp 2"), std::string::npos) << *why;
+  Job ours = j;
+  ours.our_runtime = true;
+  Layout four = split;
+  four.etp = 4;
+  EXPECT_FALSE(invalid_reason(j, four));
+  why = invalid_reason(ours, four);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("our runtime keeps the experts whole"), std::string::npos) << *why;
+  // The search tries both under tp; a pin keeps one.
+  SearchPins pins;
+  pins.tp = 4;
+  pins.ep = 2;
+  bool saw_whole = false, saw_split = false;
+  for (const Estimate& e : search(j, pins, 200).top) {
+    saw_whole = saw_whole || e.layout.etp == 1;
+    saw_split = saw_split || e.layout.etp == 0;
+  }
+  EXPECT_TRUE(saw_whole && saw_split);
+  pins.etp = 1;
+  for (const Estimate& e : search(j, pins, 20).top) EXPECT_EQ(e.layout.etp, 1);
+}
+
 TEST(PlanMoe, BadEpIsRefusedWithTheReason) {
   const Job j = mixtral_job(64);
   auto why = invalid_reason(j, layout(64, 1, 1, 16, 0));
