@@ -440,7 +440,7 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
                              : largest >= 1e6 ? std::pair{"MB", 1e6}
                                               : std::pair{"kB", 1e3};
   std::string out = fmt::format(
-      "{:>3} {:>7} {:>3} {:>4} {:>3} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} "
+      "{:>3} {:>7} {:>3} {:>4} {:>3} {:>4} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9} {:>11} {:>6} "
       "{:>6} {:>6} {:>7} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} ({} per GPU; total = "
       "params + grads + optim + max(activ + comm, f32grad), f32grad: the optimizer step's fp32 "
       "gradients)\n",
@@ -457,7 +457,7 @@ std::string estimate_table(const std::vector<plan::Estimate>& rows) {
     any_whole = any_whole || whole;
     const std::string ep = fmt::format("{}{}", l.ep, whole ? "w" : "");
     out += fmt::format(
-        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>3} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} "
+        "{:>3} {:>7} {:>3} {:>4} {:>3} {:>4} {:>2} {:>3} {:>4} {:>9} {:>3} {:>9.4g} {:>11.4g} "
         "{:>6.3g} {:>5.1f}% {:>5.1f}% {:>7} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} "
         "{:>7.2f} {:>6.2f}\n",
         ++i, l.dp, l.tp, l.pp, l.cp, ep, l.virtual_stages, l.microbatch, l.zero,
