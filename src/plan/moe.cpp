@@ -39,7 +39,7 @@ double expert_params_per_layer(const Job& j, const Layout& l) {
 }
 
 int ep_per_node(const Job& j, const Layout& l) {
-  const int64_t stride = int64_t(l.cp) * l.tp;
+  const int64_t stride = runs_our_runtime(j) ? int64_t(l.cp) * l.tp : moe_expert_tp(j, l);
   const int64_t fit = std::max<int64_t>(1, j.cluster.gpus_per_node / stride);
   return int(std::min<int64_t>(fit, l.ep));
 }

@@ -45,8 +45,11 @@ int expert_dp(const Job& j, const Layout& l);
 // each split over moe_expert_tp ranks.
 double expert_params_per_layer(const Job& j, const Layout& l);
 
-// How many ranks of an ep group share a node: the group is ep ranks cp·tp apart (mesh
-// order pp, dp, ep, cp, tp).
+// How many ranks of an ep group share a node. Our runtime: ep ranks cp·tp apart (its mesh
+// order pp, dp, ep, cp, tp). Megatron-Core: expert-tp apart — it builds each ep group from
+// the expert-tp-strided ranks of etp·ep consecutive ones, folding ep over cp and dp
+// (initialize_model_parallel, before parallel folding as after): tp apart by default,
+// neighbours with expert tp 1.
 int ep_per_node(const Job& j, const Layout& l);
 
 // One all-to-all in which every rank of the ep group holds `bytes` and keeps 1/ep of them:

@@ -127,6 +127,19 @@ TEST(PlanMoe, AllToAllCostsTheFabricTheEpGroupSpans) {
   EXPECT_EQ(ep_per_node(j, across), 4);
   const double bytes = 1e8;
   EXPECT_GT(ep_all_to_all_s(j, across, bytes), 3 * ep_all_to_all_s(j, in_node, bytes));
+  // Megatron-Core builds an ep group from tp-strided ranks of tp·ep neighbours, folding ep
+  // over cp (initialize_model_parallel): at tp 2, cp 2, 4 of ep 8 share a node; our runtime's
+  // mesh (pp, dp, ep, cp, tp) puts them cp·tp apart, 2 a node; with expert tp 1 they are
+  // neighbours, all 8.
+  Layout cp2 = layout(16, 2, 1, 8, 1);
+  cp2.cp = 2;
+  EXPECT_EQ(ep_per_node(j, cp2), 4);
+  Job ours = j;
+  ours.our_runtime = true;
+  EXPECT_EQ(ep_per_node(ours, cp2), 2);
+  Layout whole = cp2;
+  whole.etp = 1;
+  EXPECT_EQ(ep_per_node(j, whole), 8);
   // Exact: 7/8 of the bytes over NVLink, 7 latencies.
   EXPECT_NEAR(ep_all_to_all_s(j, in_node, bytes),
               bytes * 7 / 8 / j.cluster.intra_bytes_per_s + 7 * j.cluster.intra_latency_s, 1e-12);

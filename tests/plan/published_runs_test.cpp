@@ -265,14 +265,15 @@ TEST(PublishedRuns, MapePerSourceAndOverall) {
   // was measured (a regression guard; the goal is printed above with what misses it, and in
   // docs/planner.md, "The published test set"): the MAPE per source and overall and the rows
   // above 15% measured on 2026-11-29 after Megatron-Core's expert tensor parallelism (the
-  // routed rows gathered and scattered over tp; plan/moe.h moe_expert_tp) came into the MoE
-  // cost, plus 0.5 percentage point of slack for small model changes. Per source, so that one
+  // routed rows gathered and scattered over tp; plan/moe.h moe_expert_tp) and its ep groups'
+  // placement (tp apart, folded over cp: ep_per_node) came into the MoE cost, plus 0.5
+  // percentage point of slack for small model changes. Per source, so that one
   // source cannot get worse behind another's gain.
   constexpr double kSlack = 0.005, kGoalOverall = 0.05, kGoalSource = 0.08;
   const std::map<std::string, double> kMeasured = {
       {"korthikanti2022", 0.0326}, {"meta-llama3", 0.1007},       {"narayanan2021", 0.0709},
-      {"nvidia-dgxc", 0.0320},     {"nvidia-dgxc-grok1", 0.0894}, {"torchtitan", 0.0101}};
-  constexpr double kOverall = 0.0565;
+      {"nvidia-dgxc", 0.0320},     {"nvidia-dgxc-grok1", 0.0991}, {"torchtitan", 0.0101}};
+  constexpr double kOverall = 0.0583;
   constexpr int kRowsOver15 = 3;
   auto bar = [&](double measured, double goal) {
     return measured <= goal ? std::min(goal, measured + kSlack) : measured + kSlack;
@@ -316,7 +317,7 @@ TEST(PublishedRuns, WithTheMeasuredH100Kernels) {
   // A regression guard on the figures measured on 2026-11-27 (Grok-1's on 2026-11-29, with
   // expert tp), plus 0.5 point of slack.
   EXPECT_LE(measured.by_source.at("nvidia-dgxc").mape(), 0.0974 + 0.005);
-  EXPECT_LE(measured.by_source.at("nvidia-dgxc-grok1").mape(), 0.1006 + 0.005);
+  EXPECT_LE(measured.by_source.at("nvidia-dgxc-grok1").mape(), 0.1102 + 0.005);
   EXPECT_LE(measured.by_source.at("meta-llama3").mape(), 0.1755 + 0.005);
 }
 
