@@ -26,7 +26,8 @@ void add_train_command_flags(CLI::App& cmd, TrainCommandFlags& f) {
   cmd.add_option("--peak-gflops", f.peak_gflops, "GEMM peak for MFU (default: measured, cached)");
   cmd.add_flag("--profile", f.profile,
                "print where the time went, by kernel, over the training steps after the first "
-               "(rank 0's; validation forwards not counted)");
+               "(rank 0's; validation forwards not counted; a region's own time, without the "
+               "regions inside it)");
   cmd.add_option("--checkpoint-dir", f.checkpoint_dir,
                  "save sharded checkpoints into DIR/step-N (and after the last step)");
   cmd.add_option("--checkpoint-every", f.checkpoint_every, "save every N steps (0: at the end)");

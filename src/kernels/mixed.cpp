@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
@@ -135,10 +136,13 @@ void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, con
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     const float* dy_r = dy + r0 * out;
-    if (db)
-      round_and_bias_grad(ws, db, dy_r, rows, out);
-    else
-      to_bf16(ws, dy_r, rows * out);
+    {
+      profile::Scope p("bf16.convert");  // the output gradient, rounded (+ the bias's sum)
+      if (db)
+        round_and_bias_grad(ws, db, dy_r, rows, out);
+      else
+        to_bf16(ws, dy_r, rows * out);
+    }
     if (in == 0) continue;
     // dx[rows, in] = dy[rows, out] * w[out, in]
     if (dx) gemm_bf16(false, false, rows, in, out, 1.0f, ws, out, w, in, 0.0f, dx + r0 * in, in);

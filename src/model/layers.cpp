@@ -43,7 +43,10 @@ void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const floa
   }
   MT_ASSERT(wb && mp->x.numel() >= n * in);
   bf16* xb = mp->x.bf16p();
-  kernels::to_bf16(xb, x, n * in);
+  {
+    profile::Scope p("bf16.convert");  // the activations a GEMM reads, rounded each time
+    kernels::to_bf16(xb, x, n * in);
+  }
   kernels::linear_forward_mixed(y, xb, wb, b, n, in, out);
 }
 
@@ -57,6 +60,7 @@ void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, co
   MT_ASSERT(wb && mp->x.numel() >= n * in);
   bf16* xb = nullptr;
   if (dw) {
+    profile::Scope p("bf16.convert");
     xb = mp->x.bf16p();
     kernels::to_bf16(xb, x, n * in);
   }
