@@ -17,13 +17,13 @@ namespace {
 template <bool kBf16Copy>
 void adamw_impl(float* param, bf16* param_out, const float* grad, float* m, float* v, int64_t n,
                 float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                const char* what) {
+                const char* what, float grad_scale = 1.0f) {
   if (t < 1) fail("{}: step t must be >= 1, got {}", what, t);
   const float c1 = 1.0f / static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
   const float c2 = 1.0f / static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * grad_scale;  // exact at 1
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = mi;
@@ -46,19 +46,21 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 
 void adamw_update_multi(float* param, const float* grad, float* m, float* v,
                         const AdamwSegment* segs, int64_t n_segs, float lr, float beta1,
-                        float beta2, float eps, int64_t t) {
-  MT_CUDA_DISPATCH(adamw_update_multi(param, grad, m, v, segs, n_segs, lr, beta1, beta2, eps, t));
+                        float beta2, float eps, int64_t t, float grad_scale) {
+  MT_CUDA_DISPATCH(
+      adamw_update_multi(param, grad, m, v, segs, n_segs, lr, beta1, beta2, eps, t, grad_scale));
   for (int64_t k = 0; k < n_segs; ++k) {
     const AdamwSegment& g = segs[k];
-    adamw_update(param + g.offset, grad + g.offset, m + g.offset, v + g.offset, g.n, lr, beta1,
-                 beta2, eps, g.weight_decay, t);
+    adamw_impl<false>(param + g.offset, nullptr, grad + g.offset, m + g.offset, v + g.offset, g.n,
+                      lr, beta1, beta2, eps, g.weight_decay, t, "adamw_update_multi", grad_scale);
   }
 }
 
 void adamw_update_mixed(float* master, bf16* param_out, const float* grad, float* m, float* v,
                         int64_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, int64_t t) {
-  MT_CUDA_DISPATCH(adamw_update_mixed(master, param_out, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
+  MT_CUDA_DISPATCH(
+      adamw_update_mixed(master, param_out, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
   if (!param_out) fail("adamw_update_mixed: param_out (the bf16 copy) is null");
   adamw_impl<true>(master, param_out, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
                    "adamw_update_mixed");

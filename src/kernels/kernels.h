@@ -158,8 +158,10 @@ struct AdamwSegment {
   int64_t n = 0;
   float weight_decay = 0.f;
 };
+// grad_scale multiplies every gradient as it is read (global-norm clipping folded into the
+// update: the same bits as scaling the gradients first, without their read and write).
 void adamw_update_multi(float* param, const float* grad, float* m, float* v,
                         const AdamwSegment* segs, int64_t n_segs, float lr, float beta1,
-                        float beta2, float eps, int64_t t);
+                        float beta2, float eps, int64_t t, float grad_scale = 1.0f);
 
 }  // namespace mt::kernels

@@ -28,12 +28,12 @@ void AdamW::step(float lr) {
   step(lr, params_->flat_values().f32() + lo_, params_->flat_grads().f32() + lo_);
 }
 
-void AdamW::step(float lr, float* values, const float* grads) {
+void AdamW::step(float lr, float* values, const float* grads, float grad_scale) {
   profile::Scope p("optimizer");
   ++t_;
   kernels::adamw_update_multi(values, grads, m_.f32(), v_.f32(), segments_.data(),
                               static_cast<int64_t>(segments_.size()), lr, config_.beta1,
-                              config_.beta2, config_.eps, t_);
+                              config_.beta2, config_.eps, t_, grad_scale);
 }
 
 float lr_at(int64_t step, int64_t warmup_steps, int64_t total_steps, float lr_max,

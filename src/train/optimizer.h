@@ -25,8 +25,9 @@ class AdamW {
   AdamW(model::ParamStore& params, AdamWConfig config, int64_t lo, int64_t hi);
   // One update of every parameter with learning rate lr; the step count t starts at 1.
   void step(float lr);
-  // The same on explicit buffers: values and grads point at flat element lo.
-  void step(float lr, float* values, const float* grads);
+  // The same on explicit buffers: values and grads point at flat element lo. grad_scale
+  // multiplies each gradient as the update reads it (global-norm clipping, in the same pass).
+  void step(float lr, float* values, const float* grads, float grad_scale = 1.0f);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
   model::ParamStore& params() { return *params_; }

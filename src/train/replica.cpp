@@ -196,8 +196,8 @@ float* Replica::opt_values() {
   return gpt.params().flat_values().f32() + opt_lo;
 }
 
-void Replica::optimizer_step(float lr) {
-  opt->step(lr, opt_values(), opt_grads());
+void Replica::optimizer_step(float lr, float grad_scale) {
+  opt->step(lr, opt_values(), opt_grads(), grad_scale);
   if (zero == 1 || zero == 2) {  // every rank needs every updated value again
     Tensor& v = gpt.params().flat_values();
     dp.all_gather(comm::device_buf(v.f32() + shard.lo(), shard.shard_elems), comm::Buf(v));

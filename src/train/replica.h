@@ -72,11 +72,12 @@ struct Replica {
   // This rank's reduced gradients (the owned shard).
   float* owned_grads();
   int64_t owned_elems() const { return shard.shard_elems; }
-  // What clipping scales: everything this rank's optimizer reads.
+  // Everything this rank's optimizer reads.
   float* opt_grads();
   float* opt_values();
   int64_t opt_elems() const { return opt_hi - opt_lo; }
-  void optimizer_step(float lr);
+  // grad_scale: global-norm clipping's factor, applied as the update reads the gradients.
+  void optimizer_step(float lr, float grad_scale = 1.0f);
   // ZeRO-3: gathers the final weights into a full buffer and points the views there (for
   // export and the tests); the hooks are off from here on.
   void materialize_full();

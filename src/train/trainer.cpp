@@ -377,12 +377,11 @@ void run_rank(Shared& sh, comm::Group& world_in) {
     const bool give_up = guard.record(nonfinite);
     const float lr = lr_at(step, warmup, o.steps, o.lr, o.min_lr_ratio);
     if (!nonfinite) {  // a non-finite step changes nothing: no clipping, no update
-      if (o.grad_clip > 0 && clip_norm > o.grad_clip) {
-        profile::Scope prof("grad_clip");
-        kernels::scale(rep.opt_grads(), static_cast<float>(o.grad_clip / (clip_norm + 1e-6)),
-                       rep.opt_elems());
-      }
-      rep.optimizer_step(lr);
+      // Clipping scales the gradients as the update reads them (no pass of its own).
+      const float clip = o.grad_clip > 0 && clip_norm > o.grad_clip
+                             ? static_cast<float>(o.grad_clip / (clip_norm + 1e-6))
+                             : 1.0f;
+      rep.optimizer_step(lr, clip);
     }
     const bool outer_step = outer && outer->after_inner_step(step + 1, o.steps);
     device::synchronize();  // a GPU's step ends when its kernels have

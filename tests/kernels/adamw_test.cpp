@@ -56,6 +56,30 @@ TEST(AdamW, MultiSegmentEqualsOneCallPerSegment) {
     EXPECT_EQ(p1[i], p0[i]) << "element " << i << " is in no segment";
 }
 
+// Global-norm clipping folded into the update: the same bits as scaling the gradients first
+// (kernels::scale, what the trainer did before) and updating with them, at any scale; 1
+// leaves the gradients as they are.
+TEST(AdamW, GradScaleIsBitwiseScalingTheGradientsFirst) {
+  const int64_t n = 301;
+  const std::vector<AdamwSegment> segs = {{0, 100, 0.1f}, {100, 7, 0.0f}, {120, 181, 0.1f}};
+  for (float s : {1.0f, 0.3183f, 1e-3f}) {
+    auto p1 = test::randn(n, 3), p2 = p1;
+    std::vector<float> m1(n, 0.f), v1(n, 0.f), m2(n, 0.f), v2(n, 0.f);
+    for (int64_t t = 1; t <= 3; ++t) {
+      const auto g = test::randn(n, 40 + static_cast<uint32_t>(t));
+      auto scaled = g;
+      scale(scaled.data(), s, n);
+      adamw_update_multi(p1.data(), g.data(), m1.data(), v1.data(), segs.data(),
+                         static_cast<int64_t>(segs.size()), 1e-2f, 0.9f, 0.95f, 1e-8f, t, s);
+      adamw_update_multi(p2.data(), scaled.data(), m2.data(), v2.data(), segs.data(),
+                         static_cast<int64_t>(segs.size()), 1e-2f, 0.9f, 0.95f, 1e-8f, t);
+    }
+    EXPECT_EQ(p1, p2) << s;
+    EXPECT_EQ(m1, m2) << s;
+    EXPECT_EQ(v1, v2) << s;
+  }
+}
+
 TEST(AdamW, RejectsStepZero) {
   float p = 0, g = 0, m = 0, v = 0;
   EXPECT_THROW(adamw_update(&p, &g, &m, &v, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0), mt::Error);

@@ -351,8 +351,9 @@ TEST(CudaEmulated, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
     for (const auto& sg : segs)
       for (int64_t i = sg.offset; i < sg.offset + sg.n; ++i) covered[i] = true;
     auto p = p0, m = m0, v = v0;
+    // With a clipping scale: the kernel multiplies each gradient as it reads it.
     adamw_update_multi(p.data(), g0.data(), m.data(), v.data(), segs.data(),
-                       static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3);
+                       static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3, 0.625f);
     // adamw.cu's table and grid.
     std::vector<cu::DeviceSegment> table;
     int64_t n_blocks = 0;
@@ -362,7 +363,8 @@ TEST(CudaEmulated, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
     }
     auto gp = Guarded<>::from(p0), gm = Guarded<>::from(m0), gv = Guarded<>::from(v0);
     run(cu::adamw_multi_kernel, blocks(n_blocks), gp.get(), g0.data(), gm.get(), gv.get(),
-        table.data(), static_cast<int64_t>(table.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, c.c1, c.c2);
+        table.data(), static_cast<int64_t>(table.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, c.c1, c.c2,
+        0.625f);
     const auto hp = gp.values();
     MT_EXPECT_REL(hp, p, kOrdered, what + " param");
     MT_EXPECT_REL(gm.values(), m, kOrdered, what + " m");

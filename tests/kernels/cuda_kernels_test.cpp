@@ -509,13 +509,13 @@ TEST(CudaKernels, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
       for (int64_t i = sg.offset; i < sg.offset + sg.n; ++i) covered[i] = true;
     auto p = p0, m = m0, v = v0;
     adamw_update_multi(p.data(), g0.data(), m.data(), v.data(), segs.data(),
-                       static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3);
+                       static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3, 0.625f);
     OnGpu g;
     Gpu<float> gg(g0);
     for (int rep = 0; rep < 2; ++rep) {  // twice: the second reuses the table buffers
       Gpu<float> gp(p0), gm(m0), gv(v0);
       adamw_update_multi(gp.get(), gg.get(), gm.get(), gv.get(), segs.data(),
-                         static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3);
+                         static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3, 0.625f);
       const auto hp = gp.host(), hm = gm.host(), hv = gv.host();
       const std::string what = "adamw_update_multi table " + std::to_string(tab);
       MT_EXPECT_REL(hp, p, kOrdered, what + " param");

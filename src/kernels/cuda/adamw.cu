@@ -56,7 +56,7 @@ void adamw_update_mixed(float* master, bf16* param_out, const float* grad, float
 
 void adamw_update_multi(float* param, const float* grad, float* m, float* v,
                         const AdamwSegment* segs, int64_t n_segs, float lr, float beta1,
-                        float beta2, float eps, int64_t t) {
+                        float beta2, float eps, int64_t t, float grad_scale) {
   const Corrections c = corrections(beta1, beta2, t, "adamw_update_multi");
   check_nonneg("adamw_update_multi", "n_segs", n_segs);
   if (n_segs == 0) return;
@@ -79,7 +79,7 @@ void adamw_update_multi(float* param, const float* grad, float* m, float* v,
              "cudaMemcpyAsync (adamw segment table)");
   staging_copied();
   adamw_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(
-      param, grad, m, v, dev, n_segs, lr, beta1, beta2, eps, c.c1, c.c2);
+      param, grad, m, v, dev, n_segs, lr, beta1, beta2, eps, c.c1, c.c2, grad_scale);
   check_launch("adamw_multi_kernel");
 }
 

@@ -24,8 +24,8 @@ constexpr int64_t kElemsPerBlock = 4 * kThreads;  // of a segment, in adamw_upda
 // + wd p). Returns the new parameter.
 __device__ inline float adamw_element(float* param, const float* grad, float* m, float* v,
                                       int64_t i, float lr, float beta1, float beta2, float eps,
-                                      float wd, float c1, float c2) {
-  const float g = grad[i];
+                                      float wd, float c1, float c2, float grad_scale = 1.0f) {
+  const float g = __fmul_rn(grad[i], grad_scale);  // global-norm clipping; exact at 1
   const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(1.0f - beta1, g));
   const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(1.0f - beta2, g), g));
   m[i] = mi;
@@ -56,7 +56,8 @@ struct DeviceSegment {
 
 __global__ void adamw_multi_kernel(float* param, const float* grad, float* m, float* v,
                                    const DeviceSegment* segs, int64_t n_segs, float lr,
-                                   float beta1, float beta2, float eps, float c1, float c2) {
+                                   float beta1, float beta2, float eps, float c1, float c2,
+                                   float grad_scale) {
   // The segment of this block: the last k with segs[k].first_block <= blockIdx.x (segments
   // with no elements have no blocks, so the last such k has this block).
   const int64_t b = blockIdx.x;
@@ -72,7 +73,8 @@ __global__ void adamw_multi_kernel(float* param, const float* grad, float* m, fl
   const int64_t start = (b - s.first_block) * kElemsPerBlock;
   const int64_t end = start + kElemsPerBlock < s.n ? start + kElemsPerBlock : s.n;
   for (int64_t k = start + threadIdx.x; k < end; k += kThreads)
-    adamw_element(param, grad, m, v, s.offset + k, lr, beta1, beta2, eps, s.weight_decay, c1, c2);
+    adamw_element(param, grad, m, v, s.offset + k, lr, beta1, beta2, eps, s.weight_decay, c1, c2,
+                  grad_scale);
 }
 
 // Host side: the blocks a segment of n elements takes in adamw_multi_kernel's grid (the

@@ -101,7 +101,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 // One launch for every segment (segs is a host array of n_segs entries).
 void adamw_update_multi(float* param, const float* grad, float* m, float* v,
                         const AdamwSegment* segs, int64_t n_segs, float lr, float beta1,
-                        float beta2, float eps, int64_t t);
+                        float beta2, float eps, int64_t t, float grad_scale = 1.0f);
 
 // ---- vocab_parallel.h
 void vocab_parallel_max(float* mx, const float* logits, int64_t n, int64_t cols, int64_t real);
