@@ -51,8 +51,13 @@ void adamw_update_multi(float* param, const float* grad, float* m, float* v,
       adamw_update_multi(param, grad, m, v, segs, n_segs, lr, beta1, beta2, eps, t, grad_scale));
   for (int64_t k = 0; k < n_segs; ++k) {
     const AdamwSegment& g = segs[k];
-    adamw_impl<false>(param + g.offset, nullptr, grad + g.offset, m + g.offset, v + g.offset, g.n,
-                      lr, beta1, beta2, eps, g.weight_decay, t, "adamw_update_multi", grad_scale);
+    if (g.bf16_out)
+      adamw_impl<true>(param + g.offset, g.bf16_out, grad + g.offset, m + g.offset, v + g.offset,
+                       g.n, lr, beta1, beta2, eps, g.weight_decay, t, "adamw_update_multi",
+                       grad_scale);
+    else
+      adamw_impl<false>(param + g.offset, nullptr, grad + g.offset, m + g.offset, v + g.offset, g.n,
+                        lr, beta1, beta2, eps, g.weight_decay, t, "adamw_update_multi", grad_scale);
   }
 }
 

@@ -157,6 +157,9 @@ struct AdamwSegment {
   int64_t offset = 0;
   int64_t n = 0;
   float weight_decay = 0.f;
+  // The segment's bf16 working copy (element 0 of the segment), written in the same pass as
+  // bf16(param) — adamw_update_mixed's rounding — or none.
+  bf16* bf16_out = nullptr;
 };
 // grad_scale multiplies every gradient as it is read (global-norm clipping folded into the
 // update: the same bits as scaling the gradients first, without their read and write).

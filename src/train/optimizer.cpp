@@ -24,6 +24,15 @@ AdamW::AdamW(model::ParamStore& params, AdamWConfig config, int64_t lo, int64_t 
   });
 }
 
+void AdamW::write_bf16_copies() {
+  size_t k = 0;  // segments_ holds the pieces in for_each_in_range's order
+  params_->for_each_in_range(lo_, hi_, [&](const model::Param& prm, int64_t a, int64_t) {
+    kernels::AdamwSegment& s = segments_.at(k++);
+    if (prm.bf16_offset_elems >= 0 && prm.value_bf16.defined())
+      s.bf16_out = prm.value_bf16.bf16p() + (a - prm.offset_elems);
+  });
+}
+
 void AdamW::step(float lr) {
   step(lr, params_->flat_values().f32() + lo_, params_->flat_grads().f32() + lo_);
 }

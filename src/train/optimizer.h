@@ -29,6 +29,11 @@ class AdamW {
   // multiplies each gradient as the update reads it (global-norm clipping, in the same pass).
   void step(float lr, float* values, const float* grads, float grad_scale = 1.0f);
   int64_t steps_taken() const { return t_; }
+  // From now on each step also writes the bf16 working copy of the GEMM weights it updates
+  // (their ParamStore views, bound now and not rebound later), in the update's pass: the
+  // copy the store's refresh_bf16 would make afterwards, bit for bit, without reading the
+  // values again. For an optimizer over the whole store (no ZeRO sharding).
+  void write_bf16_copies();
   void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
   model::ParamStore& params() { return *params_; }
   Tensor& m() { return m_; }

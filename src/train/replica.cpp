@@ -114,6 +114,10 @@ Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfi
   opt_lo = zero == 0 ? 0 : shard.lo();
   opt_hi = zero == 0 ? ps.numel() : shard.hi();
   opt = std::make_unique<AdamW>(ps, adamw, opt_lo, opt_hi);
+  if (ro.bf16 && zero == 0) {  // every element updated here: the copy in the same pass
+    opt->write_bf16_copies();
+    bf16_in_optimizer = true;
+  }
 
   const parallel::tp::TpContext& tp = gpt.tp();
   for (const auto& p : ps.params()) {
@@ -202,8 +206,9 @@ void Replica::optimizer_step(float lr, float grad_scale) {
     Tensor& v = gpt.params().flat_values();
     dp.all_gather(comm::device_buf(v.f32() + shard.lo(), shard.shard_elems), comm::Buf(v));
   }
-  // The working copy from the new master weights (ZeRO-3: at each unit's next gather).
-  if (options.bf16 && !values) gpt.params().refresh_bf16();
+  // The working copy from the new master weights (stage 0: written by the update itself;
+  // ZeRO-3: at each unit's next gather).
+  if (options.bf16 && !values && !bf16_in_optimizer) gpt.params().refresh_bf16();
 }
 
 int64_t Replica::bf16_param_elems() const {

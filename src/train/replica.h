@@ -94,6 +94,9 @@ struct Replica {
   std::unique_ptr<parallel::ShardedParams> values;
   std::unique_ptr<parallel::HookChain> chain;
   std::unique_ptr<AdamW> opt;
+  // Stage 0 with bf16: the optimizer writes the GEMM weights' bf16 copy in its own pass
+  // (AdamW::write_bf16_copies), so optimizer_step does not convert the values again.
+  bool bf16_in_optimizer = false;
   int64_t opt_lo = 0, opt_hi = 0;
   Tensor full;
   // Flat ranges not counted in the norm on this rank: tp-replicated parameters on tp ranks

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/kernels.h"
+#include "kernels/mixed.h"
 #include "kernels/test_util.h"
 
 namespace mt::kernels {
@@ -78,6 +79,34 @@ TEST(AdamW, GradScaleIsBitwiseScalingTheGradientsFirst) {
     EXPECT_EQ(m1, m2) << s;
     EXPECT_EQ(v1, v2) << s;
   }
+}
+
+// A segment with a bf16 copy gets bf16(param) in the same pass, exactly as converting the
+// updated values afterwards (ParamStore::refresh_bf16's to_bf16) gives; the values, moments
+// and the segments without a copy are those of the update without one.
+TEST(AdamW, Bf16CopyInThePassEqualsConvertingAfterwards) {
+  const int64_t n = 301;
+  std::vector<bf16> copy(static_cast<size_t>(n), bf16{0xFFFF}), after(copy);
+  std::vector<AdamwSegment> with = {{0, 100, 0.1f}, {100, 7, 0.0f}, {120, 181, 0.1f}};
+  const std::vector<AdamwSegment> without = with;
+  with[0].bf16_out = copy.data();
+  with[2].bf16_out = copy.data() + 120;
+  auto p1 = test::randn(n, 3), p2 = p1;
+  std::vector<float> m1(n, 0.f), v1(n, 0.f), m2(n, 0.f), v2(n, 0.f);
+  for (int64_t t = 1; t <= 2; ++t) {
+    const auto g = test::randn(n, 60 + static_cast<uint32_t>(t));
+    adamw_update_multi(p1.data(), g.data(), m1.data(), v1.data(), with.data(),
+                       static_cast<int64_t>(with.size()), 1e-2f, 0.9f, 0.95f, 1e-8f, t, 0.5f);
+    adamw_update_multi(p2.data(), g.data(), m2.data(), v2.data(), without.data(),
+                       static_cast<int64_t>(without.size()), 1e-2f, 0.9f, 0.95f, 1e-8f, t, 0.5f);
+  }
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+  to_bf16(after.data(), p2.data(), 100);
+  to_bf16(after.data() + 120, p2.data() + 120, 181);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(copy[size_t(i)].bits, after[size_t(i)].bits) << "element " << i;
 }
 
 TEST(AdamW, RejectsStepZero) {

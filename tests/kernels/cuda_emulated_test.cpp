@@ -355,10 +355,14 @@ TEST(CudaEmulated, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
     adamw_update_multi(p.data(), g0.data(), m.data(), v.data(), segs.data(),
                        static_cast<int64_t>(segs.size()), 1e-3f, 0.9f, 0.999f, 1e-8f, 3, 0.625f);
     // adamw.cu's table and grid.
+    // Every other segment also writes its bf16 copy (the rest leave theirs alone).
+    std::vector<uint16_t> copy(n, 0xFFFF);
     std::vector<cu::DeviceSegment> table;
     int64_t n_blocks = 0;
-    for (const auto& g : segs) {
-      table.push_back(cu::DeviceSegment{g.offset, g.n, n_blocks, g.weight_decay, 0.0f});
+    for (size_t k = 0; k < segs.size(); ++k) {
+      const auto& g = segs[k];
+      table.push_back(cu::DeviceSegment{g.offset, g.n, n_blocks, g.weight_decay, 0.0f,
+                                        k % 2 == 0 ? copy.data() + g.offset : nullptr});
       n_blocks += cu::segment_blocks(g.n);
     }
     auto gp = Guarded<>::from(p0), gm = Guarded<>::from(m0), gv = Guarded<>::from(v0);
@@ -373,6 +377,12 @@ TEST(CudaEmulated, AdamwMultiMatchesCpuAndLeavesGapsAlone) {
       if (!covered[i]) {
         ASSERT_EQ(hp[i], p0[i]) << what << ": element " << i << " outside every segment changed";
       }
+    std::vector<bool> copied(n, false);
+    for (size_t k = 0; k < segs.size(); k += 2)
+      for (int64_t i = segs[k].offset; i < segs[k].offset + segs[k].n; ++i) copied[i] = true;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(copy[i], copied[i] ? f32_to_bf16(hp[i]).bits : uint16_t{0xFFFF})
+          << what << ": bf16 copy of element " << i;
   }
 }
 

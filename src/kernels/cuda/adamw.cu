@@ -68,7 +68,8 @@ void adamw_update_multi(float* param, const float* grad, float* m, float* v,
     if (g.offset < 0 || g.n < 0)
       fail_input("adamw_update_multi: segment " + str(k) + " has offset=" + str(g.offset) +
                  " n=" + str(g.n) + " (both must be >= 0)");
-    host[k] = DeviceSegment{g.offset, g.n, blocks, g.weight_decay, 0.0f};
+    host[k] = DeviceSegment{g.offset, g.n, blocks, g.weight_decay, 0.0f,
+                            reinterpret_cast<uint16_t*>(g.bf16_out)};
     blocks += segment_blocks(g.n);
   }
   if (blocks == 0) return;

@@ -52,6 +52,7 @@ struct DeviceSegment {
   int64_t offset, n, first_block;
   float weight_decay;
   float pad;
+  uint16_t* bf16_out;  // the segment's bf16 copy (its element 0), or null
 };
 
 __global__ void adamw_multi_kernel(float* param, const float* grad, float* m, float* v,
@@ -72,9 +73,11 @@ __global__ void adamw_multi_kernel(float* param, const float* grad, float* m, fl
   const DeviceSegment s = segs[lo];
   const int64_t start = (b - s.first_block) * kElemsPerBlock;
   const int64_t end = start + kElemsPerBlock < s.n ? start + kElemsPerBlock : s.n;
-  for (int64_t k = start + threadIdx.x; k < end; k += kThreads)
-    adamw_element(param, grad, m, v, s.offset + k, lr, beta1, beta2, eps, s.weight_decay, c1, c2,
-                  grad_scale);
+  for (int64_t k = start + threadIdx.x; k < end; k += kThreads) {
+    const float p = adamw_element(param, grad, m, v, s.offset + k, lr, beta1, beta2, eps,
+                                  s.weight_decay, c1, c2, grad_scale);
+    if (s.bf16_out) s.bf16_out[k] = bf16_bits(p);
+  }
 }
 
 // Host side: the blocks a segment of n elements takes in adamw_multi_kernel's grid (the
