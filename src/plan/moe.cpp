@@ -80,13 +80,15 @@ std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, cons
                      fmt::format("etp {}: the experts are split over all the tp ranks ({}) or "
                                  "none (1)",
                                  l.etp, l.tp)};
-  if (l.etp > 1 && (runs_our_runtime(j) || !m.is_moe()))
+  if (l.etp != 0 && !m.is_moe())
     return std::pair{
-        "etp above 1 without Megatron-Core's experts",
-        fmt::format("etp {}: {}", l.etp,
-                    m.is_moe() ? "our runtime keeps the experts whole on every tp "
-                                 "rank (drop --etp)"
-                               : "a dense model has no experts to split (drop --etp)")};
+        "etp on a dense model",
+        fmt::format("etp {}: model {} has no experts to split (drop --etp)", l.etp, m.name)};
+  if (l.etp > 1 && runs_our_runtime(j))
+    return std::pair{"etp above 1 in our runtime",
+                     fmt::format("etp {}: our runtime keeps the experts whole on every tp rank "
+                                 "(drop --etp)",
+                                 l.etp)};
   if (l.ep == 1) return std::nullopt;
   if (!m.is_moe())
     return std::pair{

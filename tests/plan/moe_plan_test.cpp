@@ -227,6 +227,13 @@ TEST(PlanMoe, ExpertTp1KeepsTheExpertsWholeAndReducesThemOverTheTpRanksToo) {
   why = invalid_reason(ours, four);
   ASSERT_TRUE(why);
   EXPECT_NE(why->find("our runtime keeps the experts whole"), std::string::npos) << *why;
+  Job dense = j;
+  dense.model = model_preset("llama3-8b");
+  Layout d = layout(16, 4, 1, 1, 1);
+  d.etp = 1;
+  why = invalid_reason(dense, d);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("no experts to split (drop --etp)"), std::string::npos) << *why;
   // The search tries both under tp; a pin keeps one.
   SearchPins pins;
   pins.tp = 4;
