@@ -124,8 +124,7 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
     // Routed experts: sharded over ep (and expert tp), their states over expert-dp
     // (plan/moe.h).
     const double experts_r = split.rank[size_t(r)] * expert_params_per_layer(j, l);
-    MemoryBytes mb =
-        ep_model_states(psi_r, experts_r, l, j.dtype, runs_our_runtime(j), expert_dp(j, l));
+    MemoryBytes mb = ep_model_states(psi_r, experts_r, j, l);
     // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
     if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
     // Each microbatch-chunk in flight as large as the rank's largest chunk.

@@ -110,13 +110,11 @@ std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, cons
   return std::nullopt;
 }
 
-MemoryBytes ep_model_states(double psi, double expert_psi, const Layout& l,
-                            const std::string& dtype, bool ours, int edp) {
+MemoryBytes ep_model_states(double psi, double expert_psi, const Job& j, const Layout& l) {
   const int dpn = l.dp * l.cp;
-  const int dense_dp = ours ? std::max(1, dpn / l.ep) : dpn;
-  if (edp <= 0) edp = std::max(1, dpn / l.ep);
-  const MemoryBytes d = zero_model_states(psi - expert_psi, dense_dp, l.zero, dtype);
-  const MemoryBytes e = zero_model_states(expert_psi, edp, l.zero, dtype);
+  const int dense_dp = runs_our_runtime(j) ? std::max(1, dpn / l.ep) : dpn;
+  const MemoryBytes d = zero_model_states(psi - expert_psi, dense_dp, l.zero, j.dtype);
+  const MemoryBytes e = zero_model_states(expert_psi, expert_dp(j, l), l.zero, j.dtype);
   MemoryBytes mb;
   mb.parameters = d.parameters + e.parameters;
   mb.gradients = d.gradients + e.gradients;

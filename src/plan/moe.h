@@ -70,11 +70,10 @@ EpCosts ep_costs(const Job& j, const Layout& l);
 std::optional<std::pair<std::string, std::string>> ep_invalid(const Job& j, const Layout& l);
 
 // Model states of `psi` parameters per rank, `expert_psi` of them routed experts: the dense
-// ones sharded by ZeRO over dp × cp (Megatron-Core), or with `ours` over expert-dp like the
-// experts (our runtime shards every state over the mesh's dp = dp·cp / ep; docs/moe.md), the
-// experts over expert-dp = dp·cp / ep.
-MemoryBytes ep_model_states(double psi, double expert_psi, const Layout& l,
-                            const std::string& dtype, bool ours = false, int edp = 0);
+// ones sharded by ZeRO over dp × cp (Megatron-Core), or in our runtime over dp·cp / ep like
+// the experts (it shards every state over the mesh's dp; docs/moe.md), the experts over
+// expert_dp.
+MemoryBytes ep_model_states(double psi, double expert_psi, const Job& j, const Layout& l);
 
 // Our f32 runtime's MoE layer memory (model/moe.h MoeLayer::make_activations and
 // make_scratch), for one microbatch on one rank: every tp rank routes all of its n = b·S/cp
