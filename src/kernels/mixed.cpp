@@ -24,18 +24,36 @@ namespace {
 // (tests/kernels/mixed_test.cpp counts them).
 constexpr int64_t kParallelElems = int64_t{1} << 15;
 
-// Rows [0, rows) of dy[., out]: ws = bf16(dy), and db += column sums of the f32 dy. Threads
-// split the columns and each column adds its rows in order, as linear_backward's bias_grad
-// does, so db does not depend on the thread count.
-void round_and_bias_grad(bf16* ws, float* db, const float* dy, int64_t rows, int64_t out) {
+// Rows [0, rows) and columns [0, cols) of dy (row stride ld) rounded into ws (row stride
+// cols), and db[j] += the f32 column sums when db is set. With db the threads split the
+// columns and each column adds its rows in order, as linear_backward's bias_grad does, so db
+// does not depend on the thread count or on how the columns were chunked; without it they
+// split the rows.
+void round_block(bf16* ws, float* db, const float* dy, int64_t rows, int64_t cols, int64_t ld) {
+  const bool parallel = rows * cols >= kParallelElems;
+  if (!db) {
+    auto row = [&](int64_t i) {
+      const float* r = dy + i * ld;
+      uint16_t* o = reinterpret_cast<uint16_t*>(ws + i * cols);
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) o[j] = detail::bf16_bits(r[j]);
+    };
+    if (!parallel) {
+      for (int64_t i = 0; i < rows; ++i) row(i);
+      return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) row(i);
+    return;
+  }
   constexpr int64_t kCols = 64;
-  const int64_t blocks = (out + kCols - 1) / kCols;
+  const int64_t blocks = (cols + kCols - 1) / kCols;
   auto block = [&](int64_t blk) {
-    const int64_t j0 = blk * kCols, j1 = std::min(out, j0 + kCols);
+    const int64_t j0 = blk * kCols, j1 = std::min(cols, j0 + kCols);
     float acc[kCols] = {};
     for (int64_t i = 0; i < rows; ++i) {
-      const float* r = dy + i * out;
-      uint16_t* o = reinterpret_cast<uint16_t*>(ws + i * out);
+      const float* r = dy + i * ld;
+      uint16_t* o = reinterpret_cast<uint16_t*>(ws + i * cols);
 #pragma omp simd
       for (int64_t j = j0; j < j1; ++j) {
         acc[j - j0] += r[j];
@@ -44,7 +62,7 @@ void round_and_bias_grad(bf16* ws, float* db, const float* dy, int64_t rows, int
     }
     for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
   };
-  if (rows * out < kParallelElems) {
+  if (!parallel) {
     for (int64_t blk = 0; blk < blocks; ++blk) block(blk);
     return;
   }
@@ -127,19 +145,43 @@ void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, con
     if (db) detail::bias_grad(db, dy, n, out);
     return;
   }
-  if (!ws || ws_elems < out)
+  // Column chunks when dy is wider than it is tall (the LM head's [n, vocab]): each chunk's
+  // dw rows are written once, and only dx (n x in, small) is revisited. Row chunks otherwise:
+  // each chunk revisits the whole dw.
+  const bool one_pass = ws && ws_elems >= n * out;
+  const bool by_cols = !one_pass && ws && n <= out && ws_elems >= n;
+  if (!one_pass && !by_cols && (!ws || ws_elems < out))
     fail(
         "linear_backward_mixed: the bf16 workspace holds {} elements, fewer than one row of dy "
-        "(out={}); give it linear_backward_mixed_ws_elems(n, out) = {} for one pass",
-        ws ? ws_elems : 0, out, n * out);
-  const int64_t chunk = std::min(n, ws_elems / out);
+        "(out={}) and one column (n={}); give it linear_backward_mixed_ws_elems(n, out) = {} for "
+        "one pass",
+        ws ? ws_elems : 0, out, n, n * out);
+  if (by_cols) {
+    const int64_t chunk = ws_elems / n;
+    for (int64_t c0 = 0; c0 < out; c0 += chunk) {
+      const int64_t cols = std::min(chunk, out - c0);
+      {
+        profile::Scope p("bf16.convert");  // the output gradient, rounded (+ the bias's sum)
+        round_block(ws, db ? db + c0 : nullptr, dy + c0, n, cols, out);
+      }
+      if (in == 0) continue;
+      // dx[n, in] (+)= dy[:, c0:c0+cols] * w[c0:c0+cols, :], the chunks' sum in f32
+      if (dx)
+        gemm_bf16(false, false, n, in, cols, 1.0f, ws, cols, w + c0 * in, in, c0 == 0 ? 0.0f : 1.0f,
+                  dx, in);
+      // dw[c0:c0+cols, :] += dy[:, c0:c0+cols]^T * x
+      if (dw) gemm_bf16(true, false, cols, in, n, 1.0f, ws, cols, x, in, 1.0f, dw + c0 * in, in);
+    }
+    return;
+  }
+  const int64_t chunk = one_pass ? n : std::min(n, ws_elems / out);
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t rows = std::min(chunk, n - r0);
     const float* dy_r = dy + r0 * out;
     {
       profile::Scope p("bf16.convert");  // the output gradient, rounded (+ the bias's sum)
       if (db)
-        round_and_bias_grad(ws, db, dy_r, rows, out);
+        round_block(ws, db, dy_r, rows, out, out);
       else
         to_bf16(ws, dy_r, rows * out);
     }

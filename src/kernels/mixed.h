@@ -37,9 +37,11 @@ void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b,
 // Backward with dy in f32. The GEMMs need dy in bf16, so dy is rounded into `ws`, a
 // workspace of ws_elems bf16 owned by the caller (allocated once, before step 1, under
 // mem::Category::kWorkspace: this function allocates nothing). With
-// ws_elems >= n*out it runs as one pass; a smaller workspace (>= out, one row) makes it
-// work through row chunks of ws_elems/out rows (for the lm head, whose dy is [n, vocab]),
-// which only changes the order in which dw and db add up.
+// ws_elems >= n*out it runs as one pass. A smaller workspace makes it work through chunks:
+// of ws_elems/n columns when n <= out and it holds one column (the LM head, whose dy is
+// [n, vocab]: each chunk writes its own rows of dw once, and dx adds the chunks up in f32),
+// else of ws_elems/out rows (it must hold one row; each chunk adds to the whole dw). Chunks
+// change only the order in which dx or dw add up; db's sums are the same.
 //   dx[n,in]   = dy * w          (f32, overwritten; skipped when dx is null)
 //   dw[out,in] += dy^T * x       (f32 += f32 product; skipped when dw is null)
 //   db[out]    += sum_rows(dy)   (summed from the f32 dy, rows in order; db may be null)

@@ -256,9 +256,12 @@ TEST(MixedLinear, BackwardMatchesReferenceOnRoundedInputs) {
     // ~2^-8 relative, far outside the tolerance.
     const auto dw0 = randn(out * in, 5), db0 = randn(out, 6);
     const auto ref = ref_backward(dy, widened(x), widened(w), dw0, db0, n, in, out);
-    // The workspace for one pass, then one of two rows and a bit (row chunks of 2, the last
-    // one shorter when n is odd).
-    for (int64_t ws_elems : {linear_backward_mixed_ws_elems(n, out), 2 * out + 5}) {
+    // The workspace for one pass, then two smaller ones: of two rows and a bit (row chunks
+    // of 2 where n > out; where n <= out column chunks of that many columns), and of five
+    // columns and a bit (column chunks of 5, the last one shorter, where n <= out; row
+    // chunks where it holds a row).
+    for (int64_t ws_elems :
+         {linear_backward_mixed_ws_elems(n, out), 2 * out + 5, std::max(5 * n + 2, out)}) {
       SCOPED_TRACE(testing::Message()
                    << "n=" << n << " in=" << in << " out=" << out << " ws_elems=" << ws_elems);
       std::vector<bf16> ws(ws_elems);
@@ -305,12 +308,19 @@ TEST(MixedLinear, BackwardAccumulatesExactly) {
   EXPECT_EQ(dx2, dx1);
 }
 
-TEST(MixedLinear, BackwardRejectsAWorkspaceSmallerThanARow) {
+TEST(MixedLinear, BackwardRejectsAWorkspaceSmallerThanARowAndAColumn) {
   const int64_t n = 4, in = 8, out = 16;
-  std::vector<bf16> x(n * in), w(out * in), ws(out - 1);
-  std::vector<float> dy(n * out), dx(n * in);
+  std::vector<bf16> x(out * in), w(out * in), ws(out - 1);  // sized for both calls
+  std::vector<float> dy(n * out), dx(out * in);
+  // n <= out: one column (n elements) is enough; n - 1 is not.
   EXPECT_THROW(linear_backward_mixed(dx.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), n,
-                                     in, out, ws.data(), out - 1),
+                                     in, out, ws.data(), n - 1),
+               mt::Error);
+  EXPECT_NO_THROW(linear_backward_mixed(dx.data(), nullptr, nullptr, dy.data(), x.data(), w.data(),
+                                        n, in, out, ws.data(), n));
+  // n > out (dy's transpose): columns are not used, one row (out elements) is needed.
+  EXPECT_THROW(linear_backward_mixed(dx.data(), nullptr, nullptr, dy.data(), x.data(), w.data(),
+                                     out, in, n, ws.data(), n - 1),
                mt::Error);
   EXPECT_THROW(linear_backward_mixed(dx.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), n,
                                      in, out, nullptr, 0),
@@ -321,7 +331,7 @@ TEST(MixedLinear, BackwardRejectsAWorkspaceSmallerThanARow) {
 // top of it, oneDNN's and OpenMP's): nothing outside oneDNN's execute. oneDNN 2.6's
 // dnnl_primitive_execute builds a std::unordered_map of the arguments and an execution
 // context on every call, small blocks freed before it returns (5-6 per matmul here, 2 forward
-// matmuls and 2 x 32 backward ones with row chunks of 3); our code around it allocates
+// matmuls and 2 x 32 backward ones with column chunks of 5); our code around it allocates
 // nothing, which this test pins as: AdamW and the conversions allocate 0 blocks, each step
 // allocates exactly what its three GEMM calls allocate alone, the same every step, and every
 // block is freed before the step ends. The accounting allocator sees nothing after step 1.
@@ -333,7 +343,7 @@ TEST(MixedLinear, SteadyStateAllocatesNothingOutsideOneDnnExecute) {
   const auto x = rounded(randn(n * in, 1)), w = rounded(randn(out * in, 2));
   const auto b = randn(out, 3), dy = randn(n * out, 4);
   std::vector<float> y(n * out), dx(n * in), dw(out * in), db(out);
-  std::vector<bf16> yh(n * out), ws(3 * out);  // row chunks: two GEMM shapes per direction
+  std::vector<bf16> yh(n * out), ws(3 * out);  // column chunks of 5: 32 per direction
   std::vector<float> master = randn(out * in, 5), m(out * in), v(out * in);
   std::vector<bf16> param(out * in);
   auto fwd32 = [&] { linear_forward_mixed(y.data(), x.data(), w.data(), b.data(), n, in, out); };
