@@ -11,6 +11,8 @@ Modes (run with Debian's /usr/bin/python3, which has torch 1.13):
   eval          loss of a safetensors model on an llm.c token file; one JSON line {"loss": ...}
   make-weights  write a randomly initialised GPT-2 as safetensors (with shape metadata)
   blas-coretype measure OpenBLAS's kernels per OPENBLAS_CORETYPE, print the fastest
+  bf16-probe    measure the bf16 matmul torch.autocast runs (oneDNN), 1 thread, and say
+                which CPU kernels this PyTorch was built to use
 
 Exit codes: 0 success, 1 failure while running, 2 bad input or usage.
 """
@@ -453,7 +455,10 @@ def train_worker(rank, world, args, cfg, tokens):
     for step in range(args.steps):
         x, y = batch_at(tokens, ((step * world + rank) % windows) * n, args.batch, args.seq)
         t0 = time.perf_counter()
-        loss = net(x, y)
+        # bf16: torch.autocast around the forward (its matmuls on bf16 operands in oneDNN, f32
+        # weights, gradients and optimizer state), as PyTorch's mixed precision is used.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+            loss = net(x, y)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -479,7 +484,8 @@ def train_worker(rank, world, args, cfg, tokens):
     if rank == 0:
         print(json.dumps({"tokens_per_s": world * n * len(timed) / total,
                           "step_time_s": total / len(timed), "steps": args.steps,
-                          "ranks": world, "threads": args.threads, "batch": args.batch,
+                          "ranks": world, "threads": args.threads, "dtype": args.dtype,
+                          "batch": args.batch,
                           "seq": args.seq, "params": sum(p.numel() for p in model.parameters())}),
               flush=True)
     return 0
@@ -513,6 +519,28 @@ def cmd_blas_coretype(args):
     return 0
 
 
+def cmd_bf16_probe(args):
+    """The bf16 GEMM torch.autocast gives a GPT's linears (1 thread, 1024^3 under autocast),
+    whether oneDNN (MKL-DNN) is there to run it, and the CPU capability PyTorch dispatches
+    its own kernels to."""
+    torch.set_num_threads(1)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = a @ b
+        t = time.perf_counter()
+        for _ in range(8):
+            out = a @ b
+        gflops = 8 * 2 * 1024 ** 3 / (time.perf_counter() - t) / 1e9
+    capability = "?"
+    for line in torch.__config__.show().splitlines():
+        if "CPU capability usage" in line:
+            capability = line.split(":", 1)[1].strip()
+    print(json.dumps({"gflops": round(gflops, 1), "dtype": str(out.dtype),
+                      "mkldnn": bool(torch.backends.mkldnn.is_available()),
+                      "capability": capability}))
+    return 0
+
+
 def add_shape_args(p, required):
     p.add_argument("--n-layer", type=int, required=required)
     p.add_argument("--n-head", type=int, required=required)
@@ -537,6 +565,8 @@ def main(argv=None):
     t.add_argument("--ranks", type=int, default=1,
                    help="data-parallel processes (DDP over gloo); --batch is per rank")
     t.add_argument("--pin", action="store_true", help="pin rank r to the r-th allowed CPU")
+    t.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                   help="bf16: torch.autocast(bfloat16) around the forward")
 
     e = sub.add_parser("eval", help="mean loss of a safetensors model; prints {\"loss\": ...}")
     e.add_argument("--weights", required=True)
@@ -560,6 +590,7 @@ def main(argv=None):
 
     sub.add_parser("blas-coretype",
                    help="measure 1-core sgemm for each OPENBLAS_CORETYPE; print the best")
+    sub.add_parser("bf16-probe", help="measure 1-core bf16 matmul under torch.autocast")
 
     args = ap.parse_args(argv)
     for name in ("batch", "seq", "batches", "threads", "steps", "ranks"):
@@ -571,6 +602,8 @@ def main(argv=None):
         return cmd_eval(args) or 0
     if args.mode == "blas-coretype":
         return cmd_blas_coretype(args)
+    if args.mode == "bf16-probe":
+        return cmd_bf16_probe(args)
     return cmd_make_weights(args) or 0
 
 
