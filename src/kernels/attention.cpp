@@ -53,7 +53,7 @@ void check_shape(int64_t T, int64_t C, int64_t NH) {
 void causal_softmax_row(float* p, int64_t t, int64_t T) {
   float mx = p[0];
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j <= t; ++j) mx = std::max(mx, p[j]);
+  for (int64_t j = 0; j <= t; ++j) mx = detail::max_of(mx, p[j]);
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j <= t; ++j) {

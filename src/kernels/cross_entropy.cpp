@@ -27,7 +27,7 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
     const float* x = logits + i * Vp;
     float mx = x[0];
 #pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j]);
+    for (int64_t j = 0; j < V; ++j) mx = detail::max_of(mx, x[j]);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < V; ++j) s += detail::fast_exp(x[j] - mx);

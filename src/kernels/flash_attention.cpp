@@ -110,7 +110,7 @@ void forward_block(const AttentionPiece& s, HeadRows q, HeadRows k, HeadRows v, 
       }
       float mx = srow[0];
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, srow[j]);
+      for (int64_t j = 0; j < valid; ++j) mx = detail::max_of(mx, srow[j]);
       const float m_new = std::max(m[i], mx);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

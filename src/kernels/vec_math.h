@@ -36,6 +36,12 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
+// max(m, x) by value, so that GCC vectorises a `reduction(max : m)` over it. std::max(m, x)
+// computes the same `m < x ? x : m` (a NaN x is skipped, a NaN m kept, by both), but through
+// references GCC 12 leaves that loop scalar: a 50k vocabulary row's max took twice as long
+// as its exp-sum (cross_entropy_forward, 1 thread: 25 ms of 35 for Model M's logits).
+inline float max_of(float m, float x) { return x > m ? x : m; }
+
 // The bits of f32_to_bf16(x) (core/dtype.h: to nearest, ties to even, NaN kept and made
 // quiet) without a branch, so that loops over it vectorise. Not VCVTNEPS2BF16: that
 // instruction flushes subnormals to zero.

@@ -16,7 +16,7 @@ void vocab_parallel_max(float* mx, const float* logits, int64_t n, int64_t cols,
     const float* x = logits + i * cols;
     float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < real; ++j) m = std::max(m, x[j]);
+    for (int64_t j = 0; j < real; ++j) m = detail::max_of(m, x[j]);
     mx[i] = m;
   }
 }
