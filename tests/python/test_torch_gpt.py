@@ -339,6 +339,27 @@ class Cli(unittest.TestCase):
         # first loss of a fresh GPT-2 init is close to ln(vocab)
         self.assertLess(abs(steps[0]["loss"] - math.log(256)), 0.1)
 
+    def test_train_bf16_runs_under_autocast(self):
+        # The benchmark's bf16 peer: the same steps under torch.autocast, reported as bf16,
+        # with a loss that is still about ln(vocab) at the start (bf16 GEMMs, f32 loss).
+        rc, out, err = run_script("train", "--n-layer", "1", "--n-head", "2", "--d-model", "32",
+                                  "--vocab", "256", "--seq", "32", "--batch", "2",
+                                  "--steps", "3", "--data", self.data, "--threads", "1",
+                                  "--dtype", "bf16")
+        self.assertEqual(rc, 0, err)
+        last = json.loads(out.strip().splitlines()[-1])
+        self.assertEqual(last["dtype"], "bf16")
+        steps = [json.loads(s) for s in err.strip().splitlines()]
+        self.assertLess(abs(steps[0]["loss"] - math.log(256)), 0.1)
+
+    def test_bf16_probe_reports_the_autocast_matmul(self):
+        rc, out, err = run_script("bf16-probe")
+        self.assertEqual(rc, 0, err)
+        probe = json.loads(out.strip().splitlines()[-1])
+        self.assertEqual(probe["dtype"], "torch.bfloat16")  # autocast did give bf16
+        self.assertGreater(probe["gflops"], 0)
+        self.assertIn("mkldnn", probe)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)
