@@ -180,10 +180,7 @@ void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, con
     const float* dy_r = dy + r0 * out;
     {
       profile::Scope p("bf16.convert");  // the output gradient, rounded (+ the bias's sum)
-      if (db)
-        round_block(ws, db, dy_r, rows, out, out);
-      else
-        to_bf16(ws, dy_r, rows * out);
+      round_block(ws, db, dy_r, rows, out, out);
     }
     if (in == 0) continue;
     // dx[rows, in] = dy[rows, out] * w[out, in]
