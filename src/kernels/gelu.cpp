@@ -10,14 +10,26 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCoef = 0.044715f;
 }  // namespace
 
-void gelu_forward(float* y, const float* x, int64_t n) {
-  MT_CUDA_DISPATCH(gelu_forward(y, x, n));
+namespace {
+template <typename Y>  // float, or bf16: the output rounded once (a GEMM input)
+void gelu_elems(Y* y, const float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float u = kSqrt2OverPi * (v + kCoef * v * v * v);
-    y[i] = v / (1.0f + detail::fast_exp(-2.0f * u));
+    detail::store(y, i, v / (1.0f + detail::fast_exp(-2.0f * u)));
   }
+}
+}  // namespace
+
+void gelu_forward(float* y, const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(gelu_forward(y, x, n));
+  gelu_elems(y, x, n);
+}
+
+void gelu_forward(bf16* y, const float* x, int64_t n) {
+  MT_CUDA_DISPATCH(gelu_forward(y, x, n));
+  gelu_elems(y, x, n);
 }
 
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n) {

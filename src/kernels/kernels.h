@@ -55,13 +55,20 @@ void linear_backward(float* dx, float* dw, float* db, const float* dy, const flo
 // b and db may be null (a model without biases).
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t n, int64_t c);
+// The same with y rounded to bf16 (--dtype bf16 keeps an output that only feeds GEMMs so,
+// docs/mixed_precision.md): bitwise to_bf16 (mixed.h) of the f32 overload's y; likewise the
+// bf16 overloads of rmsnorm_forward, swiglu_forward and gelu_forward below.
+void layernorm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t n, int64_t c);
 // dx += ...; dw += ...; db += ...
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t n, int64_t c);
 
-// ---- the Llama family's parts (CPU only: no CUDA twins yet) ----------------------------
+// ---- the Llama family's parts (CUDA twins: kernels/cuda/llama.cu) ---------------------
 // RMSNorm: y = x / sqrt(mean(x²) + eps) · w per row; rstd[i] stashed for backward.
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
+                     float eps);
+void rmsnorm_forward(bf16* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
                      float eps);
 // dx += ...; dw += ...
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
@@ -75,6 +82,7 @@ void rope_backward(float* dx, int64_t B, int64_t T, int64_t row_stride, int64_t 
                    int64_t hd, const float* cos, const float* sin);
 // SwiGLU: h [n, 2f] rows of gate | up; y [n, f] = silu(gate)·up; dh overwritten.
 void swiglu_forward(float* y, const float* h, int64_t n, int64_t f);
+void swiglu_forward(bf16* y, const float* h, int64_t n, int64_t f);
 void swiglu_backward(float* dh, const float* h, const float* dy, int64_t n, int64_t f);
 // Grouped-query attention: qkv rows [q (heads·hd) | k (kv_heads·hd) | v (kv_heads·hd)] to the
 // multi-head kernel's [q | k | v] of heads·hd each (kv head k repeated for query heads
@@ -86,6 +94,7 @@ void reduce_kv_heads(float* dqkv, const float* dfull, int64_t n, int64_t heads, 
 
 // ---- GELU, tanh approximation (GPT-2) -------------------------------------------------
 void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_forward(bf16* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);  // dx overwritten
 
 // ---- causal multi-head self-attention -----------------------------------------------

@@ -4,12 +4,17 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "kernels/vec_math.h"
 
 namespace mt::kernels {
 
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t n, int64_t c) {
-  MT_CUDA_DISPATCH(layernorm_forward(y, mean, rstd, x, w, b, n, c));
+namespace {
+
+// Y: float, or bf16 (the output rounded once, for a GEMM input: the bits of to_bf16 of the
+// f32 output).
+template <typename Y>
+void layernorm_rows(Y* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                    int64_t n, int64_t c) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
@@ -22,17 +27,31 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
 #pragma omp simd reduction(+ : v)
     for (int64_t j = 0; j < c; ++j) v += (xi[j] - m) * (xi[j] - m);
     const float r = 1.0f / std::sqrt(v / static_cast<float>(c) + 1e-5f);
-    float* yi = y + i * c;
+    Y* yi = y + i * c;
     if (b) {
 #pragma omp simd
-      for (int64_t j = 0; j < c; ++j) yi[j] = (xi[j] - m) * r * w[j] + b[j];
+      for (int64_t j = 0; j < c; ++j) detail::store(yi, j, (xi[j] - m) * r * w[j] + b[j]);
     } else {  // a model without biases
 #pragma omp simd
-      for (int64_t j = 0; j < c; ++j) yi[j] = (xi[j] - m) * r * w[j];
+      for (int64_t j = 0; j < c; ++j) detail::store(yi, j, (xi[j] - m) * r * w[j]);
     }
     mean[i] = m;
     rstd[i] = r;
   }
+}
+
+}  // namespace
+
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t n, int64_t c) {
+  MT_CUDA_DISPATCH(layernorm_forward(y, mean, rstd, x, w, b, n, c));
+  layernorm_rows(y, mean, rstd, x, w, b, n, c);
+}
+
+void layernorm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t n, int64_t c) {
+  MT_CUDA_DISPATCH(layernorm_forward(y, mean, rstd, x, w, b, n, c));
+  layernorm_rows(y, mean, rstd, x, w, b, n, c);
 }
 
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,

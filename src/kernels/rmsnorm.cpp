@@ -5,12 +5,15 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
+#include "kernels/vec_math.h"
 
 namespace mt::kernels {
 
-void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
-                     float eps) {
-  MT_CUDA_DISPATCH(rmsnorm_forward(y, rstd, x, w, n, c, eps));
+namespace {
+
+template <typename Y>  // float, or bf16: the output rounded once (a GEMM input)
+void rmsnorm_rows(Y* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
+                  float eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
@@ -18,11 +21,25 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < c; ++j) s += xi[j] * xi[j];
     const float r = 1.0f / std::sqrt(s / static_cast<float>(c) + eps);
-    float* yi = y + i * c;
+    Y* yi = y + i * c;
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) yi[j] = xi[j] * r * w[j];
+    for (int64_t j = 0; j < c; ++j) detail::store(yi, j, xi[j] * r * w[j]);
     rstd[i] = r;
   }
+}
+
+}  // namespace
+
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
+                     float eps) {
+  MT_CUDA_DISPATCH(rmsnorm_forward(y, rstd, x, w, n, c, eps));
+  rmsnorm_rows(y, rstd, x, w, n, c, eps);
+}
+
+void rmsnorm_forward(bf16* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
+                     float eps) {
+  MT_CUDA_DISPATCH(rmsnorm_forward(y, rstd, x, w, n, c, eps));
+  rmsnorm_rows(y, rstd, x, w, n, c, eps);
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,

@@ -13,16 +13,28 @@ namespace {
 inline float sigmoid(float g) { return 1.0f / (1.0f + detail::fast_exp(-g)); }
 }  // namespace
 
-void swiglu_forward(float* y, const float* h, int64_t n, int64_t f) {
-  MT_CUDA_DISPATCH(swiglu_forward(y, h, n, f));
+namespace {
+template <typename Y>  // float, or bf16: the output rounded once (a GEMM input)
+void swiglu_rows(Y* y, const float* h, int64_t n, int64_t f) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* gate = h + i * 2 * f;
     const float* up = gate + f;
-    float* yi = y + i * f;
+    Y* yi = y + i * f;
 #pragma omp simd
-    for (int64_t j = 0; j < f; ++j) yi[j] = gate[j] * sigmoid(gate[j]) * up[j];
+    for (int64_t j = 0; j < f; ++j) detail::store(yi, j, gate[j] * sigmoid(gate[j]) * up[j]);
   }
+}
+}  // namespace
+
+void swiglu_forward(float* y, const float* h, int64_t n, int64_t f) {
+  MT_CUDA_DISPATCH(swiglu_forward(y, h, n, f));
+  swiglu_rows(y, h, n, f);
+}
+
+void swiglu_forward(bf16* y, const float* h, int64_t n, int64_t f) {
+  MT_CUDA_DISPATCH(swiglu_forward(y, h, n, f));
+  swiglu_rows(y, h, n, f);
 }
 
 void swiglu_backward(float* dh, const float* h, const float* dy, int64_t n, int64_t f) {

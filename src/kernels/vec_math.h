@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/dtype.h"
+
 namespace mt::kernels::detail {
 
 // e^x for x in [-87, 88] to about 2 ulp; inputs outside are clamped (so e^-inf -> ~1e-38,
@@ -52,5 +54,10 @@ inline uint16_t bf16_bits(float x) {
   const uint32_t quiet_nan = (u >> 16) | 0x40u;
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
+
+// y[i] = v, or v rounded to bf16 (bf16_bits): the one line where a kernel templated on its
+// output type (f32, or bf16 for an output that only feeds GEMMs) writes it.
+inline void store(float* y, int64_t i, float v) { y[i] = v; }
+inline void store(bf16* y, int64_t i, float v) { reinterpret_cast<uint16_t*>(y)[i] = bf16_bits(v); }
 
 }  // namespace mt::kernels::detail

@@ -176,8 +176,12 @@ void check_layernorm(int64_t n, int64_t c, bool bias, uint32_t seed) {
 
   // layernorm.cu's launches.
   Guarded<> gy(n * c), gmean(n), grstd(n);
-  run(cu::layernorm_forward_kernel, blocks(n), gy.get(), gmean.get(), grstd.get(), x.data(),
+  run(cu::layernorm_forward_kernel<float>, blocks(n), gy.get(), gmean.get(), grstd.get(), x.data(),
       w.data(), bp, c);
+  Guarded<uint16_t> gyb(n * c);  // the bf16 overload's instantiation
+  Guarded<> gmean_b(n), grstd_b(n);
+  run(cu::layernorm_forward_kernel<uint16_t>, blocks(n), gyb.get(), gmean_b.get(), grstd_b.get(),
+      x.data(), w.data(), bp, c);
   auto gdx = Guarded<>::from(dx0), gdw = Guarded<>::from(dw0), gdb = Guarded<>::from(db0);
   run(cu::layernorm_backward_dx_kernel, blocks(n), gdx.get(), dy.data(), x.data(), w.data(),
       mean.data(), rstd.data(), c);
@@ -192,6 +196,8 @@ void check_layernorm(int64_t n, int64_t c, bool bias, uint32_t seed) {
   if (bias) run(cd::add_partials_kernel, blocks(cd::grid_for(c)), gdb.get(), pb.get(), p.chunks, c);
 
   MT_EXPECT_REL(gy.values(), y, kF32, what + " y");
+  emu_test::expect_rounded(gyb.values(), gy.values(), what + " y in bf16");
+  EXPECT_TRUE(bitwise_equal(grstd_b.values(), grstd.values())) << "rstd beside the bf16 y";
   MT_EXPECT_REL(gmean.values(), mean, kF32, what + " mean");
   MT_EXPECT_REL(grstd.values(), rstd, kF32, what + " rstd");
   MT_EXPECT_REL(gdx.values(), dx, kF32Chain, what + " dx (accumulated)");
@@ -593,7 +599,10 @@ TEST(CudaEmulated, GeluMatchesCpu) {
     gelu_forward(y.data(), x.data(), n);
     gelu_backward(dx.data(), x.data(), dy.data(), n);
     Guarded<> gy(n), gdx(n);
-    run(cu::gelu_forward_kernel, blocks(cd::grid_for(n)), gy.get(), x.data(), n);
+    run(cu::gelu_forward_kernel<float>, blocks(cd::grid_for(n)), gy.get(), x.data(), n);
+    Guarded<uint16_t> gyb(n);
+    run(cu::gelu_forward_kernel<uint16_t>, blocks(cd::grid_for(n)), gyb.get(), x.data(), n);
+    emu_test::expect_rounded(gyb.values(), gy.values(), "gelu y in bf16 n=" + std::to_string(n));
     run(cu::gelu_backward_kernel, blocks(cd::grid_for(n)), gdx.get(), x.data(), dy.data(), n);
     MT_EXPECT_REL(gy.values(), y, kF32, "gelu y n=" + std::to_string(n));
     MT_EXPECT_REL(gdx.values(), dx, kF32, "gelu dx n=" + std::to_string(n));

@@ -60,7 +60,13 @@ void check_rmsnorm(int64_t n, int64_t c, uint32_t seed) {
   rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
 
   Guarded<> gy(n * c), grstd(n);
-  run(cu::rmsnorm_forward_kernel, blocks(n), gy.get(), grstd.get(), x.data(), w.data(), c, eps);
+  run(cu::rmsnorm_forward_kernel<float>, blocks(n), gy.get(), grstd.get(), x.data(), w.data(), c,
+      eps);
+  Guarded<uint16_t> gyb(n * c);  // the bf16 overload's instantiation
+  Guarded<> grstd_b(n);
+  run(cu::rmsnorm_forward_kernel<uint16_t>, blocks(n), gyb.get(), grstd_b.get(), x.data(), w.data(),
+      c, eps);
+  emu_test::expect_rounded(gyb.values(), gy.values(), what + " y in bf16");
   auto gdx = Guarded<>::from(dx0), gdw = Guarded<>::from(dw0);
   run(cu::rmsnorm_backward_dx_kernel, blocks(n), gdx.get(), dy.data(), x.data(), w.data(),
       grstd.get(), c);
@@ -120,7 +126,12 @@ TEST(CudaLlamaEmulated, SwigluMatchesCpu) {
     swiglu_forward(y.data(), h.data(), n, f);
     swiglu_backward(dh.data(), h.data(), dy.data(), n, f);
     Guarded<> gy(n * f), gdh(n * 2 * f);
-    run(cu::swiglu_forward_kernel, blocks(cd::grid_for(n * f)), gy.get(), h.data(), f, n * f);
+    run(cu::swiglu_forward_kernel<float>, blocks(cd::grid_for(n * f)), gy.get(), h.data(), f,
+        n * f);
+    Guarded<uint16_t> gyb(n * f);
+    run(cu::swiglu_forward_kernel<uint16_t>, blocks(cd::grid_for(n * f)), gyb.get(), h.data(), f,
+        n * f);
+    emu_test::expect_rounded(gyb.values(), gy.values(), what + " y in bf16");
     run(cu::swiglu_backward_kernel, blocks(cd::grid_for(n * f)), gdh.get(), h.data(), dy.data(), f,
         n * f);
     MT_EXPECT_REL(gy.values(), y, kF32, what + " y");

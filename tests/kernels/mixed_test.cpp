@@ -10,6 +10,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -400,6 +401,46 @@ TEST(MixedLinear, SteadyStateAllocatesNothingOutsideOneDnnExecute) {
 }
 
 // ---- AdamW with master weights --------------------------------------------------------------
+
+// ---- the activations stored in bf16 (--dtype bf16: an output that only feeds GEMMs) ----
+// Each bf16 overload writes exactly to_bf16 of its f32 overload's output, and the same
+// statistics: storing the activation rounded changes no bit of what the GEMM reads. Sizes
+// cover a vector body and a tail (c = 37), several threads' rows, and inputs large enough
+// (x 40) that GELU's and SiLU's exp saturates, so that every branch of the rounding is taken.
+template <class T>
+void expect_same_bits(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)), 0) << what;
+}
+
+TEST(MixedActivations, NormAndActivationOutputsInBf16AreTheF32OnesRounded) {
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{7, 37}, {64, 768}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " c=" + std::to_string(c));
+    const auto x = randn(n * c, 11, 3.0f), w = randn(c, 12), b = randn(c, 13);
+    std::vector<float> y(n * c), mean(n), rstd(n), mean_b(n), rstd_b(n);
+    std::vector<bf16> yb(n * c);
+    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+      layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias, n, c);
+      layernorm_forward(yb.data(), mean_b.data(), rstd_b.data(), x.data(), w.data(), bias, n, c);
+      expect_same_bits(yb, rounded(y), "layernorm y");
+      expect_same_bits(mean_b, mean, "layernorm mean");
+      expect_same_bits(rstd_b, rstd, "layernorm rstd");
+    }
+    rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6f);
+    rmsnorm_forward(yb.data(), rstd_b.data(), x.data(), w.data(), n, c, 1e-6f);
+    expect_same_bits(yb, rounded(y), "rmsnorm y");
+    expect_same_bits(rstd_b, rstd, "rmsnorm rstd");
+    const auto big = randn(n * c, 14, 40.0f);
+    gelu_forward(y.data(), big.data(), n * c);
+    gelu_forward(yb.data(), big.data(), n * c);
+    expect_same_bits(yb, rounded(y), "gelu y");
+    // SwiGLU: rows of gate | up, c wide each, into c outputs.
+    const auto h = randn(n * 2 * c, 15, 40.0f);
+    swiglu_forward(y.data(), h.data(), n, c);
+    swiglu_forward(yb.data(), h.data(), n, c);
+    expect_same_bits(yb, rounded(y), "swiglu y");
+  }
+}
 
 TEST(MixedAdamW, MasterIsAdamWAndParamIsItsRounding) {
   const int64_t n = 100003;  // threaded, with a vector tail

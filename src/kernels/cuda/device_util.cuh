@@ -19,7 +19,7 @@
 #include "kernels/cuda/launch.h"
 
 // for (int64_t i = this thread's first element; i < n; i += every thread of the grid)
-#define MT_GRID_STRIDE(i, n)                                                  \
+#define MT_GRID_STRIDE(i, n)                                                \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
@@ -43,7 +43,8 @@ __device__ T block_reduce(T v, T* shm, Op op) {
   shm[threadIdx.x] = v;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (static_cast<int>(threadIdx.x) < s) shm[threadIdx.x] = op(shm[threadIdx.x], shm[threadIdx.x + s]);
+    if (static_cast<int>(threadIdx.x) < s)
+      shm[threadIdx.x] = op(shm[threadIdx.x], shm[threadIdx.x + s]);
     __syncthreads();
   }
   const T r = shm[0];
@@ -64,5 +65,10 @@ __device__ inline uint16_t bf16_bits(float x) {
 __device__ inline float bf16_to_float(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
+
+// y[i] = v, or v rounded to bf16: the one line where a kernel templated on its output type
+// (f32, or bf16 bits for an output that only feeds GEMMs) writes it.
+__device__ inline void store_out(float* y, int64_t i, float v) { y[i] = v; }
+__device__ inline void store_out(uint16_t* y, int64_t i, float v) { y[i] = bf16_bits(v); }
 
 }  // namespace mt::kernels::cuda::detail

@@ -18,6 +18,13 @@ void gelu_forward(float* y, const float* x, int64_t n) {
   check_launch("gelu_forward_kernel");
 }
 
+void gelu_forward(bf16* y, const float* x, int64_t n) {
+  check_nonneg("gelu_forward", "n", n);
+  if (n == 0) return;
+  gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream()>>>(reinterpret_cast<uint16_t*>(y), x, n);
+  check_launch("gelu_forward_kernel");
+}
+
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n) {
   check_nonneg("gelu_backward", "n", n);
   if (n == 0) return;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace mt::kernels::cuda {
@@ -19,12 +20,13 @@ using namespace detail;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCoef = 0.044715f;
 
-__global__ void gelu_forward_kernel(float* y, const float* x, int64_t n) {
+template <typename Y>  // float, or uint16_t: y rounded to bf16 once (a GEMM input)
+__global__ void gelu_forward_kernel(Y* y, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float v = x[i];
     const float u = kSqrt2OverPi * (v + kCoef * v * v * v);
-    y[i] = v / (1.0f + expf(-2.0f * u));
+    store_out(y, i, v / (1.0f + expf(-2.0f * u)));
   }
 }
 

@@ -39,11 +39,16 @@ void linear_backward(float* dx, float* dw, float* db, const float* dy, const flo
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t n, int64_t c);
+// y rounded to bf16 (the bits of to_bf16 of the f32 y); likewise the other bf16 overloads.
+void layernorm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t n, int64_t c);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t n, int64_t c);
 
 // The Llama-family parts (llama.cu).
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
+                     float eps);
+void rmsnorm_forward(bf16* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
                      float eps);
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t n, int64_t c);
@@ -52,6 +57,7 @@ void rope_forward(float* x, int64_t B, int64_t T, int64_t row_stride, int64_t co
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t row_stride, int64_t col0, int64_t heads,
                    int64_t hd, const float* cos, const float* sin);
 void swiglu_forward(float* y, const float* h, int64_t n, int64_t f);
+void swiglu_forward(bf16* y, const float* h, int64_t n, int64_t f);
 void swiglu_backward(float* dh, const float* h, const float* dy, int64_t n, int64_t f);
 void expand_kv_heads(float* full, const float* qkv, int64_t n, int64_t heads, int64_t kv_heads,
                      int64_t hd);
@@ -59,6 +65,7 @@ void reduce_kv_heads(float* dqkv, const float* dfull, int64_t n, int64_t heads, 
                      int64_t hd);
 
 void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_forward(bf16* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* x, const float* dy, int64_t n);
 
 // Attention: `att` and `scratch` are sized by attention_stash_elems / attention_scratch_elems

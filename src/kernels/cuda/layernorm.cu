@@ -22,8 +22,17 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
                        const float* b, int64_t n, int64_t c) {
   check_ln("layernorm_forward", n, c);
   if (n == 0) return;
-  layernorm_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(y, mean, rstd, x,
-                                                                                w, b, c);
+  layernorm_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(y, mean, rstd, x, w,
+                                                                                b, c);
+  check_launch("layernorm_forward_kernel");
+}
+
+void layernorm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t n, int64_t c) {
+  check_ln("layernorm_forward", n, c);
+  if (n == 0) return;
+  layernorm_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
+      reinterpret_cast<uint16_t*>(y), mean, rstd, x, w, b, c);
   check_launch("layernorm_forward_kernel");
 }
 
@@ -32,8 +41,8 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
                         int64_t c) {
   check_ln("layernorm_backward", n, c);
   if (n == 0) return;
-  layernorm_backward_dx_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
-      dx, dy, x, w, mean, rstd, c);
+  layernorm_backward_dx_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(dx, dy, x, w,
+                                                                                    mean, rstd, c);
   check_launch("layernorm_backward_dx_kernel");
   const ColumnChunks p = column_chunks(n, c);
   const size_t part = static_cast<size_t>(p.chunks * c);

@@ -19,8 +19,10 @@ namespace {
 using namespace detail;
 
 // Row blockIdx.x: mean, then the variance of the centred values (two passes, like the CPU),
-// rstd = 1 / sqrt(var + 1e-5), y = (x - mean) * rstd * w (+ b).
-__global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, const float* x,
+// rstd = 1 / sqrt(var + 1e-5), y = (x - mean) * rstd * w (+ b). Y: float, or uint16_t (y
+// rounded to bf16 once: an output that only feeds GEMMs).
+template <typename Y>
+__global__ void layernorm_forward_kernel(Y* y, float* mean, float* rstd, const float* x,
                                          const float* w, const float* b, int64_t c) {
   __shared__ float shm[kThreads];
   const int64_t i = blockIdx.x;
@@ -31,10 +33,10 @@ __global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, con
   float v = 0.0f;
   for (int64_t j = threadIdx.x; j < c; j += kThreads) v += (xi[j] - m) * (xi[j] - m);
   const float r = 1.0f / sqrtf(block_reduce(v, shm, AddOp{}) / static_cast<float>(c) + 1e-5f);
-  float* yi = y + i * c;
+  Y* yi = y + i * c;
   for (int64_t j = threadIdx.x; j < c; j += kThreads) {
     const float n = (xi[j] - m) * r * w[j];
-    yi[j] = b ? n + b[j] : n;
+    store_out(yi, j, b ? n + b[j] : n);
   }
   if (threadIdx.x == 0) {
     mean[i] = m;

@@ -46,6 +46,15 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
   check_launch("rmsnorm_forward_kernel");
 }
 
+void rmsnorm_forward(bf16* y, float* rstd, const float* x, const float* w, int64_t n, int64_t c,
+                     float eps) {
+  check_rows("rmsnorm_forward", n, c);
+  if (n == 0) return;
+  rmsnorm_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream()>>>(
+      reinterpret_cast<uint16_t*>(y), rstd, x, w, c, eps);
+  check_launch("rmsnorm_forward_kernel");
+}
+
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t n, int64_t c) {
   check_rows("rmsnorm_backward", n, c);
@@ -78,6 +87,14 @@ void swiglu_forward(float* y, const float* h, int64_t n, int64_t f) {
   check_rows("swiglu_forward", n, f);
   if (n == 0) return;
   swiglu_forward_kernel<<<grid_for(n * f), kThreads, 0, stream()>>>(y, h, f, n * f);
+  check_launch("swiglu_forward_kernel");
+}
+
+void swiglu_forward(bf16* y, const float* h, int64_t n, int64_t f) {
+  check_rows("swiglu_forward", n, f);
+  if (n == 0) return;
+  swiglu_forward_kernel<<<grid_for(n * f), kThreads, 0, stream()>>>(reinterpret_cast<uint16_t*>(y),
+                                                                    h, f, n * f);
   check_launch("swiglu_forward_kernel");
 }
 

@@ -23,16 +23,17 @@ using namespace detail;
 
 // ---- RMSNorm: y = x · r · w, r = 1 / sqrt(mean(x²) + eps) --------------------------------------
 
-__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w,
-                                       int64_t c, float eps) {
+template <typename Y>  // float, or uint16_t: y rounded to bf16 once (a GEMM input)
+__global__ void rmsnorm_forward_kernel(Y* y, float* rstd, const float* x, const float* w, int64_t c,
+                                       float eps) {
   __shared__ float shm[kThreads];
   const int64_t i = blockIdx.x;
   const float* xi = x + i * c;
   float s = 0.0f;
   for (int64_t j = threadIdx.x; j < c; j += kThreads) s += xi[j] * xi[j];
   const float r = 1.0f / sqrtf(block_reduce(s, shm, AddOp{}) / static_cast<float>(c) + eps);
-  float* yi = y + i * c;
-  for (int64_t j = threadIdx.x; j < c; j += kThreads) yi[j] = xi[j] * r * w[j];
+  Y* yi = y + i * c;
+  for (int64_t j = threadIdx.x; j < c; j += kThreads) store_out(yi, j, xi[j] * r * w[j]);
   if (threadIdx.x == 0) rstd[i] = r;
 }
 
@@ -90,12 +91,13 @@ __global__ void rope_kernel(float* x, int64_t T, int64_t row_stride, int64_t col
 
 __device__ inline float sigmoidf(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-__global__ void swiglu_forward_kernel(float* y, const float* h, int64_t f, int64_t total) {
+template <typename Y>  // float, or uint16_t: y rounded to bf16 once (a GEMM input)
+__global__ void swiglu_forward_kernel(Y* y, const float* h, int64_t f, int64_t total) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e / f, j = e % f;
     const float g = h[i * 2 * f + j], up = h[i * 2 * f + f + j];
-    y[e] = g * sigmoidf(g) * up;
+    store_out(y, e, g * sigmoidf(g) * up);
   }
 }
 

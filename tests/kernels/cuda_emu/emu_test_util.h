@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda_emu/cuda_emu.h"
 
@@ -69,6 +71,16 @@ class Guarded {
   static constexpr int64_t kGuard = 64;
   std::vector<T> v_;
 };
+
+// A kernel templated on its output type, both instantiations run on the same inputs: each
+// bf16 output (uint16_t bits) is the f32 output rounded once (core/dtype.h f32_to_bf16).
+inline void expect_rounded(const std::vector<uint16_t>& got, const std::vector<float>& f32,
+                           const std::string& what) {
+  ASSERT_EQ(got.size(), f32.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], f32_to_bf16(f32[i]).bits)
+        << what << ": element " << i << " of " << got.size() << " (f32 " << f32[i] << ")";
+}
 
 inline int64_t count_nan(const std::vector<float>& x) {
   return std::count_if(x.begin(), x.end(), [](float v) { return std::isnan(v); });
