@@ -264,7 +264,8 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
     if (moe && moe_options_->shadow && ep_.active()) moe->make_shadow_activations(b.moe);
   };
   if (keep == Block::Keep::kOutputOnly && !recomputed_.att.defined()) {
-    recomputed_ = Block::make_activations(config_, B, T, tp_, Block::Keep::kAll, ep_.size);
+    recomputed_ =
+        Block::make_activations(config_, B, T, tp_, Block::Keep::kAll, ep_.size, mp_ != nullptr);
     with_shadows(recomputed_);
   }
   if (keep == Block::Keep::kNoAttention && !recomputed_.att.defined())
@@ -274,7 +275,8 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
     fail("activations for microbatches of {} x {} after others: recomputation shares one set", B,
          T);
   for (int l = 0; l < n_blocks; ++l) {
-    BlockActivations b = Block::make_activations(config_, B, T, tp_, keep, ep_.size);
+    BlockActivations b =
+        Block::make_activations(config_, B, T, tp_, keep, ep_.size, mp_ != nullptr);
     if (keep == Block::Keep::kNoAttention) b.att = recomputed_.att;
     if (keep == Block::Keep::kOutputOnly) {
       Tensor out = b.out;

@@ -13,7 +13,9 @@ namespace mt::model {
 namespace {
 float* grad_of(Param* p) { return p ? p->grad.f32() : nullptr; }
 const float* value_of(Param* p) { return p ? p->value.f32() : nullptr; }
-Tensor acts(const Shape& s) { return Tensor::empty(s, DType::kF32, mem::Category::kActivations); }
+Tensor acts(const Shape& s, DType t = DType::kF32) {
+  return Tensor::empty(s, t, mem::Category::kActivations);
+}
 Tensor scratch(const Shape& s) { return Tensor::empty(s, DType::kF32, mem::Category::kWorkspace); }
 }  // namespace
 
@@ -23,6 +25,15 @@ void Norm::forward(float* y, float* mean, float* rstd, const float* x, int64_t n
     kernels::rmsnorm_forward(y, rstd, x, w->value.f32(), n, c, eps);
   else
     kernels::layernorm_forward(y, mean, rstd, x, w->value.f32(), value_of(b), n, c);
+}
+
+void Norm::forward(const Tensor& y, float* mean, float* rstd, const float* x, int64_t n) const {
+  if (y.dtype() != DType::kBF16) return forward(y.f32(), mean, rstd, x, n);
+  profile::Scope p("layernorm.fwd");
+  if (rms)
+    kernels::rmsnorm_forward(y.bf16p(), rstd, x, w->value.f32(), n, c, eps);
+  else
+    kernels::layernorm_forward(y.bf16p(), mean, rstd, x, w->value.f32(), value_of(b), n, c);
 }
 
 void Norm::backward(float* dx, const float* dy, const float* x, const float* mean,
@@ -35,41 +46,55 @@ void Norm::backward(float* dx, const float* dy, const float* x, const float* mea
                                 c);
 }
 
-void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const float* w,
-                  const bf16* wb, const float* b, int64_t n, int64_t in, int64_t out) {
+GemmIn GemmIn::of(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  if (t.dtype() == DType::kBF16) return t.bf16p();
+  return t.f32();
+}
+
+void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const float* w, const bf16* wb,
+                  const float* b, int64_t n, int64_t in, int64_t out) {
   if (!mp) {
-    kernels::linear_forward(y, x, w, b, n, in, out);
+    MT_ASSERT(x.f);  // bf16 activations exist only with --dtype bf16
+    kernels::linear_forward(y, x.f, w, b, n, in, out);
     return;
   }
-  MT_ASSERT(wb && mp->x.numel() >= n * in);
-  bf16* xb = mp->x.bf16p();
-  {
-    profile::Scope p("bf16.convert");  // the activations a GEMM reads, rounded each time
-    kernels::to_bf16(xb, x, n * in);
+  MT_ASSERT(wb && x.defined());
+  const bf16* xb = x.h;
+  if (!xb) {
+    MT_ASSERT(mp->x.numel() >= n * in);
+    profile::Scope p("bf16.convert");  // an f32 activation a GEMM reads, rounded each time
+    kernels::to_bf16(mp->x.bf16p(), x.f, n * in);
+    xb = mp->x.bf16p();
   }
   kernels::linear_forward_mixed(y, xb, wb, b, n, in, out);
 }
 
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
-                   const float* x, const float* w, const bf16* wb, int64_t n, int64_t in,
-                   int64_t out) {
+                   GemmIn x, const float* w, const bf16* wb, int64_t n, int64_t in, int64_t out) {
   if (!mp) {
-    kernels::linear_backward(dx, dw, db, dy, x, w, n, in, out);
+    MT_ASSERT(!x.h);
+    kernels::linear_backward(dx, dw, db, dy, x.f, w, n, in, out);
     return;
   }
-  MT_ASSERT(wb && mp->x.numel() >= n * in);
-  bf16* xb = nullptr;
+  MT_ASSERT(wb);
+  const bf16* xb = nullptr;
   if (dw) {
-    profile::Scope p("bf16.convert");
-    xb = mp->x.bf16p();
-    kernels::to_bf16(xb, x, n * in);
+    MT_ASSERT(x.defined());
+    xb = x.h;
+    if (!xb) {
+      MT_ASSERT(mp->x.numel() >= n * in);
+      profile::Scope p("bf16.convert");
+      kernels::to_bf16(mp->x.bf16p(), x.f, n * in);
+      xb = mp->x.bf16p();
+    }
   }
   kernels::linear_backward_mixed(dx, dw, db, dy, xb, wb, n, in, out, mp->dy.bf16p(),
                                  mp->dy.numel());
 }
 
-void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Param& w,
-                  const float* b, int64_t n, int64_t in, int64_t out) {
+void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const Param& w, const float* b,
+                  int64_t n, int64_t in, int64_t out) {
   // With bf16 only the bf16 copy is read (ZeRO-3 may hold no f32 value here).
   if (mp) MT_ASSERT(w.value_bf16.defined());
   gemm_forward(mp, y, x, mp ? nullptr : w.value.f32(), mp ? w.value_bf16.bf16p() : nullptr, b, n,
@@ -77,43 +102,46 @@ void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Para
 }
 
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
-                   const float* x, const Param& w, int64_t n, int64_t in, int64_t out) {
+                   GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out) {
   if (mp) MT_ASSERT(w.value_bf16.defined());
   gemm_backward(mp, dx, dw, db, dy, x, mp ? nullptr : w.value.f32(),
                 mp ? w.value_bf16.bf16p() : nullptr, n, in, out);
 }
 
-void Linear::forward(float* y, const float* x, int64_t n) const {
+void Linear::forward(float* y, GemmIn x, int64_t n) const {
   profile::Scope p("linear.fwd");
   gemm_forward(mp, y, x, *w, value_of(b), n, in, out);
 }
 
-void Linear::backward(float* dx, const float* dy, const float* x, int64_t n) const {
+void Linear::backward(float* dx, const float* dy, GemmIn x, int64_t n) const {
   profile::Scope p("linear.bwd");
   gemm_backward(mp, dx, w->grad.f32(), grad_of(b), dy, x, *w, n, in, out);
 }
 
 BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t T,
-                                         const parallel::tp::TpContext& tp, Keep keep, int ep) {
+                                         const parallel::tp::TpContext& tp, Keep keep, int ep,
+                                         bool bf16_inputs) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
   const int64_t QKVl = c.qkv_dim() / tp.size, FCl = c.fc_dim() / tp.size;
   const int64_t Nl = tp.local_rows(N);  // rows of the residual / layer-norm region
   BlockActivations a;
   a.out = acts({Nl, C});
   if (keep == Keep::kOutputOnly) return a;
-  a.ln1 = acts({Nl, C});
+  // The GEMM-only activations (layers.h BlockActivations); an MoE router reads ln2 in f32.
+  const DType gemm_in = bf16_inputs ? DType::kBF16 : DType::kF32;
+  a.ln1 = acts({Nl, C}, gemm_in);
   a.ln1_mean = acts({Nl});
   a.ln1_rstd = acts({Nl});
   a.qkv = acts({N, QKVl});
   if (keep == Keep::kAll) a.att = acts({kernels::attention_stash_elems(B, c.n_head / tp.size, T)});
   a.atty = acts({N, Cl});
   a.res2 = acts({Nl, C});
-  a.ln2 = acts({Nl, C});
+  a.ln2 = acts({Nl, C}, c.moe.enabled() ? DType::kF32 : gemm_in);
   a.ln2_mean = acts({Nl});
   a.ln2_rstd = acts({Nl});
   if (c.n_moe_layers() < c.n_layer) {  // dense blocks
     a.fch = acts({N, FCl});
-    a.fch_gelu = acts({N, F});
+    a.fch_gelu = acts({N, F}, gemm_in);
   }
   if (c.moe.enabled()) a.moe = MoeLayer::make_activations(c, N, ep);
   return a;
@@ -232,11 +260,17 @@ void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations
 
 void Block::activation_forward(BlockActivations& a) const {
   profile::Scope p(mlp == MlpKind::kSwiGlu ? "swiglu.fwd" : "gelu.fwd");
-  if (mlp == MlpKind::kSwiGlu)
-    kernels::swiglu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch_gelu.shape()[0],
-                            a.fch_gelu.shape()[1]);
+  const int64_t n = a.fch_gelu.shape()[0], f = a.fch_gelu.shape()[1];
+  auto run = [&](auto* y) {  // f32, or bf16 (a GEMM input)
+    if (mlp == MlpKind::kSwiGlu)
+      kernels::swiglu_forward(y, a.fch.f32(), n, f);
+    else
+      kernels::gelu_forward(y, a.fch.f32(), a.fch.numel());
+  };
+  if (a.fch_gelu.dtype() == DType::kBF16)
+    run(a.fch_gelu.bf16p());
   else
-    kernels::gelu_forward(a.fch_gelu.f32(), a.fch.f32(), a.fch.numel());
+    run(a.fch_gelu.f32());
 }
 
 void Block::activation_backward(float* dfch, const float* dy, const BlockActivations& a) const {
@@ -257,20 +291,20 @@ void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
   const int64_t N = B * T, C = ln_1.c;
   // Attention branch: res2 = x + c_proj(attention(c_attn(ln_1(x))))
   if (!s) fail("Block::forward needs the scratch buffers");
-  ln_1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, N);
-  c_attn.forward(a.qkv.f32(), a.ln1.f32(), N);
+  ln_1.forward(a.ln1, a.ln1_mean.f32(), a.ln1_rstd.f32(), x, N);
+  c_attn.forward(a.qkv.f32(), GemmIn::of(a.ln1), N);
   rotate_qkv(a.qkv.f32(), B, T, false);
   attend(a, B, T, *s);
   attn_proj.forward(a.res2.f32(), a.atty.f32(), N);
   kernels::add(a.res2.f32(), a.res2.f32(), x, N * C);
   // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-  ln_2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), N);
+  ln_2.forward(a.ln2, a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), N);
   if (is_moe) {
     moe.forward(a.moe, a.out.f32(), a.ln2.f32(), N, s->moe);
   } else {
-    c_fc.forward(a.fch.f32(), a.ln2.f32(), N);
+    c_fc.forward(a.fch.f32(), GemmIn::of(a.ln2), N);
     activation_forward(a);
-    mlp_proj.forward(a.out.f32(), a.fch_gelu.f32(), N);
+    mlp_proj.forward(a.out.f32(), GemmIn::of(a.fch_gelu), N);
   }
   kernels::add(a.out.f32(), a.out.f32(), a.res2.f32(), N * C);
 }
@@ -286,15 +320,15 @@ void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, co
   if (is_moe) {
     moe.backward(s.dln.f32(), dres, a.ln2.f32(), N, a.moe, s.moe, a.moe_loss_weight);
   } else {
-    mlp_proj.backward(s.dgelu.f32(), dres, a.fch_gelu.f32(), N);
+    mlp_proj.backward(s.dgelu.f32(), dres, GemmIn::of(a.fch_gelu), N);
     activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
-    c_fc.backward(s.dln.f32(), s.dfch.f32(), a.ln2.f32(), N);
+    c_fc.backward(s.dln.f32(), s.dfch.f32(), GemmIn::of(a.ln2), N);
   }
   ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), N);
   // Attention branch. dres now = d(res2) = d(x) through the residual.
   attn_proj.backward(s.datty.f32(), dres, a.atty.f32(), N);
   attend_backward(s.dqkv.f32(), s, a, B, T);
-  c_attn.backward(s.dln.f32(), s.dqkv.f32(), a.ln1.f32(), N);
+  c_attn.backward(s.dln.f32(), s.dqkv.f32(), GemmIn::of(a.ln1), N);
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), N);
 }
 
@@ -302,7 +336,20 @@ void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, co
 // Below, N = B·T tokens, Nl = N (N/t with --sp) the rows of the residual region, and every
 // column-parallel GEMM runs on all N rows: its input is the f (f̄) of the layer-norm output.
 
-void Block::row_parallel_forward(const Linear& l, float* y, const float* x, const float* residual,
+GemmIn Block::all_rows(const Tensor& ln_out, BlockScratch& s) const {
+  namespace tpo = parallel::tp;
+  if (!tp.active() || !tp.sp) return GemmIn::of(ln_out);
+  const int64_t elems = ln_out.numel();
+  if (ln_out.dtype() == DType::kBF16) {  // half the bytes of the f32 rows: s.gath holds them
+    bf16* full = static_cast<bf16*>(s.gath.raw());
+    tpo::all_gather_rows(tp, ln_out.bf16p(), full, elems);
+    return full;
+  }
+  tpo::all_gather_rows(tp, ln_out.f32(), s.gath.f32(), elems);
+  return s.gath.f32();
+}
+
+void Block::row_parallel_forward(const Linear& l, float* y, GemmIn x, const float* residual,
                                  int64_t N, BlockScratch& s) const {
   namespace tpo = parallel::tp;
   const int64_t C = ln_1.c, Nl = tp.local_rows(N);
@@ -322,32 +369,23 @@ void Block::row_parallel_forward(const Linear& l, float* y, const float* x, cons
 void Block::forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T,
                        BlockScratch& s) const {
   namespace tpo = parallel::tp;
-  const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
+  const int64_t N = B * T, Nl = tp.local_rows(N);
   // Attention branch.
-  ln_1.forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, Nl);
-  const float* in1 = a.ln1.f32();  // f: identity forward
-  if (tp.sp) {                     // f̄: all-gather the sequence
-    tpo::all_gather_rows(tp, a.ln1.f32(), s.gath.f32(), Nl * C);
-    in1 = s.gath.f32();
-  }
-  c_attn.forward(a.qkv.f32(), in1, N);
+  ln_1.forward(a.ln1, a.ln1_mean.f32(), a.ln1_rstd.f32(), x, Nl);
+  c_attn.forward(a.qkv.f32(), all_rows(a.ln1, s), N);  // f: identity; f̄: all-gather the rows
   rotate_qkv(a.qkv.f32(), B, T, false);
   attend(a, B, T, s);
   row_parallel_forward(attn_proj, a.res2.f32(), a.atty.f32(), x, N, s);
   // MLP branch.
-  ln_2.forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), Nl);
-  const float* in2 = a.ln2.f32();
-  if (tp.sp) {
-    tpo::all_gather_rows(tp, a.ln2.f32(), s.gath.f32(), Nl * C);
-    in2 = s.gath.f32();
-  }
+  ln_2.forward(a.ln2, a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), Nl);
+  const GemmIn in2 = all_rows(a.ln2, s);
   if (is_moe) {
-    moe_forward_tp(a, in2, N, s);
+    moe_forward_tp(a, in2.f, N, s);  // ln2 is f32 in a model with MoE layers
     return;
   }
   c_fc.forward(a.fch.f32(), in2, N);
   activation_forward(a);
-  row_parallel_forward(mlp_proj, a.out.f32(), a.fch_gelu.f32(), a.res2.f32(), N, s);
+  row_parallel_forward(mlp_proj, a.out.f32(), GemmIn::of(a.fch_gelu), a.res2.f32(), N, s);
 }
 
 void Block::moe_forward_tp(BlockActivations& a, const float* in2, int64_t N,
@@ -389,8 +427,8 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
     tpo::all_gather_rows(tp, local, s.gath.f32(), Nl * C);
     return static_cast<const float*>(s.gath.f32());
   };
-  auto column_input_grad = [&](const Linear& l, const float* dy, const float* ln_out) {
-    const float* in = gathered(ln_out);  // --sp: the layer-norm output again (not stored)
+  auto column_input_grad = [&](const Linear& l, const float* dy, const Tensor& ln_out) {
+    const GemmIn in = all_rows(ln_out, s);  // --sp: the layer-norm output again (not stored)
     float* dx = tp.sp ? s.part.f32() : s.dln.f32();
     l.backward(dx, dy, in, N);
     if (tp.sp)
@@ -402,15 +440,15 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
   if (is_moe) {
     moe_backward(dres, s, a, N);
   } else {
-    mlp_proj.backward(s.dgelu.f32(), gathered(dres), a.fch_gelu.f32(), N);
+    mlp_proj.backward(s.dgelu.f32(), gathered(dres), GemmIn::of(a.fch_gelu), N);
     activation_backward(s.dfch.f32(), s.dgelu.f32(), a);
-    column_input_grad(c_fc, s.dfch.f32(), a.ln2.f32());
+    column_input_grad(c_fc, s.dfch.f32(), a.ln2);
     ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
   }
   // Attention branch.
   attn_proj.backward(s.datty.f32(), gathered(dres), a.atty.f32(), N);
   attend_backward(s.dqkv.f32(), s, a, B, T);
-  column_input_grad(c_attn, s.dqkv.f32(), a.ln1.f32());
+  column_input_grad(c_attn, s.dqkv.f32(), a.ln1);
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), Nl);
 }
 
@@ -468,24 +506,18 @@ void Block::backward_input(float* dres, BlockScratch& s, const BlockActivations&
 
 void Block::backward_weight(BlockScratch& s, const BlockActivations& a, const BlockGradStash& st,
                             int64_t B, int64_t T) const {
-  namespace tpo = parallel::tp;
   profile::Scope p("block.bwd_weight");
-  const int64_t N = B * T, C = ln_1.c, Nl = tp.local_rows(N);
-  const bool sp = tp.active() && tp.sp;
-  auto ln_input = [&](const float* ln_out) {  // --sp: the layer-norm output gathered again
-    if (!sp) return ln_out;
-    tpo::all_gather_rows(tp, ln_out, s.gath.f32(), Nl * C);
-    return static_cast<const float*>(s.gath.f32());
-  };
-  auto weight_grad = [&](const Linear& l, const float* dy, const float* in) {
+  const int64_t N = B * T;
+  auto weight_grad = [&](const Linear& l, const float* dy, GemmIn in) {
     gemm_backward(l.mp, nullptr, l.w->grad.f32(), grad_of(l.b), dy, in, *l.w, N, l.in, l.out);
   };
+  // With --sp the layer-norm outputs are gathered again (all_rows).
   if (!is_moe) {
-    weight_grad(mlp_proj, st.dmlp.f32(), a.fch_gelu.f32());
-    weight_grad(c_fc, st.dfch.f32(), ln_input(a.ln2.f32()));
+    weight_grad(mlp_proj, st.dmlp.f32(), GemmIn::of(a.fch_gelu));
+    weight_grad(c_fc, st.dfch.f32(), all_rows(a.ln2, s));
   }
   weight_grad(attn_proj, st.dproj.f32(), a.atty.f32());
-  weight_grad(c_attn, st.dqkv.f32(), ln_input(a.ln1.f32()));
+  weight_grad(c_attn, st.dqkv.f32(), all_rows(a.ln1, s));
 }
 
 }  // namespace mt::model

@@ -5,6 +5,7 @@
 // accumulates parameter gradients into the Param's gradient view.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "model/moe.h"
@@ -24,6 +25,8 @@ struct Norm {
   bool rms = false;
   float eps = 1e-5f;  // RMSNorm's
   void forward(float* y, float* mean, float* rstd, const float* x, int64_t n) const;
+  // y f32, or bf16 (rounded once: an output that only feeds GEMMs).
+  void forward(const Tensor& y, float* mean, float* rstd, const float* x, int64_t n) const;
   // dx += d(loss)/dx
   void backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
                 int64_t n) const;
@@ -36,34 +39,51 @@ struct MixedPrecision {
   Tensor dy;  // bf16: the output gradient rounded (the LM head's in row chunks)
 };
 
+// The activation input x of a weight GEMM: f32, or already bf16 (with --dtype bf16 the
+// activations that only feed GEMMs, the layer-norm and GELU/SwiGLU outputs, are stored
+// rounded: docs/mixed_precision.md), or none (an input-gradient-only backward).
+struct GemmIn {
+  const float* f = nullptr;
+  const bf16* h = nullptr;
+  GemmIn(std::nullptr_t) {}           // NOLINT: none
+  GemmIn(const float* p) : f(p) {}    // NOLINT: an f32 activation is an input
+  GemmIn(const bf16* p) : h(p) {}     // NOLINT: so is a bf16 one
+  static GemmIn of(const Tensor& t);  // by the tensor's dtype
+  bool defined() const { return f || h; }
+};
+
 // The one dispatch point of every weight GEMM (the blocks' linears and the LM head):
 // y = x·wᵀ (+ b) and its backward (dx overwritten, dw += and db +=, each skipped when
-// null; x is only read for dw). mp null: the f32 kernels. Else x and dy are rounded to
-// bf16 into mp's workspaces, w's bf16 copy (Param::value_bf16) is read, and the products
-// are accumulated in f32 (kernels/mixed.h); y, dx, dw, db stay f32.
-void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const Param& w,
-                  const float* b, int64_t n, int64_t in, int64_t out);
+// null; x is only read for dw). mp null: the f32 kernels (x must be f32). Else an f32 x
+// and dy are rounded to bf16 into mp's workspaces (a bf16 x is read as it is), w's bf16
+// copy (Param::value_bf16) is read, and the products are accumulated in f32
+// (kernels/mixed.h); y, dx, dw, db stay f32.
+void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const Param& w, const float* b,
+                  int64_t n, int64_t in, int64_t out);
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
-                   const float* x, const Param& w, int64_t n, int64_t in, int64_t out);
+                   GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out);
 // The same on a weight given by pointers (one expert's slice of a stacked weight): w its f32
 // values, wb its bf16 copy (read when mp is set).
-void gemm_forward(const MixedPrecision* mp, float* y, const float* x, const float* w,
-                  const bf16* wb, const float* b, int64_t n, int64_t in, int64_t out);
+void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const float* w, const bf16* wb,
+                  const float* b, int64_t n, int64_t in, int64_t out);
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
-                   const float* x, const float* w, const bf16* wb, int64_t n, int64_t in,
-                   int64_t out);
+                   GemmIn x, const float* w, const bf16* wb, int64_t n, int64_t in, int64_t out);
 
 struct Linear {
   Param* w = nullptr;  // [out, in]
   Param* b = nullptr;  // [out] or null
   int64_t in = 0, out = 0;
   const MixedPrecision* mp = nullptr;  // bf16 GEMMs (the model's), null: f32
-  void forward(float* y, const float* x, int64_t n) const;
+  void forward(float* y, GemmIn x, int64_t n) const;
   // dx overwritten (skipped when null)
-  void backward(float* dx, const float* dy, const float* x, int64_t n) const;
+  void backward(float* dx, const float* dy, GemmIn x, int64_t n) const;
 };
 
-// Activations of one block for one microbatch: exactly what its backward reads.
+// Activations of one block for one microbatch: exactly what its backward reads. With
+// --dtype bf16 the ones that only feed GEMMs are stored in bf16 (ln1; ln2 in a model
+// without MoE layers, whose router reads it in f32; fch_gelu): each is rounded once, where
+// it is written, instead of each time a GEMM reads it, and takes half the memory. The
+// GEMMs read the same bits either way.
 struct BlockActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // [N, C], [N], [N]
   Tensor qkv;                      // [N, qkv_dim] q | k | v (rotated, with RoPE)
@@ -144,9 +164,11 @@ struct Block {
   // runs again in backward). Tensors not kept are left undefined here; the model points
   // them at one shared set.
   enum class Keep : uint8_t { kAll, kNoAttention, kOutputOnly };
+  // bf16_inputs: --dtype bf16 (the GEMM-only activations in bf16).
   static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T,
                                            const parallel::tp::TpContext& tp = {},
-                                           Keep keep = Keep::kAll, int ep = 1);
+                                           Keep keep = Keep::kAll, int ep = 1,
+                                           bool bf16_inputs = false);
   // A model with MoE layers gives every block's activations the MoE buffers, and the dense
   // MLP's only when it has dense blocks too (a pipeline slot serves any chunk).
   // Selective recomputation: the attention probabilities again, from the kept qkv.
@@ -194,8 +216,11 @@ struct Block {
   void backward_tp(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,
                    int64_t B, int64_t T) const;
   // Row-parallel layer + g + bias + residual: y = residual + reduce(x·wᵀ) + b.
-  void row_parallel_forward(const Linear& l, float* y, const float* x, const float* residual,
-                            int64_t N, BlockScratch& s) const;
+  void row_parallel_forward(const Linear& l, float* y, GemmIn x, const float* residual, int64_t N,
+                            BlockScratch& s) const;
+  // A layer-norm output as the column-parallel GEMM's input: with --sp this rank's rows
+  // all-gathered into s.gath (in the tensor's dtype), else the tensor itself.
+  GemmIn all_rows(const Tensor& ln_out, BlockScratch& s) const;
 };
 
 }  // namespace mt::model

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/profile.h"
 #include "kernels/kernels.h"
 
@@ -21,6 +22,14 @@ void all_gather_rows(const TpContext& tp, const float* local, float* full, int64
   }
   tp.group->all_gather(comm::device_buf(const_cast<float*>(local), local_elems),
                        comm::device_buf(full, local_elems * tp.size));
+}
+
+void all_gather_rows(const TpContext& tp, const bf16* local, bf16* full, int64_t local_elems) {
+  profile::Scope p("tp.comm");
+  MT_ASSERT(tp.active());
+  tp.group->all_gather(
+      comm::Buf(const_cast<bf16*>(local), local_elems, DType::kBF16, device::current()),
+      comm::Buf(full, local_elems * tp.size, DType::kBF16, device::current()));
 }
 
 void reduce_scatter_rows(const TpContext& tp, const float* full, float* local,

@@ -42,6 +42,8 @@ void all_reduce(const TpContext& tp, float* x, int64_t elems);
 // f̄ forward / ḡ backward: `local` ([rows, cols], this rank's rows) into `full`
 // ([size·rows, cols], rank r's rows at r·rows).
 void all_gather_rows(const TpContext& tp, const float* local, float* full, int64_t local_elems);
+// The same on bf16 rows (a layer-norm output stored in bf16, --dtype bf16); tp active.
+void all_gather_rows(const TpContext& tp, const bf16* local, bf16* full, int64_t local_elems);
 // ḡ forward / f̄ backward: sums `full` over the group and keeps this rank's rows in `local`.
 void reduce_scatter_rows(const TpContext& tp, const float* full, float* local, int64_t local_elems);
 // Element-wise max over the group, in place (the vocabulary-parallel softmax).
