@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "comm/group.h"
@@ -79,7 +80,17 @@ class ShardedGrads : public UnitHooks {
 // current one computes. A slot is reused (its copy "freed") two blocks later.
 class ShardedParams : public UnitHooks {
  public:
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // flat [lo, hi), ascending
   ShardedParams(comm::Group& dp, const FlatLayout& layout);
+  // --dtype bf16 (docs/mixed_precision.md, "ZeRO-3"): unit u's elements in bf16_ranges[u]
+  // (the GEMM weights that nothing reads in f32) are gathered in bf16, packed in order from
+  // element 0 of bf16_slots[UnitBuffers::slot_of(u)] (ParamStore::bind_bf16's packing);
+  // the unit's other elements (norms, biases, embeddings) in f32 into its slot as before,
+  // where its bf16 elements are then left unwritten. Each rank rounds only its own shard's
+  // part, and the GEMM weights move half the bytes. Call before the first gather.
+  void gather_in_bf16(const std::vector<Ranges>& bf16_ranges,
+                      const std::vector<Tensor>& bf16_slots);
+  bool gathers_bf16(int unit) const;
   Tensor unit_values(int unit) const { return buffers_.of(unit); }
   Tensor& shard_values() { return shard_; }  // [shard_elems]
   int64_t pool_elems() const { return buffers_.total_elems(); }
@@ -96,13 +107,35 @@ class ShardedParams : public UnitHooks {
   void start(int unit);
   void wait(int unit);
 
+  // A unit gathered in two parts (gather_in_bf16): its bf16 elements and the rest, each as
+  // flat ranges with every rank's count and this rank's pieces (flat ranges of its shard).
+  struct Part {
+    Ranges ranges, mine;
+    std::vector<int64_t> counts;
+    int64_t elems = 0;  // the sum of counts
+  };
+  struct Split {
+    Part bf16, f32;
+  };
+  struct Pending {
+    comm::WorkPtr work, bf16_work;
+    explicit operator bool() const { return work != nullptr; }
+  };
+  Part part_of(Ranges ranges) const;
+  static void forget(Pending& w);  // waits for both gathers (if any) and drops them
+  void start_split(int unit);
+  void land_split(int unit);  // the f32 part from its packed buffer to its places
+
   comm::Group& dp_;
   FlatLayout layout_;
   Shard shard_range_;
   UnitBuffers buffers_;
   Tensor shard_;
   std::vector<std::vector<int64_t>> counts_;  // all-gather counts per unit
-  std::vector<comm::WorkPtr> pending_;        // per unit
+  std::vector<Pending> pending_;              // per unit
+  std::vector<Split> split_;                  // per unit, with gather_in_bf16 (else empty)
+  // Per slot: the bf16 copies, and the packed send and receive buffers of a split gather.
+  std::vector<Tensor> bf16_slots_, send_bf16_, send_f32_, recv_f32_;
 };
 
 }  // namespace mt::parallel

@@ -22,13 +22,15 @@ std::pair<int64_t, int64_t> range_of(const model::Param& p) {
   return {p.offset_elems, p.offset_elems + shape_numel(p.spec.shape)};
 }
 
-// ZeRO-3 with bf16: after ShardedParams has gathered a unit (it runs first in the chain),
-// its GEMM weights are rounded into the unit's bf16 slot. A bf16 slot is written only here,
-// for a unit of the same f32 slot, so it holds a unit's copy exactly while the f32 slot
-// holds that unit's values. The head's backward reads wte, gathered with it (unit 0).
+// ZeRO-3 with bf16, a unit whose GEMM weights are gathered in f32 (ShardedParams gathers
+// the others' in bf16): after ShardedParams has gathered it (it runs first in the chain),
+// its GEMM weights are rounded into the unit's bf16 slot. Such a bf16 slot is written only
+// here, for a unit of the same f32 slot, so it holds a unit's copy exactly while the f32
+// slot holds that unit's values. The head's backward reads wte, gathered with it (unit 0).
 class Bf16Refresh : public parallel::UnitHooks {
  public:
-  Bf16Refresh(model::ParamStore& ps, std::vector<int> first) : ps_(ps), first_(std::move(first)) {}
+  Bf16Refresh(model::ParamStore& ps, std::vector<int> first, const parallel::ShardedParams& sp)
+      : ps_(ps), first_(std::move(first)), sp_(sp) {}
   void before_forward(int unit) override { refresh(unit); }
   void before_backward(int unit) override {
     refresh(unit);
@@ -37,11 +39,40 @@ class Bf16Refresh : public parallel::UnitHooks {
 
  private:
   void refresh(int unit) {
+    if (sp_.gathers_bf16(unit)) return;  // gathered in bf16 already
     ps_.refresh_bf16(first_[static_cast<size_t>(unit)], first_[static_cast<size_t>(unit) + 1]);
   }
   model::ParamStore& ps_;
   std::vector<int> first_;
+  const parallel::ShardedParams& sp_;
 };
+
+// ZeRO-3 with bf16: the flat ranges of unit u gathered in bf16 — its GEMM weights, when no
+// f32 reader needs any of them (the embedding table, tied to the LM head, is read in f32 by
+// the embedding: that unit's weights are gathered in f32 and rounded after). Adjacent
+// ranges merge.
+std::vector<parallel::ShardedParams::Ranges> bf16_gather_ranges(const model::Gpt& gpt,
+                                                                const std::vector<int>& first) {
+  const model::ParamStore& ps = gpt.params();
+  std::vector<parallel::ShardedParams::Ranges> out(first.size() - 1);
+  for (size_t u = 0; u + 1 < first.size(); ++u) {
+    parallel::ShardedParams::Ranges& r = out[u];
+    for (int i = first[u]; i < first[u + 1]; ++i) {
+      const model::Param& p = ps.params()[static_cast<size_t>(i)];
+      if (p.bf16_offset_elems < 0) continue;
+      if (gpt.parts().embedding && &p == gpt.wte()) {
+        r.clear();
+        break;
+      }
+      const auto [a, b] = range_of(p);
+      if (!r.empty() && r.back().second == a)
+        r.back().second = b;
+      else
+        r.emplace_back(a, b);
+    }
+  }
+  return out;
+}
 }  // namespace
 
 Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfig& adamw,
@@ -86,7 +117,8 @@ Replica::Replica(const model::GptConfig& config, uint64_t seed, const AdamWConfi
         if (ps.bf16_elems(first[u], first[u + 1]) > 0)
           ps.bind_bf16(first[u], first[u + 1],
                        bf16_slots[static_cast<size_t>(parallel::UnitBuffers::slot_of(u, U))]);
-      bf16_refresh = std::make_unique<Bf16Refresh>(ps, first);
+      values->gather_in_bf16(bf16_gather_ranges(gpt, first), bf16_slots);
+      bf16_refresh = std::make_unique<Bf16Refresh>(ps, first, *values);
       hooks.push_back(bf16_refresh.get());
     }
     if (grads) hooks.push_back(grads.get());

@@ -5,6 +5,10 @@
 // padded to Ψp, the next multiple of N (fewer than N zero elements; docs/data_parallel.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "dp_test_util.h"
 #include "model/params.h"
 
@@ -60,6 +64,46 @@ TEST(DpVolumeAccumulation, OncePerStepForStages0And1) {
     const int64_t expect = stage <= 1 ? 2 * unit : stage == 2 ? (k + 1) * unit : 3 * k * unit;
     for (const RankRecord& rk : r.ranks)
       EXPECT_EQ(rk.step_recv_bytes[0], expect) << "stage " << stage;
+  }
+}
+
+// ZeRO-3 with --dtype bf16 (docs/mixed_precision.md, "ZeRO-3"): the blocks' GEMM weights
+// (R elements, nothing reads them in f32) are gathered in bf16, everything else in f32, and
+// the gradients reduce-scattered in f32 as before. A rank receives, per gather of the whole
+// model (two a step), 2 bytes for each element of R outside its shard and 4 for each other
+// element outside it; it sends its own part to the N - 1 others.
+TEST(DpVolumeBf16, Zero3GathersTheGemmWeightsInBf16) {
+  for (int N : {2, 4}) {
+    SCOPED_TRACE("dp " + std::to_string(N));
+    TrainOptions o = odd_model(N, 3);
+    o.dtype = "bf16";
+    const std::vector<model::ParamSpec> specs = model::gpt_param_specs(o.model);
+    std::vector<std::pair<int64_t, int64_t>> gemm;  // the blocks' GEMM weights, flat ranges
+    int64_t off = 0, R = 0;
+    for (const model::ParamSpec& p : specs) {
+      const int64_t n = shape_numel(p.shape);
+      if (p.gemm_weight && p.layer >= 0) gemm.emplace_back(off, off + n), R += n;
+      off += n;
+    }
+    ASSERT_EQ(R, 3 * 12 * 98 * 98) << "c_attn, attn c_proj, c_fc, mlp c_proj of 3 blocks";
+    const TrainResult r = run_training(o);
+    const int64_t P = r.padded_params, S = P / N;
+    int64_t all_sent = 0, all_recv = 0;
+    for (const RankRecord& rk : r.ranks) {
+      int64_t mine_r = 0;  // this rank's shard's elements of R
+      for (const auto& [a, b] : gemm)
+        mine_r += std::max<int64_t>(0, std::min(b, (rk.rank + 1) * S) - std::max(a, rk.rank * S));
+      const int64_t gather_recv = 2 * (R - mine_r) + 4 * ((P - R) - (S - mine_r));
+      const int64_t gather_sent = (N - 1) * (2 * mine_r + 4 * (S - mine_r));
+      const int64_t rs = (N - 1) * S * 4;
+      EXPECT_EQ(rk.step_recv_bytes[0], 2 * gather_recv + rs) << "rank " << rk.rank;
+      EXPECT_EQ(rk.step_sent_bytes[0], 2 * gather_sent + rs) << "rank " << rk.rank;
+      all_sent += rk.step_sent_bytes[0];
+      all_recv += rk.step_recv_bytes[0];
+    }
+    EXPECT_EQ(all_sent, all_recv);
+    // Against f32 gathers (3(N-1)/N·Ψp·4 a rank): R's share of two of the three passes halved.
+    EXPECT_EQ(all_recv, N * 3 * (N - 1) * S * 4 - 2 * (N - 1) * R * 2);
   }
 }
 
