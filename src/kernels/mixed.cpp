@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <type_traits>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/profile.h"
 #include "kernels/dispatch.h"
@@ -187,6 +189,61 @@ void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, con
     if (dx) gemm_bf16(false, false, rows, in, out, 1.0f, ws, out, w, in, 0.0f, dx + r0 * in, in);
     // dw[out, in] += dy[rows, out]^T * x[rows, in], the sum added in f32 (beta = 1)
     if (dw) gemm_bf16(true, false, out, in, rows, 1.0f, ws, out, x + r0 * in, in, 1.0f, dw, in);
+  }
+}
+
+void linear_backward_mixed(float* dx, float* dw, const bf16* dy, int64_t ldy, const bf16* x,
+                           const bf16* w, int64_t n, int64_t in, int64_t out, int64_t chunk_cols) {
+  if (device::on_cuda()) fail("linear_backward_mixed with a bf16 dy: the CPU only");
+  if (n < 0 || in < 0 || out < 0 || chunk_cols < 1 || ldy < out)
+    fail("linear_backward_mixed: bad shape n={} in={} out={} ldy={} chunk_cols={}", n, in, out, ldy,
+         chunk_cols);
+  if (n == 0 || out == 0 || in == 0) {
+    if (dx && n > 0 && in > 0) std::fill(dx, dx + n * in, 0.0f);
+    return;
+  }
+  for (int64_t c0 = 0; c0 < out; c0 += chunk_cols) {
+    const int64_t cols = std::min(chunk_cols, out - c0);
+    // dx[n, in] (+)= dy[:, c0:c0+cols] * w[c0:c0+cols, :], the chunks' sum in f32
+    if (dx)
+      gemm_bf16(false, false, n, in, cols, 1.0f, dy + c0, ldy, w + c0 * in, in,
+                c0 == 0 ? 0.0f : 1.0f, dx, in);
+    // dw[c0:c0+cols, :] += dy[:, c0:c0+cols]^T * x
+    if (dw) gemm_bf16(true, false, cols, in, n, 1.0f, dy + c0, ldy, x, in, 1.0f, dw + c0 * in, in);
+  }
+}
+
+void ce_backward_bf16_in_place(float* logits, const float* lse, const int32_t* targets, float dloss,
+                               int64_t n, int64_t cols, int64_t real, int64_t v0) {
+  if (device::on_cuda()) fail("ce_backward_bf16_in_place: the CPU only");
+  if (n < 0 || cols < 1 || real > cols)
+    fail("ce_backward_bf16_in_place: bad shape n={} cols={} real={}", n, cols, real);
+  // A row is read and written through memcpy in chunks: the bf16 chunk c lands on bytes that
+  // held f32 values of chunks c/2 and before, all read already, and memcpy's bytes alias the
+  // floats (no type-based reordering of the reads after the writes).
+  constexpr int64_t kChunk = 256;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    auto* row = reinterpret_cast<unsigned char*>(logits + i * cols);
+    const float l = lse[i];
+    const int64_t t = static_cast<int64_t>(targets[i]) - v0;
+    const bool mine = t >= 0 && t < real;
+    float xt = 0.0f;
+    if (mine) std::memcpy(&xt, row + t * 4, 4);
+    const float dt = (detail::fast_exp(xt - l) - 1.0f) * dloss;  // as the f32 kernels
+    float in[kChunk];
+    uint16_t o[kChunk];
+    for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+      const int64_t m = std::min(kChunk, cols - c0);
+      std::memcpy(in, row + c0 * 4, static_cast<size_t>(m) * 4);
+      const int64_t valid = std::clamp<int64_t>(real - c0, 0, m);
+#pragma omp simd
+      for (int64_t k = 0; k < valid; ++k)
+        o[k] = detail::bf16_bits(detail::fast_exp(in[k] - l) * dloss);
+      for (int64_t k = valid; k < m; ++k) o[k] = 0;  // padding: +0
+      if (mine && t >= c0 && t < c0 + m) o[t - c0] = detail::bf16_bits(dt);
+      std::memcpy(row + c0 * 2, o, static_cast<size_t>(m) * 2);
+    }
   }
 }
 

@@ -49,6 +49,33 @@ void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b,
 void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, const bf16* x,
                            const bf16* w, int64_t n, int64_t in, int64_t out, bf16* ws,
                            int64_t ws_elems);
+// The same from an output gradient already in bf16 (dy [n, out], row stride ldy), for the
+// LM head (ce_backward_bf16_in_place writes it): nothing to round, no workspace, no bias.
+// dx sums dy's columns in chunks of chunk_cols (the f32 dy's column chunks), each chunk
+// writing its own rows of dw. Not bitwise the f32 dy's results: oneDNN blocks a GEMM by its
+// operands' leading dimensions, and this dy's is 2·out (measured: the last bits differ;
+// deterministic for a given shape). The CPU only.
+void linear_backward_mixed(float* dx, float* dw, const bf16* dy, int64_t ldy, const bf16* x,
+                           const bf16* w, int64_t n, int64_t in, int64_t out, int64_t chunk_cols);
+// The columns a chunk of linear_backward_mixed's f32 dy takes with a workspace of ws_elems
+// (out: one pass), where it works by columns (n <= out).
+constexpr int64_t linear_backward_mixed_chunk_cols(int64_t n, int64_t out, int64_t ws_elems) {
+  return ws_elems >= n * out ? out : (n > 0 && ws_elems >= n ? ws_elems / n : 1);
+}
+
+// ---- the LM head's output gradient in bf16 ----------------------------------------------
+// Cross-entropy's backward over a vocabulary slice (kernels.h cross_entropy_backward, and
+// vocab_parallel.h's vocab_parallel_ce_backward with v0 and real), rounded to bf16 and written
+// over the logits it is computed from: row i's bf16 values take the first half of row i's
+// f32 bytes, so the result is the [n, cols] bf16 matrix at reinterpret_cast<bf16*>(logits)
+// with row stride 2·cols. Each value is to_bf16 of the f32 kernel's. Under --dtype bf16 the
+// LM head's backward GEMMs read nothing else: this drops the f32 gradient's write and the
+// two roundings of it (dx, then the deferred d(wte)). A target outside [v0, v0 + real) is
+// another rank's (vocabulary parallelism); the columns from `real` on are padding (0). The
+// CPU only.
+void ce_backward_bf16_in_place(float* logits, const float* lse, const int32_t* targets, float dloss,
+                               int64_t n, int64_t cols, int64_t real, int64_t v0);
+
 // The workspace that runs linear_backward_mixed in one pass.
 constexpr int64_t linear_backward_mixed_ws_elems(int64_t n, int64_t out) { return n * out; }
 

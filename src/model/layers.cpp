@@ -108,6 +108,24 @@ void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, co
                 mp ? w.value_bf16.bf16p() : nullptr, n, in, out);
 }
 
+void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, const bf16* dy, int64_t ldy,
+                   GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out) {
+  MT_ASSERT(mp && w.value_bf16.defined());
+  const bf16* xb = nullptr;
+  if (dw) {
+    MT_ASSERT(x.defined());
+    xb = x.h;
+    if (!xb) {
+      MT_ASSERT(mp->x.numel() >= n * in);
+      profile::Scope p("bf16.convert");
+      kernels::to_bf16(mp->x.bf16p(), x.f, n * in);
+      xb = mp->x.bf16p();
+    }
+  }
+  kernels::linear_backward_mixed(dx, dw, dy, ldy, xb, w.value_bf16.bf16p(), n, in, out,
+                                 kernels::linear_backward_mixed_chunk_cols(n, out, mp->dy.numel()));
+}
+
 void Linear::forward(float* y, GemmIn x, int64_t n) const {
   profile::Scope p("linear.fwd");
   gemm_forward(mp, y, x, *w, value_of(b), n, in, out);

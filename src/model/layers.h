@@ -62,6 +62,11 @@ void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const Param& w, 
                   int64_t n, int64_t in, int64_t out);
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
                    GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out);
+// The LM head's backward from an output gradient already in bf16 (dy [n, out], row stride
+// ldy: kernels::ce_backward_bf16_in_place), dx and dw as above; mp must be set. Its dx sums
+// the same column chunks as the f32 dy's.
+void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, const bf16* dy, int64_t ldy,
+                   GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out);
 // The same on a weight given by pointers (one expert's slice of a stacked weight): w its f32
 // values, wb its bf16 copy (read when mp is set).
 void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const float* w, const bf16* wb,

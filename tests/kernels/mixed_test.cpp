@@ -17,6 +17,7 @@
 #include "core/memory.h"
 #include "kernels/kernels.h"
 #include "kernels/test_util.h"
+#include "kernels/vocab_parallel.h"
 // Every heap allocation of this process is counted (malloc and operator new).
 #include "alloc_count.h"
 
@@ -286,6 +287,73 @@ TEST(MixedLinear, BackwardMatchesReferenceOnRoundedInputs) {
       expect_within(db2.data(), ref.db, n, 0, "db alone");
     }
   }
+}
+
+// The LM head's path under --dtype bf16: the cross-entropy's gradient rounded where it is
+// written, over the logits (row stride 2·out in bf16), then the GEMMs straight from it. The
+// same column chunks as the f32 dy's, within the same tolerance of the reference (not the
+// same bits: oneDNN's blocking follows the leading dimension, 2·out here; tried).
+TEST(MixedLinear, BackwardFromABf16GradientOverTheLogits) {
+  for (const Shape& s : kShapes) {
+    const int64_t n = s.n, in = s.in, out = s.out;
+    const auto x = rounded(randn(n * in, 1)), w = rounded(randn(out * in, 2));
+    const auto dy = randn(n * out, 4);
+    const auto dw0 = randn(out * in, 5);
+    const auto ref =
+        ref_backward(dy, widened(x), widened(w), dw0, std::vector<float>(out), n, in, out);
+    // dy rounded into the first half of each f32 row's bytes, as ce_backward_bf16_in_place
+    // leaves it.
+    std::vector<float> logits(n * out);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j)
+        reinterpret_cast<bf16*>(logits.data())[i * 2 * out + j] = f32_to_bf16(dy[i * out + j]);
+    const bf16* dyb = reinterpret_cast<const bf16*>(logits.data());
+    for (int64_t chunk : {out, std::max<int64_t>(1, out / 3)}) {
+      SCOPED_TRACE(testing::Message()
+                   << "n=" << n << " in=" << in << " out=" << out << " chunk=" << chunk);
+      std::vector<float> dx(n * in, 99.0f), dw = dw0;
+      linear_backward_mixed(dx.data(), dw.data(), dyb, 2 * out, x.data(), w.data(), n, in, out,
+                            chunk);
+      expect_within(dx.data(), ref.dx, out, 0, "dx");
+      expect_within(dw.data(), ref.dw, n, 0, "dw");
+    }
+  }
+}
+
+// ce_backward_bf16_in_place writes exactly to_bf16 of the f32 kernels' gradient, whole
+// vocabulary and a vocabulary-parallel slice (targets outside it, padding columns), into
+// the first half of each row's bytes.
+TEST(MixedCrossEntropy, Bf16GradientOverTheLogitsIsTheF32OneRounded) {
+  const int64_t n = 9, V = 1000, Vp = 1024;
+  const auto logits0 = randn(n * Vp, 21, 4.0f), lse_src = randn(n, 22);
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 397 + 11) % V);
+  std::vector<float> lse(n);
+  for (int64_t i = 0; i < n; ++i) lse[i] = 5.0f + lse_src[i];
+  // Whole vocabulary.
+  std::vector<float> want(n * Vp), got = logits0;
+  cross_entropy_backward(want.data(), logits0.data(), lse.data(), targets.data(), 0.37f, n, V, Vp);
+  ce_backward_bf16_in_place(got.data(), lse.data(), targets.data(), 0.37f, n, Vp, V, 0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < Vp; ++j)
+      ASSERT_EQ(reinterpret_cast<const bf16*>(got.data())[i * 2 * Vp + j].bits,
+                f32_to_bf16(want[i * Vp + j]).bits)
+          << "row " << i << " column " << j;
+  // A vocabulary-parallel slice: columns [v0, v0 + cols) of the vocabulary, real of them.
+  const int64_t cols = 512, v0 = 512, real = V - v0;
+  std::vector<float> slice(n * cols);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy(logits0.begin() + i * Vp + v0, logits0.begin() + i * Vp + v0 + cols,
+              slice.begin() + i * cols);
+  std::vector<float> want_s(n * cols), got_s = slice;
+  vocab_parallel_ce_backward(want_s.data(), slice.data(), lse.data(), targets.data(), 0.37f, n,
+                             cols, real, v0);
+  ce_backward_bf16_in_place(got_s.data(), lse.data(), targets.data(), 0.37f, n, cols, real, v0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      ASSERT_EQ(reinterpret_cast<const bf16*>(got_s.data())[i * 2 * cols + j].bits,
+                f32_to_bf16(want_s[i * cols + j]).bits)
+          << "slice row " << i << " column " << j;
 }
 
 TEST(MixedLinear, BackwardAccumulatesExactly) {

@@ -41,23 +41,29 @@ TEST(Bf16Training, TinyFollowsTheF32LossCurve) {
   ASSERT_EQ(f.steps.size(), 200u);
   ASSERT_EQ(h.steps.size(), 200u);
   EXPECT_EQ(h.allocations_after_first_step, 0) << "the steady-state step allocates nothing";
-  // Over each 10-step window, the mean losses of bf16 and f32 differ by at most
-  // kWindowTol; the last window's by at most kFinalRel relative. Measured here (printed
-  // below): see the constants.
-  constexpr float kWindowTol = 0.05f;
+  // Over each 50-step window, the mean losses of bf16 and f32 differ by at most
+  // kWindowTol; the last window's by at most kFinalRel relative. The two runs are two
+  // trajectories of a chaotic process (lr 2e-3 spikes the loss now and then, at different
+  // steps in each), so the windows are 50 steps: over seeds 1-8, before and after a change
+  // that only moved the LM head's GEMM sums (2026-11-29), the worst 50-step window differed
+  // by 0.001-0.079 (10-step windows: 0.006-0.30, which no fixed bound separates from a
+  // defect) and the last 50 steps by at most 0.9%. The bounds are above those. A bf16 LM
+  // head whose output gradient is halved fails the window bound (tried: 0.116 over steps
+  // 1-50); the end does not show it, Adam hiding a gradient's scale.
+  constexpr float kWindowTol = 0.1f;
   constexpr float kFinalRel = 0.02f;
   float worst = 0;
-  for (size_t w = 0; w < 20; ++w) {
-    const float d = std::abs(mean_loss(h, 10 * w, 10) - mean_loss(f, 10 * w, 10));
+  for (size_t w = 0; w < 4; ++w) {
+    const float d = std::abs(mean_loss(h, 50 * w, 50) - mean_loss(f, 50 * w, 50));
     worst = std::max(worst, d);
-    EXPECT_LE(d, kWindowTol) << "steps " << 10 * w + 1 << "-" << 10 * w + 10;
+    EXPECT_LE(d, kWindowTol) << "steps " << 50 * w + 1 << "-" << 50 * w + 50;
   }
-  const float ff = mean_loss(f, 190, 10), hf = mean_loss(h, 190, 10);
+  const float ff = mean_loss(f, 150, 50), hf = mean_loss(h, 150, 50);
   EXPECT_LE(std::abs(hf - ff) / ff, kFinalRel);
   EXPECT_LT(hf, 2.7f);  // it learns (TrainerTest.TinyLearnsTheDemoText's bound)
   ASSERT_FALSE(h.val_losses.empty());
   std::printf(
-      "bf16 vs f32, tiny 200 steps: worst 10-step window |d| %.4f; last 10 steps %.4f vs %.4f "
+      "bf16 vs f32, tiny 200 steps: worst 50-step window |d| %.4f; last 50 steps %.4f vs %.4f "
       "(%.2f%%); val %.4f vs %.4f\n",
       worst, hf, ff, 100 * std::abs(hf - ff) / ff, h.val_losses.back().second,
       f.val_losses.back().second);
