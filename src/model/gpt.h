@@ -229,12 +229,12 @@ class Gpt {
   parallel::UnitHooks no_hooks_;
   parallel::tp::TpContext tp_;
   parallel::ep::EpContext ep_;
-  // --dtype bf16 (StoreOptions::bf16_copy): the GEMM workspaces, made with the scratch; on
-  // the heap, so that the blocks' pointers to it survive moving the model. Null: f32.
   // --dtype bf16 on the CPU: the cross-entropy writes the LM head's output gradient in bf16
   // over the logits (kernels::ce_backward_bf16_in_place), which the head's backward GEMMs
   // read as it is. On a GPU the f32 gradient is rounded by the GEMM call (kernels/cuda).
   bool bf16_head_grad() const { return mp_ != nullptr && !device::on_cuda(); }
+  // --dtype bf16 (StoreOptions::bf16_copy): the GEMM workspaces, made with the scratch; on
+  // the heap, so that the blocks' pointers to it survive moving the model. Null: f32.
   std::unique_ptr<MixedPrecision> mp_;
   // On the heap: the MoE layers point at them.
   std::unique_ptr<MoeOptions> moe_options_;

@@ -192,8 +192,9 @@ void ShardedParams::start_split(int unit) {
   w.bf16_work = dp_.all_gather_async(
       comm::Buf(sb, nb, DType::kBF16, dev),
       comm::Buf(bf16_slots_[k].bf16p(), s.bf16.elems, DType::kBF16, dev), s.bf16.counts);
-  w.work = dp_.all_gather_async(comm::device_buf(sf, nf),
-                                comm::device_buf(recv_f32_[k].f32(), s.f32.elems), s.f32.counts);
+  if (s.f32.elems > 0)  // (a unit of GEMM weights alone has no f32 part)
+    w.work = dp_.all_gather_async(comm::device_buf(sf, nf),
+                                  comm::device_buf(recv_f32_[k].f32(), s.f32.elems), s.f32.counts);
 }
 
 void ShardedParams::land_split(int unit) {

@@ -119,7 +119,7 @@ class ShardedParams : public UnitHooks {
   };
   struct Pending {
     comm::WorkPtr work, bf16_work;
-    explicit operator bool() const { return work != nullptr; }
+    explicit operator bool() const { return work != nullptr || bf16_work != nullptr; }
   };
   Part part_of(Ranges ranges) const;
   static void forget(Pending& w);  // waits for both gathers (if any) and drops them
