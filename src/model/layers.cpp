@@ -52,6 +52,19 @@ GemmIn GemmIn::of(const Tensor& t) {
   return t.f32();
 }
 
+namespace {
+// x as a bf16 GEMM operand of `elems` elements: a bf16 activation as it is, an f32 one
+// rounded into mp's workspace.
+const bf16* bf16_operand(const MixedPrecision& mp, GemmIn x, int64_t elems) {
+  MT_ASSERT(x.defined());
+  if (x.h) return x.h;
+  MT_ASSERT(mp.x.numel() >= elems);
+  profile::Scope p("bf16.convert");  // an f32 activation a GEMM reads, rounded each time
+  kernels::to_bf16(mp.x.bf16p(), x.f, elems);
+  return mp.x.bf16p();
+}
+}  // namespace
+
 void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const float* w, const bf16* wb,
                   const float* b, int64_t n, int64_t in, int64_t out) {
   if (!mp) {
@@ -59,15 +72,8 @@ void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const float* w, 
     kernels::linear_forward(y, x.f, w, b, n, in, out);
     return;
   }
-  MT_ASSERT(wb && x.defined());
-  const bf16* xb = x.h;
-  if (!xb) {
-    MT_ASSERT(mp->x.numel() >= n * in);
-    profile::Scope p("bf16.convert");  // an f32 activation a GEMM reads, rounded each time
-    kernels::to_bf16(mp->x.bf16p(), x.f, n * in);
-    xb = mp->x.bf16p();
-  }
-  kernels::linear_forward_mixed(y, xb, wb, b, n, in, out);
+  MT_ASSERT(wb);
+  kernels::linear_forward_mixed(y, bf16_operand(*mp, x, n * in), wb, b, n, in, out);
 }
 
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
@@ -78,17 +84,7 @@ void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, co
     return;
   }
   MT_ASSERT(wb);
-  const bf16* xb = nullptr;
-  if (dw) {
-    MT_ASSERT(x.defined());
-    xb = x.h;
-    if (!xb) {
-      MT_ASSERT(mp->x.numel() >= n * in);
-      profile::Scope p("bf16.convert");
-      kernels::to_bf16(mp->x.bf16p(), x.f, n * in);
-      xb = mp->x.bf16p();
-    }
-  }
+  const bf16* xb = dw ? bf16_operand(*mp, x, n * in) : nullptr;  // x only for dw
   kernels::linear_backward_mixed(dx, dw, db, dy, xb, wb, n, in, out, mp->dy.bf16p(),
                                  mp->dy.numel());
 }
@@ -111,17 +107,7 @@ void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, co
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, const bf16* dy, int64_t ldy,
                    GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out) {
   MT_ASSERT(mp && w.value_bf16.defined());
-  const bf16* xb = nullptr;
-  if (dw) {
-    MT_ASSERT(x.defined());
-    xb = x.h;
-    if (!xb) {
-      MT_ASSERT(mp->x.numel() >= n * in);
-      profile::Scope p("bf16.convert");
-      kernels::to_bf16(mp->x.bf16p(), x.f, n * in);
-      xb = mp->x.bf16p();
-    }
-  }
+  const bf16* xb = dw ? bf16_operand(*mp, x, n * in) : nullptr;
   kernels::linear_backward_mixed(dx, dw, dy, ldy, xb, w.value_bf16.bf16p(), n, in, out,
                                  kernels::linear_backward_mixed_chunk_cols(n, out, mp->dy.numel()));
 }
