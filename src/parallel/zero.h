@@ -85,7 +85,7 @@ class ShardedParams : public UnitHooks {
   // --dtype bf16 (docs/mixed_precision.md, "ZeRO-3"): unit u's elements in bf16_ranges[u]
   // (the GEMM weights that nothing reads in f32) are gathered in bf16, packed in order from
   // element 0 of bf16_slots[UnitBuffers::slot_of(u)] (ParamStore::bind_bf16's packing);
-  // the unit's other elements (norms, biases, embeddings) in f32 into its slot as before,
+  // the unit's other elements (norms, biases, the MoE router) in f32 into its slot as before,
   // where its bf16 elements are then left unwritten. Each rank rounds only its own shard's
   // part, and the GEMM weights move half the bytes. Call before the first gather.
   void gather_in_bf16(const std::vector<Ranges>& bf16_ranges,
