@@ -223,14 +223,13 @@ class Launcher {
   std::string restart_line(const Pending& p, const std::vector<std::string>& up, const Layout& l,
                            const std::string& why, int64_t from, int64_t steps_lost, double start,
                            double up_at, double first_step_at) const;
-  // The restart's line (unless said at its first step) and its metrics record, once the job
-  // it started has ended.
+  // The restart's line (unless said at its first step: line_said) and its metrics record,
+  // once the job it started has ended.
   void report(const Pending& p, const std::vector<std::string>& up, const Layout& l,
               const std::string& why, int64_t from, int64_t steps_lost, double start, double up_at,
-              double first_step_at) {
+              double first_step_at, bool line_said) {
+    if (!line_said) say(restart_line(p, up, l, why, from, steps_lost, start, up_at, first_step_at));
     ++restarts_;
-    if (first_step_at == 0)
-      say(restart_line(p, up, l, why, from, steps_lost, start, up_at, first_step_at));
     records_.push_back(restart_record(p, up, l, from, steps_lost, start, up_at, first_step_at));
     write_records();
   }
@@ -297,8 +296,8 @@ std::string Launcher::restart_line(const Pending& p, const std::vector<std::stri
   const auto secs = [](double from_s, double to_s) {
     return to_s > 0 ? fmt::format("{:.1f} s", to_s - from_s) : std::string("-");
   };
-  // restarts_ counts those reported; a line said at the first step comes before its report.
-  const int number = restarts_ + (first_step_at > 0 ? 1 : 0);
+  // restarts_ counts those reported; a restart's line is said before its report.
+  const int number = restarts_ + 1;
   return fmt::format(
       "restart {}: {} {}; {} host(s) answer ({}); layout {}, batch {} ({}); from checkpoint step "
       "{} ({} step(s) trained again); {} {:.1f} s, restart {}, resharded load {}",
@@ -360,7 +359,7 @@ void Launcher::run() {
 
     const double start = now_s();
     double up_at = 0, first_step_at = 0, first_sign = 0, grow_seen = 0, last_probe = start;
-    bool growing = false, forwarded = false;
+    bool growing = false, forwarded = false, line_said = false;
     std::vector<std::string> returned;
     std::map<std::string, double> silent_since;
     launch::Job job(argv);
@@ -380,9 +379,11 @@ void Launcher::run() {
       if (first_step_at == 0 && up_at > 0 && !o.metrics.empty()) {
         if (last_metrics_step(o.metrics) > from) {
           first_step_at = now_s();
-          if (pending)
+          if (pending) {
             say(restart_line(*pending, up, l, choice->why, from, steps_lost, start, up_at,
                              first_step_at));
+            line_said = true;
+          }
         }
       }
       if (t - last_probe < 1) continue;
@@ -432,18 +433,12 @@ void Launcher::run() {
     // checkpoint) has its first step seen now: late by at most the poll (0.1 s) and those
     // steps. Without this its restart record had no load time (CI: Elastic.AHostCutOff...,
     // 4 steps of 10 ms after a restart from step 20).
-    bool first_step_late = false;
     if (first_step_at == 0 && up_at > 0 && !o.metrics.empty() &&
-        last_metrics_step(o.metrics) > from) {
+        last_metrics_step(o.metrics) > from)
       first_step_at = ended;
-      first_step_late = true;
-    }
-    if (pending) {
-      if (first_step_late)
-        say(restart_line(*pending, up, l, choice->why, from, steps_lost, start, up_at,
-                         first_step_at));
-      report(*pending, up, l, choice->why, from, steps_lost, start, up_at, first_step_at);
-    }
+    if (pending)
+      report(*pending, up, l, choice->why, from, steps_lost, start, up_at, first_step_at,
+             line_said);
     first = false;
     if (g_stop) {
       if (rc == 0) return;

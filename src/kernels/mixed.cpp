@@ -96,6 +96,17 @@ void forward_impl(Y* y, const bf16* x, const bf16* w, const float* b, int64_t n,
                       out);
 }
 
+// Columns [c0, c0 + cols) of dy in bf16 (dyc: their first column, row stride ldy):
+// dx[n, in] (+)= dyc · w[c0:c0+cols, :], the chunks' sum in f32 (beta 0 for the first), and
+// dw[c0:c0+cols, :] += dycᵀ · x, each chunk its own rows of dw.
+void column_chunk_gemms(float* dx, float* dw, const bf16* dyc, int64_t ldy, const bf16* x,
+                        const bf16* w, int64_t n, int64_t in, int64_t c0, int64_t cols) {
+  if (dx)
+    gemm_bf16(false, false, n, in, cols, 1.0f, dyc, ldy, w + c0 * in, in, c0 == 0 ? 0.0f : 1.0f, dx,
+              in);
+  if (dw) gemm_bf16(true, false, cols, in, n, 1.0f, dyc, ldy, x, in, 1.0f, dw + c0 * in, in);
+}
+
 }  // namespace
 
 void to_bf16(bf16* y, const float* x, int64_t n) {
@@ -159,20 +170,14 @@ void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, con
         "one pass",
         ws ? ws_elems : 0, out, n, n * out);
   if (by_cols) {
-    const int64_t chunk = ws_elems / n;
+    const int64_t chunk = linear_backward_mixed_chunk_cols(n, out, ws_elems);
     for (int64_t c0 = 0; c0 < out; c0 += chunk) {
       const int64_t cols = std::min(chunk, out - c0);
       {
         profile::Scope p("bf16.convert");  // the output gradient, rounded (+ the bias's sum)
         round_block(ws, db ? db + c0 : nullptr, dy + c0, n, cols, out);
       }
-      if (in == 0) continue;
-      // dx[n, in] (+)= dy[:, c0:c0+cols] * w[c0:c0+cols, :], the chunks' sum in f32
-      if (dx)
-        gemm_bf16(false, false, n, in, cols, 1.0f, ws, cols, w + c0 * in, in, c0 == 0 ? 0.0f : 1.0f,
-                  dx, in);
-      // dw[c0:c0+cols, :] += dy[:, c0:c0+cols]^T * x
-      if (dw) gemm_bf16(true, false, cols, in, n, 1.0f, ws, cols, x, in, 1.0f, dw + c0 * in, in);
+      if (in > 0) column_chunk_gemms(dx, dw, ws, cols, x, w, n, in, c0, cols);
     }
     return;
   }
@@ -202,15 +207,8 @@ void linear_backward_mixed(float* dx, float* dw, const bf16* dy, int64_t ldy, co
     if (dx && n > 0 && in > 0) std::fill(dx, dx + n * in, 0.0f);
     return;
   }
-  for (int64_t c0 = 0; c0 < out; c0 += chunk_cols) {
-    const int64_t cols = std::min(chunk_cols, out - c0);
-    // dx[n, in] (+)= dy[:, c0:c0+cols] * w[c0:c0+cols, :], the chunks' sum in f32
-    if (dx)
-      gemm_bf16(false, false, n, in, cols, 1.0f, dy + c0, ldy, w + c0 * in, in,
-                c0 == 0 ? 0.0f : 1.0f, dx, in);
-    // dw[c0:c0+cols, :] += dy[:, c0:c0+cols]^T * x
-    if (dw) gemm_bf16(true, false, cols, in, n, 1.0f, dy + c0, ldy, x, in, 1.0f, dw + c0 * in, in);
-  }
+  for (int64_t c0 = 0; c0 < out; c0 += chunk_cols)
+    column_chunk_gemms(dx, dw, dy + c0, ldy, x, w, n, in, c0, std::min(chunk_cols, out - c0));
 }
 
 void ce_backward_bf16_in_place(float* logits, const float* lse, const int32_t* targets, float dloss,
