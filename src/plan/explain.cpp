@@ -50,13 +50,11 @@ std::vector<StepItem> explain(const Job& job, const Estimate& e) {
   double listed = 0;
   for (const StepItem& it : items) listed += it.seconds;
   // What the busiest rank's actions hold beyond the kernels above: ZeRO-3's gathers where
-  // they outlast the compute they overlap (or all of them, where they do not overlap:
-  // Layout::z3_gathers_overlap); on a shared host the pipeline's sends, copies by the rank's own
-  // cores; else nothing (rounding).
-  const char* rest = l.zero >= 3 && !l.z3_gathers_overlap ? "ZeRO-3 gathers (synchronous)"
-                     : l.zero >= 3                        ? "ZeRO-3 gathers beyond compute"
-                     : j.cluster.compute_units > 0        ? "p2p copies by the cores (shared host)"
-                                                          : "other";
+  // they outlast the compute they overlap; on a shared host the pipeline's sends, copies by
+  // the rank's own cores; else nothing (rounding).
+  const char* rest = l.zero >= 3                   ? "ZeRO-3 gathers beyond compute"
+                     : j.cluster.compute_units > 0 ? "p2p copies by the cores (shared host)"
+                                                   : "other";
   items.push_back({rest, busy - listed});
   items.push_back({"pipeline bubble + blocking p2p", e.pipeline_s - busy});
   items.push_back({"tied embedding sync", e.embedding_sync_s});

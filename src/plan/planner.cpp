@@ -263,8 +263,8 @@ Layout as_run(const Job& j, Layout l) {
 void set_software(Layout& l, Software s) {
   const bool deepspeed = s == Software::kDeepSpeed2021;
   if (deepspeed) s = Software::kMegatron2021;
-  l.z3_gathers_overlap = !deepspeed;
   l.z3_bytes_per_s = deepspeed ? kDeepSpeed2021Zero3BytesPerS : 0.0;
+  l.z3_max_reuse_distance = deepspeed ? kDeepSpeed2021MaxReuseDistance : 0.0;
   const bool today = s == Software::kToday;
   // 2021/2022: torch DDP's overlapped reduction only without pipelining (DDP=local else).
   l.dp_overlap = today || l.pp == 1;
@@ -367,10 +367,11 @@ Prepared prepare(const Job& j, const Layout& l) {
       p.dp_comm += l.zero == 0 ? hier_collective(j, grad_bytes, n, per_node, 2) : rs + ag;
     } else if (l.zero == 2) {
       p.dp_comm += double(p.microbatches) * rs + ag;  // reduce-scatter every microbatch
-    } else {
-      p.z3_per_mb += 2 * ag + rs;
-      p.z3_gathers_per_mb += 2 * ag;
-      p.dp_comm += double(p.microbatches) * (2 * ag + rs);
+    } else {  // forward gathers once; backward (with any recomputation) 1 + f times
+      const double f = l.recompute == Recompute::kFull ? regathered_fraction(j, l) : 0.0;
+      p.z3_fwd_per_mb += ag;
+      p.z3_per_mb += (2 + f) * ag + rs;
+      p.dp_comm += double(p.microbatches) * ((2 + f) * ag + rs);
     }
   };
   // tp across nodes: dp x cp are the fastest dimensions, as many as fit share a node.
@@ -443,13 +444,8 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   // Our runtime's sends on a shared host: a copy by the rank's cores per action with a
   // neighbour (on GPUs the replay's rendezvous charges the blocking exchanges).
   if (V > 1 && a.kind != PipeKind::kBackwardWeight && p.comm_uses_compute) c += p.p2p;
-  if (p.z3_per_mb > 0 && !l.z3_gathers_overlap && !p.comm_uses_compute) {
-    // Synchronous gathers (Layout::z3_gathers_overlap): forward's and backward's each add to
-    // the chunk's compute; backward's reduce-scatter runs beside both.
-    const double gather = p.z3_gathers_per_mb / 2;
-    c = fwd ? c + gather : std::max(c + gather, p.z3_per_mb - p.z3_gathers_per_mb);
-  } else if (p.z3_per_mb > 0) {
-    const double comm = p.z3_per_mb * (fwd ? 1.0 / 3 : 2.0 / 3);
+  if (p.z3_per_mb > 0) {  // beside the compute, the next module's gather during this one's
+    const double comm = fwd ? p.z3_fwd_per_mb : p.z3_per_mb - p.z3_fwd_per_mb;
     c = p.comm_uses_compute ? c + comm : std::max(c, comm);
   }
   return c;

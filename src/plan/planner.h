@@ -73,17 +73,17 @@ struct Layout {
   // buffer (Megatron's own DDP, Megatron-Core), zeroed each step, that every microbatch adds
   // into in the gradients' dtype.
   bool torch_ddp = false;
-  // ZeRO-3's parameter gathers run beside the compute (prefetched on their own stream: FSDP,
-  // DeepSpeed since mid-2021). false: each gather waits for the GPU before and after it, so a
-  // chunk's compute and its gathers add up (DeepSpeed's ZeRO-3 until its PR #1188 of 2021-06:
-  // every all_gather in fetch_sub_module called torch.cuda.synchronize(), "the async version
-  // is not async at all"). The gradients' reduce-scatter overlaps the backward either way
-  // (DeepSpeed's ZERO3_OPTIMIZATION_OVERLAP_COMM_DEFAULT = True, a reduction stream).
-  bool z3_gathers_overlap = true;
   // ZeRO-3's collectives per GPU: 0, NCCL's bound on the node/cluster hierarchy
   // (hier_collective); else the bytes a rank receives (or sends) at this rate whatever the
   // link (kDeepSpeed2021Zero3BytesPerS).
   double z3_bytes_per_s = 0;
+  // Under full recomputation the recompute's forward gathers a module's parameters again
+  // unless their next use (that module's backward) is fewer than this many parameters away
+  // (DeepSpeed's stage3_max_reuse_distance; 0: never gathered again, FSDP and ours, whose
+  // backward gathers a block once for its recompute and its backward). The parameters used
+  // in between are the later modules' of the block, recomputed and then back-propagated:
+  // regathered_fraction below.
+  double z3_max_reuse_distance = 0;
   // Layers per pipeline chunk (pp·v entries in model order), as `train --pp-layers` gives
   // them. Empty: the split the run makes — our runtime's cost-balanced one
   // (parallel/pipeline/partition.h: the LM head's chunk takes fewer layers), or with
@@ -224,18 +224,39 @@ std::vector<MemoryBytes> stage_memory(const Job& job, const Layout& l,
 // (Megatron-Core with Transformer Engine, and ours): the DP reduction overlapped, fused
 // attention, p2p on its own stream, the layers balanced by cost.
 // kDeepSpeed2021: DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (Table 2) compared with it, on
-// 2021's Megatron-LM model code: kMegatron2021's switches, with ZeRO-3's collectives
-// gathers synchronous (z3_gathers_overlap false) at the rate its gathers achieved (z3_bytes_per_s).
+// 2021's Megatron-LM model code: kMegatron2021's switches, with ZeRO-3's collectives at the
+// rate its gathers achieved (z3_bytes_per_s) and its regathering under recomputation
+// (z3_max_reuse_distance). Its gathers overlap the compute one module deep, as every
+// ZeRO-3's: fetch_sub_module waits for the module's own parameters, then
+// prefetch_next_sub_modules starts the next module's all_gather, then the module computes
+// (stage3.py of spring 2021; the torch.cuda.synchronize() before each all_gather, PR #1188's
+// "the async version is not async at all", blocks the host until the GPU is idle, which it is
+// by then, not the gather's overlap with the compute queued after it).
 enum class Software { kMegatron2021, kMegatron2022, kToday, kDeepSpeed2021 };
 // The rate DeepSpeed's ZeRO-3 gathered parameters at before its PR #1188 (2021-06), per GPU:
 // bing_bert of 5.1B parameters (hidden 2560, 64 layers; fp16: 10.2 GB) on 8 A100s with NVLink
 // (one p4d.24xlarge) took 470 ms per forward under ZeRO-3 (the PR's "before") against 60 ms
-// under ZeRO-2 (DeepSpeed issue #1174): each GPU received 7/8 of 10.2 GB in 0.41 s, 21.8 GB/s,
-// a tenth of NVLink's (its synchronisation and copies, not the link, bound it). The only
-// published measurement of that code at hand; not fitted to any run the planner is tested on.
-inline constexpr double kDeepSpeed2021Zero3BytesPerS = 21.8e9;
+// under ZeRO-2 (DeepSpeed issue #1174). Its gathers far outlast its compute, so with the
+// compute beside them the forward is the gathers: each GPU received 7/8 of 10.2 GB in 0.47 s,
+// 19.0 GB/s, a tenth of NVLink's (its synchronisation and copies, not the link, bound it).
+// The only published measurement of that code at hand; not fitted to any run the planner is
+// tested on. (Until 2026-11-29: 21.8 GB/s, 0.41 s, read with the compute added to the gathers.)
+inline constexpr double kDeepSpeed2021Zero3BytesPerS = 7.0 / 8 * 10.2e9 / 0.47;
+// stage3_max_reuse_distance's default in DeepSpeed's ZeRO-3 configuration (1e9 parameters;
+// PrefetchCoordinator.get_reuse_distance_in_numel counts the parameters of the modules
+// between two uses of a module in the recorded forward + backward trace).
+inline constexpr double kDeepSpeed2021MaxReuseDistance = 1e9;
+// Under full recomputation with ZeRO-3, the fraction of a block's parameters (per TP rank)
+// that the recompute's forward gathers a second time in backward (Layout::
+// z3_max_reuse_distance): a module's parameters stay gathered for its backward only if the
+// parameters used in between — the block's later modules, recomputed and then
+// back-propagated — number fewer than that distance. The modules in forward order are QKV,
+// the attention projection, MLP in (gate and up fused) and MLP out, as Megatron-LM's
+// Linear layers; the norms and biases are too small to partition (DeepSpeed's
+// param_persistence_threshold, 1e5) and are left out. 0 when the distance is 0 (FSDP, ours).
+double regathered_fraction(const Job& j, const Layout& l);
 // Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, grad_accum_fusion,
-// torch_ddp, even_layers, z3_gathers_overlap and z3_bytes_per_s as that software has them
+// torch_ddp, even_layers, z3_bytes_per_s and z3_max_reuse_distance as that software has them
 // (tp_comm_overlap, opt-in everywhere, is left as it is). Set after l.pp.
 void set_software(Layout& l, Software s);
 inline void set_software(Layout& l, bool megatron_2021) {

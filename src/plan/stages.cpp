@@ -42,6 +42,21 @@ double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
   return p;
 }
 
+double regathered_fraction(const Job& j, const Layout& l) {
+  if (!(l.z3_max_reuse_distance > 0)) return 0.0;
+  const ModelSpec& m = j.model;
+  const double h = double(m.d_model), t = double(l.tp), ff = double(m.d_ff);
+  const double modules[] = {h * (h + 2 * double(m.kv_dim())) / t, h * h / t,
+                            double(m.mlp_mats() - 1) * h * ff / t, h * ff / t};
+  double total = 0, regathered = 0, later = 0;  // `later`: the modules after this one
+  for (int i = 3; i >= 0; --i) {
+    total += modules[i];
+    if (2 * later >= l.z3_max_reuse_distance) regathered += modules[i];
+    later += modules[i];
+  }
+  return regathered / total;
+}
+
 // A tp group is tp consecutive ranks: inside one node when tp divides a node's GPUs, or
 // when the whole job is one node.
 bool tp_fits_nodes(const Job& j, int tp) {

@@ -30,9 +30,9 @@ struct Prepared {
   Split split;
   double p2p = 0;
   double dp_comm = 0, dp_window = 0, optimizer = 0;
-  double embedding_sync = 0;     // the tied embedding's all-reduce of the end stages
-  double z3_per_mb = 0;          // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
-  double z3_gathers_per_mb = 0;  // of which the two gathers (forward, backward)
+  double embedding_sync = 0;  // the tied embedding's all-reduce of the end stages
+  double z3_per_mb = 0;       // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
+  double z3_fwd_per_mb = 0;   // of which forward's gather
   // Unfused gradient accumulation: seconds per parameter of a chunk, per backward (0 when
   // the weight-gradient GEMMs accumulate themselves); whether the first microbatch's
   // backward is free (torch DDP: autograd keeps the first gradient as .grad, no add).

@@ -51,7 +51,10 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::st
   if (m.d_ff % l.tp != 0)
     return refuse("tp does not divide d_ff",
                   fmt::format("tp {} does not divide d_ff {}", l.tp, m.d_ff));
-  if (m.n_layer < int64_t(l.pp) * l.virtual_stages)
+  // --pp-layers may leave the first and the last chunk without a layer (train's
+  // pp::explicit_partition): two chunks more than layers.
+  const int64_t empty_ends = !l.pp_layers.empty() && int64_t(l.pp) * l.virtual_stages > 1 ? 2 : 0;
+  if (m.n_layer + empty_ends < int64_t(l.pp) * l.virtual_stages)
     return refuse("more pipeline chunks than layers",
                   fmt::format("pp {} x virtual stages {} exceeds n_layer {}", l.pp,
                               l.virtual_stages, m.n_layer));
@@ -64,9 +67,14 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::st
           "--pp-layers has another chunk count",
           fmt::format("--pp-layers has {} entries but pp {} x virtual stages {} = {} chunks",
                       l.pp_layers.size(), l.pp, l.virtual_stages, chunks));
-    if (*std::min_element(l.pp_layers.begin(), l.pp_layers.end()) < 1)
-      return refuse("--pp-layers has an empty chunk",
-                    std::string("--pp-layers: every chunk needs at least one layer"));
+    for (size_t c = 0; c < l.pp_layers.size(); ++c) {
+      const bool end = chunks > 1 && (c == 0 || c + 1 == l.pp_layers.size());
+      if (l.pp_layers[c] < (end ? 0 : 1))
+        return refuse("--pp-layers has an empty chunk",
+                      fmt::format("--pp-layers: chunk {} has {} layers; every chunk but the first "
+                                  "and the last (the embedding or the LM head alone) needs one",
+                                  c, l.pp_layers[c]));
+    }
     if (sum != m.n_layer)
       return refuse("--pp-layers does not cover n_layer",
                     fmt::format("--pp-layers covers {} layers but n_layer is {}", sum, m.n_layer));

@@ -124,8 +124,10 @@ void PipelineStage::release(Slot& s) {
   --held_;
 }
 
+// A chunk's output: its last block's, or the embedding's where the first chunk holds no layer.
 const Tensor& PipelineStage::output_of(Slot& s) const {
-  return s.acts.blocks[static_cast<size_t>(part_.layers[s.chunk] - 1)].out;
+  const int n = part_.layers[s.chunk];
+  return n == 0 ? s.acts.encoded : s.acts.blocks[static_cast<size_t>(n - 1)].out;
 }
 
 void PipelineStage::begin_step(const SequenceSampler* data, int64_t first_sample, float dloss) {

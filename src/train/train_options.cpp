@@ -56,7 +56,8 @@ void check_batch_split(const TrainOptions& o) {
   if (po.microbatches < 0) fail("--microbatches {} must be at least 1", po.microbatches);
   if (po.virtual_stages < 1) fail("--virtual-stages {} must be at least 1", po.virtual_stages);
   const int64_t chunks = static_cast<int64_t>(po.pp) * po.virtual_stages;
-  if (chunks > o.model.n_layer)
+  // --pp-layers may leave the first and the last chunk without a layer (pp::explicit_partition).
+  if (chunks > o.model.n_layer + (po.layers.empty() || chunks < 2 ? 0 : 2))
     fail(
         "--pp {} x --virtual-stages {} = {} pipeline chunks but the model has {} layers: every "
         "chunk needs at least one (use a --pp x --virtual-stages of at most {})",

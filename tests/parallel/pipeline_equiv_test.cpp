@@ -69,6 +69,36 @@ TEST(PipelineEquivDp, PipelineTimesDataParallel) {
     EXPECT_NEAR(r.steps[i].loss, oracle().steps[i].loss, kLossTol) << "step " << i + 1;
 }
 
+// --pp-layers with the first chunk the embedding alone and the last the LM head alone (Llama 3
+// 405B's split; docs/pipeline.md, "Partitioning"): the same model as the single rank, within
+// the pipeline's tolerance, in training and in validation (forward_only). A chunk that sent a
+// stale buffer instead of the embedding's output, or a head that read one instead of the last
+// block's, would train another model: the loss moves by far more than kLossTol at step 2.
+TEST(PipelineEmptyEnds, EmbeddingAloneAndHeadAloneMatchTheSingleRank) {
+  TrainOptions base = test::pp_options(1, 0, "1f1b", 1, kSteps);
+  base.eval_every = 10;
+  const TrainResult ref = run_training(base);
+  for (const auto& [S, P, v, layers] :
+       {std::tuple{"interleaved", 2, 2, "0,4,4,0"}, std::tuple{"1f1b", 3, 1, "0,8,0"},
+        std::tuple{"zb1", 2, 1, "0,8"}, std::tuple{"interleaved", 2, 3, "0,2,2,2,2,0"}}) {
+    SCOPED_TRACE(testing::Message() << S << " pp " << P << " v " << v << " " << layers);
+    TrainOptions o = test::pp_options(P, 4, S, v, kSteps);
+    o.pipeline.layers = layers;
+    o.eval_every = 10;
+    const TrainResult r = run_training(o);
+    ASSERT_EQ(r.steps.size(), ref.steps.size());
+    ASSERT_EQ(r.pipeline.size(), static_cast<size_t>(P));
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, kLossTol) << "step " << i + 1;
+      EXPECT_NEAR(r.steps[i].grad_norm, ref.steps[i].grad_norm, 1e-4 * ref.steps[i].grad_norm)
+          << "step " << i + 1;
+    }
+    ASSERT_EQ(r.val_losses.size(), ref.val_losses.size());
+    for (size_t i = 0; i < r.val_losses.size(); ++i)
+      EXPECT_NEAR(r.val_losses[i].second, ref.val_losses[i].second, kLossTol);
+  }
+}
+
 // Megatron-LM's batched exchanges (--pp-exchanges batched, the default on NCCL) only group
 // the sends and receives differently: the same compute in the same order, so bitwise the
 // same losses as the per-action lists, and no more activation buffers.

@@ -490,7 +490,14 @@ TEST(PipelinePartition, ExplicitSplitMustCoverEveryLayerOnce) {
   EXPECT_NE(message("5,7,7,3", 4).find("2 layer(s) would be dropped"), std::string::npos);
   EXPECT_NE(message("5,7,7,7", 4).find("repeated"), std::string::npos);
   EXPECT_NE(message("12,12", 4).find("has 2 entries"), std::string::npos);
-  EXPECT_NE(message("24,0,0,0", 4).find("at least one layer"), std::string::npos);
+  EXPECT_NE(message("24,0,0,0", 4).find("chunk 1 has 0 layers"), std::string::npos);
+  EXPECT_NE(message("12,0,12,0", 4).find("chunk 1 has 0 layers"), std::string::npos);
+  EXPECT_NE(message("0", 1).find("chunk 0 has 0 layers"), std::string::npos);  // no pipeline
+  // The first and the last chunk may hold the embedding or the LM head alone.
+  EXPECT_EQ(explicit_partition(parse_layer_counts("0,12,12,0"), layers, 1, 2, 4).first,
+            (std::vector<int>{0, 0, 12, 24, 24}));
+  EXPECT_EQ(explicit_partition(parse_layer_counts("0,12,12,0"), layers, 1, 2, 4).cost,
+            (std::vector<double>{1, 12, 12, 2}));
   EXPECT_THROW(parse_layer_counts("5,x"), Error);
   EXPECT_THROW(parse_layer_counts(""), Error);
 }

@@ -433,40 +433,58 @@ TEST(PlanSearch, SixteenThousandGpusReplaysOnlyWhatFits) {
 }
 
 // Software::kDeepSpeed2021 (the ZeRO-3 rows of Narayanan et al. Table 2): ZeRO-3's collectives
-// at kDeepSpeed2021Zero3BytesPerS per GPU whatever the link, the parameter gathers synchronous
-// (added to the compute), the gradients' reduce-scatter beside the backward. Here (gpt3-175b,
-// 2 sequences per microbatch) each backward computes longer than its reduce-scatter takes, so
-// the step is the same layout's with free communication plus, per microbatch, two gathers of
-// (n - 1)/n of the model's fp16 parameters (2 bytes each). Exact but for rounding: the replay
-// adds the same terms.
-TEST(PlanTime, DeepSpeed2021Zero3GathersAddToTheComputeAtTheirRate) {
+// at kDeepSpeed2021Zero3BytesPerS per GPU whatever the link, beside the compute (the next
+// module's gather during this one's), and under full recomputation the modules whose
+// parameters are reused more than kDeepSpeed2021MaxReuseDistance parameters later gathered a
+// third time. Exact but for rounding: the replay adds the same terms.
+TEST(PlanTime, DeepSpeed2021Zero3GathersBesideTheComputeAtTheirRate) {
   Job j;
   j.model = model_preset("gpt3-175b");
   j.cluster = cluster_preset("dgx-a100");
-  j.gpus = 768;
+  j.gpus = 1536;
   j.batch = 1536;
   j.seq = j.model.seq = 2048;
   j.dtype = "fp16";
   Layout l;
-  l.dp = 768;
-  l.microbatch = 2;
+  l.dp = 1536;
+  l.microbatch = 1;
   l.zero = 3;
   l.recompute = Recompute::kFull;
   set_software(l, Software::kDeepSpeed2021);
-  EXPECT_FALSE(l.z3_gathers_overlap);
+  EXPECT_NEAR(kDeepSpeed2021Zero3BytesPerS, 18.99e9, 0.01e9);  // 7/8 of 10.2 GB in 0.47 s
+  // h = 12288: after its recompute, MLP out's backward follows at once (kept); MLP in's comes
+  // after MLP out's recompute and backward, 2 · 4h² = 1.2e9 parameters later (gathered again),
+  // and so the projection and QKV: 8h² of the block's 12h².
+  const double f = regathered_fraction(j, l);
+  EXPECT_NEAR(f, 8.0 / 12, 1e-12);
+  Layout no_recompute = l;
+  no_recompute.recompute = Recompute::kSelective;
   const Estimate ds = estimate(j, l);
-  Layout free_comm = l;
-  free_comm.z3_bytes_per_s = 1e300;
-  const Estimate base = estimate(j, free_comm);
+  // One sequence per GPU: the gathers outlast every pass's compute, so each pass takes its
+  // collectives' time: forward one gather, backward 1 + f gathers and the reduce-scatter, of
+  // (n - 1)/n of the model's fp16 parameters and gradients (2 bytes each).
   const double psi = double(j.model.n_layer) * j.model.block_params_per_tp(1) +
                      j.model.embedding_params_per_tp(1) + j.model.head_params_per_tp(1);
-  const double n = 768, per_mb = 2 * 2 * psi * (n - 1) / n / kDeepSpeed2021Zero3BytesPerS;
-  EXPECT_NEAR(ds.step_time_s - base.step_time_s, double(ds.microbatches) * per_mb,
-              1e-9 * ds.step_time_s);
-  // Gathers overlapped at the same rate hide behind the compute where it is longer.
+  const double n = 1536, one = 2 * psi * (n - 1) / n / kDeepSpeed2021Zero3BytesPerS;
+  EXPECT_NEAR(ds.pipeline_s, double(ds.microbatches) * (3 + f) * one, 1e-9 * ds.pipeline_s);
+  Layout free_comm = l;
+  free_comm.z3_bytes_per_s = 1e300;
+  EXPECT_LT(estimate(j, free_comm).pipeline_s, 0.5 * ds.pipeline_s);  // the compute is hidden
+  // A module small enough to be reused within the distance is not gathered again: 1.7B's
+  // block (h 2304, 6.4e7 parameters) keeps every module from its recompute to its backward.
+  Job small = j;
+  small.model = model_preset("megatron-1.7b");
+  EXPECT_EQ(regathered_fraction(small, l), 0.0);
+  // Other software gathers a block once for its recompute and its backward (FSDP, ours).
   Layout today = l;
-  today.z3_gathers_overlap = true;
-  EXPECT_LT(estimate(j, today).step_time_s, ds.step_time_s);
+  set_software(today, Software::kToday);
+  EXPECT_EQ(regathered_fraction(j, today), 0.0);
+  // Sixteen sequences per GPU (96 GPUs): every pass computes longer than its collectives
+  // take, so the step is the same layout's with free communication.
+  j.gpus = 96;
+  l.dp = free_comm.dp = 96, l.microbatch = free_comm.microbatch = 16;
+  EXPECT_NEAR(estimate(j, l).step_time_s, estimate(j, free_comm).step_time_s,
+              1e-9 * estimate(j, l).step_time_s);
 }
 
 TEST(PlanTime, BlockingP2pWaitsInLockStepExchanges) {

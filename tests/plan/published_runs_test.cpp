@@ -98,6 +98,7 @@ Layout layout_of(const json& r, int v) {
   l.pp = r.at("pp").get<int>();
   l.cp = r.value("cp", 1);
   l.ep = r.value("ep", 1);
+  if (r.contains("cp_comm")) l.cp_comm = r.at("cp_comm").get<std::string>();
   l.dp = static_cast<int>(r.at("gpus").get<int64_t>() / (int64_t(l.tp) * l.pp * l.cp));
   l.virtual_stages = v;
   l.schedule = v > 1 ? "interleaved" : "1f1b";
@@ -113,12 +114,13 @@ Layout layout_of(const json& r, int v) {
 
 // "lighter_ends": k — the first and the last pipeline chunk hold k layers fewer than the
 // others, all others equal (Llama 3 405B: "we reduce one Transformer layer each from the first
-// and the last stages"). Empty where no such split exists for this v.
+// and the last stages"; with a layer per chunk those two hold none). Empty where no such split
+// exists for this v.
 std::vector<int> lighter_ends_split(const json& r, int64_t n_layer, const Layout& l) {
   const int k = r.at("lighter_ends").get<int>();
   const int64_t chunks = int64_t(l.pp) * l.virtual_stages;
   const int64_t slots = n_layer + 2 * k;
-  if (slots % chunks != 0 || slots / chunks <= k) return {};
+  if (slots % chunks != 0 || slots / chunks < k) return {};
   std::vector<int> split(size_t(chunks), int(slots / chunks));
   split.front() -= k;
   split.back() -= k;
@@ -264,17 +266,17 @@ TEST(PublishedRuns, MapePerSourceAndOverall) {
   // Each figure is held to issue 30's goal where the planner meets it, and elsewhere to what
   // was measured (a regression guard; the goal is printed above with what misses it, and in
   // docs/planner.md, "The published test set"): the MAPE per source and overall and the rows
-  // above 15% measured on 2026-11-29 after Megatron-Core's expert tensor parallelism (the
-  // routed rows gathered and scattered over tp; plan/moe.h moe_expert_tp) and its ep groups'
-  // placement (tp apart, folded over cp: ep_per_node) came into the MoE cost, plus 0.5
-  // percentage point of slack for small model changes. Per source, so that one
-  // source cannot get worse behind another's gain.
+  // above 15% measured on 2026-11-29 (fifteenth session: Meta's rows at the v and the CP they
+  // describe, DeepSpeed 2021's gathers beside the compute and regathered after the
+  // recompute; docs/planner.md, "The published test set"), plus 0.5 percentage point of
+  // slack for small model changes. Per source, so that one source cannot get worse behind
+  // another's gain.
   constexpr double kSlack = 0.005, kGoalOverall = 0.05, kGoalSource = 0.08;
   const std::map<std::string, double> kMeasured = {
-      {"korthikanti2022", 0.0326}, {"meta-llama3", 0.1007},       {"narayanan2021", 0.0709},
+      {"korthikanti2022", 0.0326}, {"meta-llama3", 0.1358},       {"narayanan2021", 0.0616},
       {"nvidia-dgxc", 0.0320},     {"nvidia-dgxc-grok1", 0.0991}, {"torchtitan", 0.0101}};
-  constexpr double kOverall = 0.0583;
-  constexpr int kRowsOver15 = 3;
+  constexpr double kOverall = 0.0582;
+  constexpr int kRowsOver15 = 4;
   auto bar = [&](double measured, double goal) {
     return measured <= goal ? std::min(goal, measured + kSlack) : measured + kSlack;
   };
@@ -315,19 +317,21 @@ TEST(PublishedRuns, WithTheMeasuredH100Kernels) {
     EXPECT_GT(err, -0.15) << r.at("where") << ": by the uniform residual only";
   }
   // A regression guard on the figures measured on 2026-11-27 (Grok-1's on 2026-11-29, with
-  // expert tp), plus 0.5 point of slack.
+  // expert tp; Meta's on 2026-11-29 at the v and the CP Meta describe), plus 0.5 point of
+  // slack.
   EXPECT_LE(measured.by_source.at("nvidia-dgxc").mape(), 0.0974 + 0.005);
   EXPECT_LE(measured.by_source.at("nvidia-dgxc-grok1").mape(), 0.1102 + 0.005);
-  EXPECT_LE(measured.by_source.at("meta-llama3").mape(), 0.1755 + 0.005);
+  EXPECT_LE(measured.by_source.at("meta-llama3").mape(), 0.2042 + 0.005);
 }
 
 TEST(PublishedRuns, MetaLlama3ByVirtualStages) {
-  // Meta's rows leave the virtual stages unsaid ("v": null): the set takes the planner's best
-  // v. Printed here for every v their layout can split into (issue 30 item 2; docs/planner.md
-  // "The published test set"): the error and the planner's memory per GPU, so the gap can be
-  // read against the choice. The published figure lies within what the planner predicts for
-  // Meta's layout over those v (slower at the fewest chunks, faster at the best): the gap is
-  // the choice of v and what the model leaves out, not a layout the planner cannot reach.
+  // Meta's rows run v 8, a layer per chunk, as Meta describe their split (the first chunk the
+  // embedding alone, the last the head alone). Printed here for every v their layout can
+  // split into with the ends one layer lighter (issue 30 item 2; docs/planner.md "The
+  // published test set"): the error and the planner's memory per GPU. The published figure
+  // lies within what the planner predicts for Meta's layout over those v (slower at the
+  // fewest chunks, faster at the most): the gap is what the model leaves out, not a layout
+  // the planner cannot reach.
   const json data = load_rows();
   for (const json& r : data.at("rows")) {
     if (r.at("source") != "meta-llama3") continue;
@@ -335,7 +339,7 @@ TEST(PublishedRuns, MetaLlama3ByVirtualStages) {
     double lo = 1e300, hi = -1e300;
     for (int v = 1; v <= 16; ++v) {
       Layout l = layout_of(r, v);
-      if (int64_t(l.pp) * v > j.model.n_layer) break;
+      if (int64_t(l.pp) * v > j.model.n_layer + 2) break;
       l.pp_layers = lighter_ends_split(r, j.model.n_layer, l);
       if (l.pp_layers.empty() || invalid_reason(j, l)) continue;
       const Estimate e = estimate(j, l);

@@ -115,8 +115,17 @@ Partition explicit_partition(const std::vector<int>& layers, const std::vector<d
   if (static_cast<int>(layers.size()) != chunks)
     fail("--pp-layers {} has {} entries but the pipeline has {} chunks (pp x virtual stages)",
          given, layers.size(), chunks);
-  for (int n : layers)
-    if (n < 1) fail("--pp-layers {}: every chunk needs at least one layer", given);
+  // The first and the last chunk may hold no layer: the embedding alone, the final norm, LM
+  // head and loss alone (Llama 3 405B's split, Megatron-Core's
+  // --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split).
+  for (size_t c = 0; c < layers.size(); ++c) {
+    const bool end = chunks > 1 && (c == 0 || c + 1 == layers.size());
+    if (layers[c] < (end ? 0 : 1))
+      fail(
+          "--pp-layers {}: chunk {} has {} layers; every chunk but the first and the last (which "
+          "may hold the embedding or the LM head alone) needs at least one",
+          given, c, layers[c]);
+  }
   const int sum = std::accumulate(layers.begin(), layers.end(), 0);
   if (sum != L)
     fail(
