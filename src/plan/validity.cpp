@@ -109,10 +109,15 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::st
     return refuse(
         "fewer microbatches than pipeline stages",
         fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp));
-  if (l.virtual_stages > 1 && mbs % l.pp != 0)
+  // Blocking exchanges (a GPU cluster without Megatron-Core's overlapped p2p: the replay's
+  // rendezvous over the batched lowering) need pp to divide them (pp::build_schedule).
+  const bool blocking = j.cluster.compute_units == 0 && (!l.pp_overlap || runs_our_runtime(j));
+  if (l.virtual_stages > 1 && mbs % l.pp != 0 && blocking)
     return refuse(
         "interleaved: microbatches not a multiple of pp",
-        fmt::format("interleaved: {} microbatches is not a multiple of pp {}", mbs, l.pp));
+        fmt::format("interleaved with blocking exchanges: {} microbatches is not a multiple of "
+                    "pp {}",
+                    mbs, l.pp));
   if (l.virtual_stages > 1 && l.pp < 2)
     return refuse(
         "virtual stages need a pipeline",

@@ -80,11 +80,6 @@ void check_schedule_args(ScheduleKind kind, int pp, int microbatches, int virtua
         "--microbatches {} is fewer than --pp {}: at least one pipeline rank would never have "
         "work in flight (use --microbatches {} or more, or a smaller --pp)",
         microbatches, pp, pp);
-  if (kind == ScheduleKind::kInterleaved1F1B && microbatches % pp != 0)
-    fail(
-        "the interleaved schedule needs --microbatches divisible by --pp (microbatches go "
-        "through the chunks in groups of pp): {} is not a multiple of {} (use {} or {})",
-        microbatches, pp, microbatches / pp * pp, (microbatches / pp + 1) * pp);
 }
 
 namespace {
@@ -118,22 +113,38 @@ std::vector<std::vector<Action>> one_f_one_b_order(int pp, int m) {
 // A rank's compute actions grouped in steps (see Lowering).
 using Steps = std::vector<std::vector<Action>>;
 
-// Megatron-LM's interleaved order (forward_backward_pipelining_with_interleaving): forward
-// unit k of a rank is microbatch (k / (pp·v))·pp + k mod pp on its local chunk
-// (k mod (pp·v)) / pp; backward unit k walks the local chunks the other way. In Megatron's
-// steps: the warm-up's forwards one per step, then steps of one forward and one backward,
-// then the cool-down's backwards one per step.
+// Megatron-LM's interleaved order (forward_backward_pipelining_with_interleaving) for any
+// number of microbatches m ≥ pp: the microbatches in floor(m / pp) groups of consecutive
+// microbatches, as equal as they divide (the first ones one larger), so every group has pp
+// or more (Llama 3's N, "the number of contiguous micro-batches for the same stage's forward
+// or backward"; PyTorch's Interleaved1F1B rounds, which need them equal). Each group goes
+// through the rank's chunks in turn, every microbatch of the group on a chunk before the
+// next chunk; forward unit k is that table's k-th (microbatch, local chunk), backward unit k
+// the same with the local chunks the other way; the warm-up is (pp − rank − 1)·2 + (v − 1)·N
+// forward units, N the first group's size. With m a multiple of pp every group has pp:
+// forward unit k is microbatch (k / (pp·v))·pp + k mod pp on local chunk (k mod (pp·v)) /
+// pp, Megatron-LM's. (A last group smaller than pp, Megatron-Core's table at its default
+// group size, deadlocks with asynchronous sends: the verifier finds it.) In Megatron's steps:
+// the warm-up's forwards one per step, then steps of one forward and one backward, then the
+// cool-down's backwards one per step.
 std::vector<Steps> interleaved_steps(int pp, int m, int v) {
+  std::vector<std::pair<int, int>> table;  // (microbatch, local chunk) per unit
+  const int groups = std::max(1, m / pp), first = (m + groups - 1) / groups;
+  for (int g = 0, g0 = 0; g < groups; ++g) {
+    const int g1 = g0 + m / groups + (g < m % groups ? 1 : 0);
+    for (int local = 0; local < v; ++local)
+      for (int mb = g0; mb < g1; ++mb) table.emplace_back(mb, local);
+    g0 = g1;
+  }
   std::vector<Steps> out(static_cast<size_t>(pp));
-  const int total = m * v, group = pp * v;
+  const int total = m * v;
   for (int r = 0; r < pp; ++r) {
     auto unit = [&](int k, bool forward) {
-      const int local = (k % group) / pp;
-      const int mb = (k / group) * pp + k % pp;
+      const auto [mb, local] = table[static_cast<size_t>(k)];
       const int chunk = (forward ? local : v - 1 - local) * pp + r;
       return compute(forward ? ActionKind::kForward : ActionKind::kBackward, mb, chunk);
     };
-    const int warmup = std::min((pp - r - 1) * 2 + (v - 1) * pp, total);
+    const int warmup = std::min((pp - r - 1) * 2 + (v - 1) * first, total);
     int f = 0, b = 0;
     for (; f < warmup; ++f) out[r].push_back({unit(f, true)});
     while (f < total) out[r].push_back({unit(f++, true), unit(b++, false)});
@@ -315,6 +326,16 @@ Schedule timed_exchanges(ScheduleKind kind, int pp, int m,
 Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages,
                         Lowering lowering) {
   check_schedule_args(kind, pp, microbatches, virtual_stages);
+  // Lock-step exchanges pair a rank's sends with its neighbour's receives in order; with
+  // groups of more than pp microbatches they do not (the verifier finds deadlocks).
+  if (kind == ScheduleKind::kInterleaved1F1B && lowering == Lowering::kBatched &&
+      microbatches % pp != 0)
+    fail(
+        "the interleaved schedule's batched exchanges (Megatron-LM's, the default on NCCL, "
+        "whose sends wait for their receives) need --microbatches divisible by --pp: {} is not "
+        "a multiple of {} (use {} or {}, or --pp-exchanges per-action on a backend whose sends "
+        "do not wait)",
+        microbatches, pp, microbatches / pp * pp, (microbatches / pp + 1) * pp);
   std::vector<Steps> steps;
   switch (kind) {
     case ScheduleKind::kGPipe:

@@ -93,9 +93,10 @@ const char* action_kind_name(ActionKind kind);  // "F", "B", "I", "W", "sa", "ra
 std::string format_action(const Action& a);     // e.g. "F3.1" (microbatch 3, chunk 1), "sa3.1>2"
 
 // Refuses (mt::Error, exit code 2) a combination that cannot run, with the fix:
-// pp, microbatches, v ≥ 1; v > 1 only for the interleaved schedule; the interleaved schedule
-// needs microbatches divisible by pp (Megatron-LM's rule); microbatches < pp is refused for
-// every schedule (most ranks would idle: torchtitan#775 hung there).
+// pp, microbatches, v ≥ 1; v > 1 only for the interleaved schedule; microbatches < pp is
+// refused for every schedule (most ranks would idle: torchtitan#775 hung there).
+// build_schedule also refuses the interleaved schedule's batched lowering unless pp divides
+// the microbatches (Megatron-LM's rule; the per-action lowering takes any count).
 void check_schedule_args(ScheduleKind kind, int pp, int microbatches, int virtual_stages);
 
 // Builds the schedule (compute order per rank, then the send/recv lowering):
@@ -103,7 +104,8 @@ void check_schedule_args(ScheduleKind kind, int pp, int microbatches, int virtua
 //  1F1B: pp − rank − 1 warm-up forwards, then one forward / one backward, then the
 //        remaining backwards (PipeDream-Flush, Narayanan et al. 2021).
 //  Interleaved 1F1B: Megatron-LM's order over v chunks per rank (Narayanan et al., SC 2021):
-//        warm-up (pp − rank − 1)·2 + (v − 1)·pp forward units, microbatches in groups of pp.
+//        warm-up (pp − rank − 1)·2 + (v − 1)·N forward units, microbatches in groups of
+//        N ≥ pp (floor(m / pp) groups as equal as they divide; N = pp when pp divides m).
 //  ZB-H1: backward split into B (input) and W (weights); 1F1B's order of F and B with the same
 //        cap on microbatches in flight (pp − rank), W deferred into the slots where the rank
 //        would wait (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1).
