@@ -123,8 +123,9 @@ using Steps = std::vector<std::vector<Action>>;
 // the same with the local chunks the other way; the warm-up is (pp − rank − 1)·2 + (v − 1)·N
 // forward units, N the first group's size. With m a multiple of pp every group has pp:
 // forward unit k is microbatch (k / (pp·v))·pp + k mod pp on local chunk (k mod (pp·v)) /
-// pp, Megatron-LM's. (A last group smaller than pp, Megatron-Core's table at its default
-// group size, deadlocks with asynchronous sends: the verifier finds it.) In Megatron's steps:
+// pp, Megatron-LM's. (Groups of pp with a last group smaller than pp, as Megatron-Core's
+// schedule table builds them at its default group size, deadlock with this warm-up and
+// asynchronous sends: the verifier finds it.) In Megatron's steps:
 // the warm-up's forwards one per step, then steps of one forward and one backward, then the
 // cool-down's backwards one per step.
 std::vector<Steps> interleaved_steps(int pp, int m, int v) {
