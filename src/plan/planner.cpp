@@ -265,6 +265,7 @@ void set_software(Layout& l, Software s) {
   if (deepspeed) s = Software::kMegatron2021;
   l.z3_bytes_per_s = deepspeed ? kDeepSpeed2021Zero3BytesPerS : 0.0;
   l.z3_max_reuse_distance = deepspeed ? kDeepSpeed2021MaxReuseDistance : 0.0;
+  l.z3_module_prefetch = deepspeed;
   const bool today = s == Software::kToday;
   // 2021/2022: torch DDP's overlapped reduction only without pipelining (DDP=local else).
   l.dp_overlap = today || l.pp == 1;
@@ -311,6 +312,81 @@ std::vector<int> chunk_layers(const Job& j, const Layout& l) {
 }
 
 namespace step_model {
+
+namespace {
+
+// A block's pass under ZeRO-3 gathered module by module, one module ahead (Layout::
+// z3_module_prefetch; DeepSpeed's stage3.py: a module's hook waits for its own parameters,
+// starts the next gather, then the module computes). `items` run in order, each with its
+// compute, the gather it waits for before it (0: its parameters are still held) and the
+// reduce-scatter of its gradients it starts after it. The gather of the next item that
+// needs one runs beside the compute of the items up to it, and the reduce-scatters started
+// there share its link; blocks repeat, so the first gather runs beside the previous block's
+// last items.
+struct WalkItem {
+  double compute = 0, gather = 0, rs = 0;
+};
+
+double module_walk(const std::vector<WalkItem>& items) {
+  std::vector<size_t> waits;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].gather > 0) waits.push_back(i);
+  double compute = 0, link = 0, t = 0;
+  if (waits.empty()) {
+    for (const WalkItem& it : items) compute += it.compute, link += it.rs;
+    return std::max(compute, link);
+  }
+  const size_t n = items.size();
+  for (size_t w = 0; w < waits.size(); ++w) {
+    const size_t next = waits[(w + 1) % waits.size()];
+    const size_t end = w + 1 < waits.size() ? next : next + n;
+    compute = 0, link = items[next].gather;
+    for (size_t i = waits[w]; i < end; ++i)
+      compute += items[i % n].compute, link += items[i % n].rs;
+    t += std::max(compute, link);
+  }
+  return t;
+}
+
+// Layout::z3_module_prefetch's per-block passes (Prepared::z3_layer_*), their gathers and
+// reduce-scatters at `share` seconds per byte. The compute between two modules' hooks: QKV
+// with the attention core after it, the projection with the residual add and the second
+// norm, MLP in with the activation, MLP out with the last add and the next block's norm;
+// what else a pass holds (TP and CP exchanges, the per-pass overhead) goes with QKV.
+void prepare_module_walk(const Job& j, const Layout& l, const LayerKernels& k, double share,
+                         Prepared& p) {
+  const Z3Modules z = z3_modules(j, l);
+  const double wb = weight_bytes(j), gb = gradient_bytes(j);
+  const double half_norm = k.norm_residual / 2;
+  const double fwd[4] = {k.qkv + k.attention + k.softmax, k.proj + half_norm,
+                         k.mlp_in + k.activation, k.mlp_out + half_norm};
+  const double fwd_sum = fwd[0] + fwd[1] + fwd[2] + fwd[3];
+  const double bwd[4] = {2 * (k.qkv + k.softmax) + k.attention_bwd, 2 * (k.proj + half_norm),
+                         2 * (k.mlp_in + k.activation), 2 * (k.mlp_out + half_norm)};
+  const double bwd_sum = bwd[0] + bwd[1] + bwd[2] + bwd[3];
+  const bool full = l.recompute == Recompute::kFull;
+  std::vector<WalkItem> f(4), b;
+  for (int i = 0; i < 4; ++i) f[size_t(i)] = {fwd[i], z.params[i] * wb * share, 0.0};
+  f[0].compute += std::max(0.0, p.pc.fwd - fwd_sum);
+  if (full) b = f;  // the recompute's forward gathers every module again
+  const double recomputed = full ? p.pc.fwd : 0.0;
+  for (int i = 3; i >= 0; --i) {
+    const bool gather = !full || z.regathered[i];
+    b.push_back({bwd[i], gather ? z.params[i] * wb * share : 0.0, z.params[i] * gb * share});
+  }
+  b.back().compute += std::max(0.0, p.pc.bwd - recomputed - bwd_sum);
+  p.z3_walk = true;
+  p.z3_layer_fwd = module_walk(f);
+  p.z3_layer_bwd = module_walk(b);
+  double block_fwd = 0, block_bwd = 0;
+  for (const WalkItem& it : f) block_fwd += it.gather;
+  for (const WalkItem& it : b) block_bwd += it.gather + it.rs;
+  const double layers = p.split.rank[0];
+  p.z3_rest_fwd = std::max(0.0, p.z3_fwd_per_mb - layers * block_fwd);
+  p.z3_rest_bwd = std::max(0.0, p.z3_per_mb - p.z3_fwd_per_mb - layers * block_bwd);
+}
+
+}  // namespace
 
 Prepared prepare(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
@@ -384,6 +460,10 @@ Prepared prepare(const Job& j, const Layout& l) {
   const int edp = expert_dp(j, l);
   const int edp_stride = (runs_our_runtime(j) ? l.tp : moe_expert_tp(j, l)) * l.ep;
   if (psi_e > 0) reduction(psi_e, edp, std::max(1, c.gpus_per_node / edp_stride));
+  if (l.zero >= 3 && l.z3_module_prefetch && l.z3_bytes_per_s > 0 && l.pp == 1 && dpn > 1 &&
+      c.compute_units == 0)
+    prepare_module_walk(j, l, layer_kernels(j, l, per_rank_share(j)),
+                        double(dpn - 1) / dpn / l.z3_bytes_per_s, p);
   // Optimizer: memory-bound AdamW over the local shard (mixed: 30 bytes read+written per
   // parameter with fp32 master and moments; f32: 28).
   // (Our runtime shards the dense states over expert-dp too: plan/moe.h ep_model_states.)
@@ -444,7 +524,12 @@ double chunk_cost(const Prepared& p, const Layout& l, int r, const PipeAction& a
   // Our runtime's sends on a shared host: a copy by the rank's cores per action with a
   // neighbour (on GPUs the replay's rendezvous charges the blocking exchanges).
   if (V > 1 && a.kind != PipeKind::kBackwardWeight && p.comm_uses_compute) c += p.p2p;
-  if (p.z3_per_mb > 0) {  // beside the compute, the next module's gather during this one's
+  const bool pass = a.kind == PipeKind::kForward || a.kind == PipeKind::kBackward;
+  if (p.z3_walk && pass) {  // module by module: the blocks' walk, the rest beside the head
+    const double rest = c - layers * (fwd ? p.pc.fwd : p.pc.bwd);
+    c = layers * (fwd ? p.z3_layer_fwd : p.z3_layer_bwd) +
+        std::max(rest, fwd ? p.z3_rest_fwd : p.z3_rest_bwd);
+  } else if (p.z3_per_mb > 0) {  // block by block: the pass or its collectives, the longer
     const double comm = fwd ? p.z3_fwd_per_mb : p.z3_per_mb - p.z3_fwd_per_mb;
     c = p.comm_uses_compute ? c + comm : std::max(c, comm);
   }

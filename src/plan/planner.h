@@ -84,6 +84,12 @@ struct Layout {
   // in between are the later modules' of the block, recomputed and then back-propagated:
   // regathered_fraction below.
   double z3_max_reuse_distance = 0;
+  // ZeRO-3's gathers prefetched one module (Linear) ahead, each beside the compute between
+  // two modules' hooks (DeepSpeed: fetch_sub_module, then prefetch_next_sub_modules, then
+  // the module; plan/step_model.h module_walk). false: one block ahead (FSDP's units), where
+  // a block's compute and the next block's gather are each uniform: the pass takes the
+  // longer of its compute and its collectives.
+  bool z3_module_prefetch = false;
   // Layers per pipeline chunk (pp·v entries in model order), as `train --pp-layers` gives
   // them. Empty: the split the run makes — our runtime's cost-balanced one
   // (parallel/pipeline/partition.h: the LM head's chunk takes fewer layers), or with
@@ -255,8 +261,17 @@ inline constexpr double kDeepSpeed2021MaxReuseDistance = 1e9;
 // Linear layers; the norms and biases are too small to partition (DeepSpeed's
 // param_persistence_threshold, 1e5) and are left out. 0 when the distance is 0 (FSDP, ours).
 double regathered_fraction(const Job& j, const Layout& l);
+// A block's four weight matrices in the order they run — QKV, the attention projection, MLP
+// in, MLP out — with their parameters per TP rank, and whether the recompute's forward
+// gathers each again for its backward (regathered_fraction's rule).
+struct Z3Modules {
+  double params[4] = {};
+  bool regathered[4] = {};
+};
+Z3Modules z3_modules(const Job& j, const Layout& l);
 // Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, grad_accum_fusion,
-// torch_ddp, even_layers, z3_bytes_per_s and z3_max_reuse_distance as that software has them
+// torch_ddp, even_layers, z3_bytes_per_s, z3_max_reuse_distance and z3_module_prefetch as
+// that software has them
 // (tp_comm_overlap, opt-in everywhere, is left as it is). Set after l.pp.
 void set_software(Layout& l, Software s);
 inline void set_software(Layout& l, bool megatron_2021) {

@@ -42,17 +42,27 @@ double stage_params(const Job& j, const Layout& l, const Split& split, int r) {
   return p;
 }
 
-double regathered_fraction(const Job& j, const Layout& l) {
-  if (!(l.z3_max_reuse_distance > 0)) return 0.0;
+Z3Modules z3_modules(const Job& j, const Layout& l) {
   const ModelSpec& m = j.model;
   const double h = double(m.d_model), t = double(l.tp), ff = double(m.d_ff);
-  const double modules[] = {h * (h + 2 * double(m.kv_dim())) / t, h * h / t,
+  Z3Modules z;
+  const double params[4] = {h * (h + 2 * double(m.kv_dim())) / t, h * h / t,
                             double(m.mlp_mats() - 1) * h * ff / t, h * ff / t};
-  double total = 0, regathered = 0, later = 0;  // `later`: the modules after this one
+  double later = 0;  // the parameters of the modules after this one
   for (int i = 3; i >= 0; --i) {
-    total += modules[i];
-    if (2 * later >= l.z3_max_reuse_distance) regathered += modules[i];
-    later += modules[i];
+    z.params[i] = params[i];
+    z.regathered[i] = l.z3_max_reuse_distance > 0 && 2 * later >= l.z3_max_reuse_distance;
+    later += params[i];
+  }
+  return z;
+}
+
+double regathered_fraction(const Job& j, const Layout& l) {
+  const Z3Modules z = z3_modules(j, l);
+  double total = 0, regathered = 0;
+  for (int i = 0; i < 4; ++i) {
+    total += z.params[i];
+    if (z.regathered[i]) regathered += z.params[i];
   }
   return regathered / total;
 }

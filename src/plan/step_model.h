@@ -33,6 +33,11 @@ struct Prepared {
   double embedding_sync = 0;  // the tied embedding's all-reduce of the end stages
   double z3_per_mb = 0;       // ZeRO-3 gathers + reduce-scatter per microbatch (overlapped)
   double z3_fwd_per_mb = 0;   // of which forward's gather
+  // Gathered module by module (Layout::z3_module_prefetch): one block's forward and backward
+  // with their gathers and reduce-scatters (module_walk), and the collectives of the
+  // parameters outside the blocks' matrices (embedding, head, norms, biases) per pass.
+  bool z3_walk = false;
+  double z3_layer_fwd = 0, z3_layer_bwd = 0, z3_rest_fwd = 0, z3_rest_bwd = 0;
   // Unfused gradient accumulation: seconds per parameter of a chunk, per backward (0 when
   // the weight-gradient GEMMs accumulate themselves); whether the first microbatch's
   // backward is free (torch DDP: autograd keeps the first gradient as .grad, no add).

@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 
+#include "plan/kernels.h"
+
 namespace mt::plan {
 namespace {
 
@@ -479,10 +481,36 @@ TEST(PlanTime, DeepSpeed2021Zero3GathersBesideTheComputeAtTheirRate) {
   Layout today = l;
   set_software(today, Software::kToday);
   EXPECT_EQ(regathered_fraction(j, today), 0.0);
-  // Sixteen sequences per GPU (96 GPUs): every pass computes longer than its collectives
-  // take, so the step is the same layout's with free communication.
-  j.gpus = 96;
-  l.dp = free_comm.dp = 96, l.microbatch = free_comm.microbatch = 16;
+  // Four sequences per GPU (384 GPUs): the gathers are prefetched one module ahead, beside
+  // the compute between two modules' hooks (z3_module_prefetch), so the forward of a block is
+  // max(QKV + attention, gather of the projection) + max(projection + half the norms and
+  // adds, gather of MLP in) + max(MLP in + GELU, gather of MLP out) + max(MLP out + the other
+  // half, gather of the next QKV), not the longer of the sums: the projection's short compute
+  // cannot hide MLP in's long gather.
+  j.gpus = 384;
+  l.dp = 384, l.microbatch = 4;
+  const Estimate four = estimate(j, l);
+  const LayerKernels k = layer_kernels(j, l, 1.0);
+  const Z3Modules z = z3_modules(j, l);
+  const double s4 = 2 * (384.0 - 1) / 384 / kDeepSpeed2021Zero3BytesPerS;  // per parameter
+  const double seg[4] = {
+      four.layer_forward_s - (k.proj + k.norm_residual + k.mlp_in + k.activation + k.mlp_out),
+      k.proj + k.norm_residual / 2, k.mlp_in + k.activation, k.mlp_out + k.norm_residual / 2};
+  double walk = 0, compute = 0, gathers = 0;
+  for (int i = 0; i < 4; ++i) {
+    walk += std::max(seg[i], z.params[(i + 1) % 4] * s4);
+    compute += seg[i], gathers += z.params[i] * s4;
+  }
+  EXPECT_GT(walk, 1.05 * std::max(compute, gathers));  // the misaligned modules cost
+  fmt::print("175B, 4 sequences per GPU: a block's forward {:.1f} ms, the longer sum {:.1f} ms\n",
+             1e3 * walk, 1e3 * std::max(compute, gathers));
+  // The forward pass: its 96 blocks' walk, and the embedding and head (under 1%) beside it.
+  EXPECT_GT(four.forward_s, 96 * walk);
+  EXPECT_LT(four.forward_s, 96 * walk * 1.01);
+  // Thirty-two sequences per GPU (48 GPUs): every module's compute outlasts the next gather,
+  // so the step is the same layout's with free communication.
+  j.gpus = 48;
+  l.dp = free_comm.dp = 48, l.microbatch = free_comm.microbatch = 32;
   EXPECT_NEAR(estimate(j, l).step_time_s, estimate(j, free_comm).step_time_s,
               1e-9 * estimate(j, l).step_time_s);
 }
