@@ -86,7 +86,7 @@ struct Layout {
   double z3_max_reuse_distance = 0;
   // ZeRO-3's gathers prefetched one module (Linear) ahead, each beside the compute between
   // two modules' hooks (DeepSpeed: fetch_sub_module, then prefetch_next_sub_modules, then
-  // the module; plan/step_model.h module_walk). false: one block ahead (FSDP's units), where
+  // the module; module_walk in planner.cpp). false: one block ahead (FSDP's units), where
   // a block's compute and the next block's gather are each uniform: the pass takes the
   // longer of its compute and its collectives.
   bool z3_module_prefetch = false;

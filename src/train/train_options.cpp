@@ -57,11 +57,14 @@ void check_batch_split(const TrainOptions& o) {
   if (po.virtual_stages < 1) fail("--virtual-stages {} must be at least 1", po.virtual_stages);
   const int64_t chunks = static_cast<int64_t>(po.pp) * po.virtual_stages;
   // --pp-layers may leave the first and the last chunk without a layer (pp::explicit_partition).
-  if (chunks > o.model.n_layer + (po.layers.empty() || chunks < 2 ? 0 : 2))
+  const bool empty_ends = !po.layers.empty() && chunks > 1;
+  const int64_t most = o.model.n_layer + (empty_ends ? 2 : 0);
+  if (chunks > most)
     fail(
         "--pp {} x --virtual-stages {} = {} pipeline chunks but the model has {} layers: every "
-        "chunk needs at least one (use a --pp x --virtual-stages of at most {})",
-        po.pp, po.virtual_stages, chunks, o.model.n_layer, o.model.n_layer);
+        "chunk needs at least one{} (use a --pp x --virtual-stages of at most {})",
+        po.pp, po.virtual_stages, chunks, o.model.n_layer,
+        empty_ends ? " but the first and the last" : "", most);
   if (o.batch % o.dp != 0)
     fail(
         "--batch {} is not divisible by --dp {} (every dp rank takes batch / dp samples; use "
@@ -208,6 +211,19 @@ void TrainOptions::validate() const {
   else if (pipeline.virtual_stages > 1)
     fail("--virtual-stages {} needs a pipeline: add --pp 2 or more and --schedule interleaved",
          pipeline.virtual_stages);
+  // The schedule takes any count (groups of N > pp microbatches where pp does not divide it),
+  // but the stage's buffer pool (the schedule's peak + 1) is not enough there: a released
+  // buffer stays pinned by a send its receiver posts only after the rest of its group, and a
+  // run hung under load (docs/pipeline.md).
+  const int m = microbatch_count();
+  if (pipeline.pp > 1 &&
+      parallel::pp::parse_schedule_kind(pipeline.schedule) ==
+          parallel::pp::ScheduleKind::kInterleaved1F1B &&
+      m % pipeline.pp != 0)
+    fail(
+        "--schedule interleaved trains with --microbatches divisible by --pp: {} is not a "
+        "multiple of {} (use {} or {}; `meshtrain schedule` and the planner take any count)",
+        m, pipeline.pp, m / pipeline.pp * pipeline.pp, (m / pipeline.pp + 1) * pipeline.pp);
   // One chunk per rank, the interleaved schedule is 1F1B under another name.
   if (parallel::pp::parse_schedule_kind(pipeline.schedule) ==
           parallel::pp::ScheduleKind::kInterleaved1F1B &&

@@ -125,9 +125,9 @@ using Steps = std::vector<std::vector<Action>>;
 // forward unit k is microbatch (k / (pp·v))·pp + k mod pp on local chunk (k mod (pp·v)) /
 // pp, Megatron-LM's. (Groups of pp with a last group smaller than pp, as Megatron-Core's
 // schedule table builds them at its default group size, deadlock with this warm-up and
-// asynchronous sends: the verifier finds it.) In Megatron's steps:
-// the warm-up's forwards one per step, then steps of one forward and one backward, then the
-// cool-down's backwards one per step.
+// asynchronous sends: the verifier finds it.) In Megatron's steps: the warm-up's forwards
+// one per step, then steps of one forward and one backward, then the cool-down's backwards
+// one per step.
 std::vector<Steps> interleaved_steps(int pp, int m, int v) {
   std::vector<std::pair<int, int>> table;  // (microbatch, local chunk) per unit
   const int groups = std::max(1, m / pp), first = (m + groups - 1) / groups;
