@@ -334,8 +334,7 @@ Schedule build_schedule(ScheduleKind kind, int pp, int microbatches, int virtual
     fail(
         "the interleaved schedule's batched exchanges (Megatron-LM's, the default on NCCL, "
         "whose sends wait for their receives) need --microbatches divisible by --pp: {} is not "
-        "a multiple of {} (use {} or {}, or --pp-exchanges per-action on a backend whose sends "
-        "do not wait)",
+        "a multiple of {} (use {} or {}; the per-action lowering takes any count)",
         microbatches, pp, microbatches / pp * pp, (microbatches / pp + 1) * pp);
   std::vector<Steps> steps;
   switch (kind) {
