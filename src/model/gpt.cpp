@@ -479,22 +479,20 @@ void Gpt::head_backward(Activations& a, float dloss, float* dres, BackwardPart p
   ensure_scratch(B, T);
   hooks().before_backward(head_unit());
   float* dlogits = a.logits.f32();  // in place
-  const bool bf16_dlogits = bf16_head_grad();
   {
     profile::Scope p("cross_entropy.bwd");
-    if (bf16_dlogits) {  // rounded where it is computed (kernels/mixed.h)
-      const int64_t v0 = tp_.active() ? tp_.rank * Vl : 0;
-      const int64_t real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
+    // This rank's vocabulary slice: columns [v0, v0 + real) are real tokens, the rest padding.
+    const int64_t v0 = tp_.active() ? tp_.rank * Vl : 0;
+    const int64_t real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
+    if (bf16_head_grad())  // rounded where it is computed (kernels/mixed.h)
       kernels::ce_backward_bf16_in_place(dlogits, a.lse.f32(), a.target_ids(), dloss, N, Vl, real,
                                          v0);
-    } else if (!tp_.active()) {
+    else if (!tp_.active())
       kernels::cross_entropy_backward(dlogits, a.logits.f32(), a.lse.f32(), a.target_ids(), dloss,
                                       N, config_.vocab, Vl);
-    } else {
-      const int64_t v0 = tp_.rank * Vl, real = std::clamp<int64_t>(config_.vocab - v0, 0, Vl);
+    else
       kernels::vocab_parallel_ce_backward(dlogits, a.logits.f32(), a.lse.f32(), a.target_ids(),
                                           dloss, N, Vl, real, v0);
-    }
   }
   float* dlnf = scratch_.dln.f32();
   {
@@ -503,12 +501,7 @@ void Gpt::head_backward(Activations& a, float dloss, float* dres, BackwardPart p
     // backward) or for W (zero-bubble).
     const bool weight = part == BackwardPart::kAll && !defer_head_weight();
     float* partial = tp_.sp ? scratch_.part.f32() : dlnf;  // f (f̄) backward of the head input
-    float* dw = weight ? lm_head_->grad.f32() : nullptr;
-    if (bf16_dlogits)
-      gemm_backward(mp_.get(), partial, dw, reinterpret_cast<const bf16*>(dlogits), 2 * Vl,
-                    head_input(a), *lm_head_, N, C, Vl);
-    else
-      gemm_backward(mp_.get(), partial, dw, nullptr, dlogits, head_input(a), *lm_head_, N, C, Vl);
+    head_gemms_backward(a, partial, weight ? lm_head_->grad.f32() : nullptr);
     if (tp_.sp)
       tpo::reduce_scatter_rows(tp_, partial, dlnf, Nl * C);
     else
@@ -585,14 +578,16 @@ void Gpt::embed_backward(Activations& a, const float* dres) {
 
 void Gpt::head_weight_backward(Activations& a) {
   profile::Scope p("lm_head.bwd");
+  head_gemms_backward(a, nullptr, lm_head_->grad.f32());
+}
+
+void Gpt::head_gemms_backward(Activations& a, float* dx, float* dw) {
   const int64_t N = a.B * a.T, C = config_.d_model, Vl = config_.padded_vocab() / tp_.size;
   if (bf16_head_grad())  // the bf16 output gradient over the logits (head_backward)
-    gemm_backward(mp_.get(), nullptr, lm_head_->grad.f32(),
-                  reinterpret_cast<const bf16*>(a.logits.f32()), 2 * Vl, head_input(a), *lm_head_,
-                  N, C, Vl);
+    gemm_backward(mp_.get(), dx, dw, reinterpret_cast<const bf16*>(a.logits.f32()), 2 * Vl,
+                  head_input(a), *lm_head_, N, C, Vl);
   else
-    gemm_backward(mp_.get(), nullptr, lm_head_->grad.f32(), nullptr, a.logits.f32(), head_input(a),
-                  *lm_head_, N, C, Vl);
+    gemm_backward(mp_.get(), dx, dw, nullptr, a.logits.f32(), head_input(a), *lm_head_, N, C, Vl);
 }
 
 double training_flops_per_token(const GptConfig& c, int64_t T) {

@@ -233,6 +233,9 @@ class Gpt {
   // over the logits (kernels::ce_backward_bf16_in_place), which the head's backward GEMMs
   // read as it is. On a GPU the f32 gradient is rounded by the GEMM call (kernels/cuda).
   bool bf16_head_grad() const { return mp_ != nullptr && !device::on_cuda(); }
+  // The LM head's backward GEMMs from the output gradient the cross-entropy left over the
+  // logits (bf16 or f32, bf16_head_grad): dx (may be null) and dw (may be null).
+  void head_gemms_backward(Activations& a, float* dx, float* dw);
   // --dtype bf16 (StoreOptions::bf16_copy): the GEMM workspaces, made with the scratch; on
   // the heap, so that the blocks' pointers to it survive moving the model. Null: f32.
   std::unique_ptr<MixedPrecision> mp_;
