@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "parallel/pipeline/buffers.h"
 #include "parallel/pipeline/replay.h"
 #include "parallel/pipeline/verify.h"
 
@@ -50,13 +51,13 @@ void run_schedule(const ScheduleFlags& f) {
     std::printf("\ntimeline with unit costs (F = 1, B = 2, I = W = 1; '.' idle):\n");
     std::fputs(pp::format_timeline(s, t).c_str(), stdout);
   }
-  const std::vector<int> peak = pp::peak_in_flight(s);
-  std::string peaks;
-  for (int p : peak) peaks += fmt::format(" {}", p);
+  std::string peaks, buffers;
+  for (int p : pp::peak_in_flight(s)) peaks += fmt::format(" {}", p);
+  for (int b : pp::plan_buffers(s).buffers) buffers += fmt::format(" {}", b);
   std::printf(
       "\nunit-cost makespan %g, bubble fraction %.4f; peak microbatches in flight per "
-      "rank:%s\n",
-      t.makespan, t.bubble_fraction(), peaks.c_str());
+      "rank:%s; activation buffers train allocates per rank (buffers.h):%s\n",
+      t.makespan, t.bubble_fraction(), peaks.c_str(), buffers.c_str());
 }
 
 }  // namespace

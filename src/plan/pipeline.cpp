@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "parallel/pipeline/buffers.h"
 
 namespace mt::plan {
 
@@ -17,14 +18,13 @@ PipeSchedule make_schedule(const std::string& name, int P, int v, int m, pp::Low
   return pp::build_schedule(pp::parse_schedule_kind(name), P, m, v, lowering);
 }
 
-// Microbatch activation buffers a pipeline rank holds: the schedule's peak, plus (spare_set)
-// the one our runtime's executor keeps for a receive posted while a released buffer's last
-// send is in flight (src/train/pipeline_stage.cpp allocates peak + 1 before the first step).
+// Microbatch activation buffers a pipeline rank holds: the schedule's peak, or (spare_set) the
+// buffers our runtime's stage allocates before the first step, its buffer plan
+// (parallel/pipeline/buffers.h: the peak + 1 for a receive posted while a released buffer's
+// last send is in flight, more where the plan's walk needs them).
 std::vector<int> max_in_flight(const PipeSchedule& s, bool spare_set) {
-  std::vector<int> v = pp::peak_in_flight(s);
-  if (s.pp > 1 && spare_set)
-    for (int& x : v) x += 1;
-  return v;
+  if (s.pp > 1 && spare_set) return pp::plan_buffers(s).buffers;
+  return pp::peak_in_flight(s);
 }
 
 ReplayResult replay(const PipeSchedule& s,

@@ -22,9 +22,10 @@ PipeSchedule make_schedule(const std::string& name, int stages, int chunks, int 
                            parallel::pp::Lowering lowering = parallel::pp::Lowering::kPerAction);
 
 // The most microbatch-chunks a rank holds at once (forward done, backward not), per rank.
-// spare_set: our runtime's executor also keeps one set for a receive posted while a released
-// set's last send is in flight; Megatron's executors receive into p2p tensors (counted as
-// communication buffers), so P − r is all 1F1B keeps there.
+// spare_set: our runtime's stage holds the buffers of its plan (parallel/pipeline/buffers.h:
+// one more set, for a receive posted while a released set's last send is in flight); Megatron's
+// executors receive into p2p tensors (counted as communication buffers), so P − r is all 1F1B keeps
+// there.
 std::vector<int> max_in_flight(const PipeSchedule& s, bool spare_set);
 
 struct PipeSpan {

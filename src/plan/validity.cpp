@@ -110,15 +110,13 @@ std::optional<std::string> invalid_reason(const Job& j, const Layout& l, std::st
         "fewer microbatches than pipeline stages",
         fmt::format("{} microbatches is fewer than pp {} (a stage would idle)", mbs, l.pp));
   // Blocking exchanges (a GPU cluster without Megatron-Core's overlapped p2p: the replay's
-  // rendezvous over the batched lowering) need pp to divide them (pp::build_schedule), and so
-  // does our runtime's train (its stage's buffer pool, docs/pipeline.md).
+  // rendezvous over the batched lowering) need pp to divide them (pp::build_schedule).
   const bool blocking = j.cluster.compute_units == 0 && !l.pp_overlap;
-  if (l.virtual_stages > 1 && mbs % l.pp != 0 && (blocking || runs_our_runtime(j)))
-    return refuse(
-        "interleaved: microbatches not a multiple of pp",
-        fmt::format("interleaved with blocking exchanges or our runtime: {} microbatches is not "
-                    "a multiple of pp {}",
-                    mbs, l.pp));
+  if (l.virtual_stages > 1 && mbs % l.pp != 0 && blocking)
+    return refuse("interleaved: microbatches not a multiple of pp",
+                  fmt::format("interleaved with blocking exchanges: {} microbatches is not a "
+                              "multiple of pp {}",
+                              mbs, l.pp));
   if (l.virtual_stages > 1 && l.pp < 2)
     return refuse(
         "virtual stages need a pipeline",

@@ -57,12 +57,10 @@ PipelineStage::PipelineStage(model::Gpt& gpt, const pp::Schedule& s, const pp::P
   }
   MT_ASSERT(k == gpt.num_blocks());
   has_head_ = gpt.parts().head;
-  // One more buffer than the schedule's peak: a receive posted early may need it while a
-  // released buffer's last send is still in flight. All of them are allocated now: whether
-  // the extra one is needed depends on timing, and growing the pool in a later step would
-  // allocate in the steady state (it did, under load).
-  const int cap = pp::peak_in_flight(s)[pp_rank] + 1;
-  for (int i = 0; i < cap; ++i) grow();
+  // The plan's buffers, all allocated now: growing the pool in a later step would allocate
+  // in the steady state.
+  plan_ = pp::plan_buffers(s);
+  for (int i = 0; i < plan_.buffers[static_cast<size_t>(pp_rank)]; ++i) grow();
 }
 
 int64_t PipelineStage::rows() const { return gpt_.tp().local_rows(B_ * T_); }
@@ -77,46 +75,33 @@ void PipelineStage::grow() {
   buffer_bytes_ = mem::current_tracker().snapshot().of(mem::Category::kActivations) - before;
 }
 
-// A held buffer, or one released in this step whose send (SendGrad after Backward) is
-// still to be posted.
+// The plan's buffer of (mb, chunk): held, or released with its input gradient's send still
+// to be posted.
 PipelineStage::Slot& PipelineStage::find(int mb, int chunk) {
-  for (Slot& s : pool_)
-    if (s.mb == mb && s.chunk == chunk && s.held) return s;
-  for (Slot& s : pool_)
-    if (s.mb == mb && s.chunk == chunk) return s;
-  fail_run("pipeline stage {}: no buffer holds microbatch {} of chunk {}", rank_, mb, chunk);
+  const int slot = plan_.slot_of(rank_, mb, chunk);
+  Slot* s = slot >= 0 ? &pool_[static_cast<size_t>(slot)] : nullptr;
+  if (!s || s->mb != mb || s->chunk != chunk)
+    fail_run("pipeline stage {}: no buffer holds microbatch {} of chunk {}", rank_, mb, chunk);
+  return *s;
 }
 
+// The plan's buffer for (mb, chunk). Its earlier sends' receives were issued before this
+// point in the plan's walk, so waiting for them needs nothing more from any rank.
 PipelineStage::Slot& PipelineStage::acquire(int mb, int chunk) {
-  for (Slot& s : pool_)
-    if (s.held && s.mb == mb && s.chunk == chunk) return s;
-  // poll, not test: on nccl a test would issue this exchange's sends ahead of its receives.
-  auto sends_done = [](Slot& s) {
-    for (auto& w : s.sends)
-      if (!w->poll()) return false;
-    s.sends.clear();
-    return true;
-  };
-  Slot* pick = nullptr;
-  for (Slot& s : pool_)
-    if (!s.held && sends_done(s)) {
-      pick = &s;
-      break;
-    }
-  if (!pick)
-    for (Slot& s : pool_)
-      if (!s.held) {
-        for (auto& w : s.sends) w->wait();
-        s.sends.clear();
-        pick = &s;
-        break;
-      }
-  MT_ASSERT(pick != nullptr);
-  pick->mb = mb;
-  pick->chunk = chunk;
-  pick->held = true;
+  const int slot = plan_.slot_of(rank_, mb, chunk);
+  MT_ASSERT(slot >= 0);
+  Slot& s = pool_[static_cast<size_t>(slot)];
+  if (s.held && s.mb == mb && s.chunk == chunk) return s;  // taken at its receive
+  MT_ASSERT(!s.held);
+  // poll first: on nccl a wait would also issue this exchange's operations posted so far.
+  for (auto& w : s.sends)
+    if (!w->poll()) w->wait();
+  s.sends.clear();
+  s.mb = mb;
+  s.chunk = chunk;
+  s.held = true;
   held_peak_ = std::max(held_peak_, ++held_);
-  return *pick;
+  return s;
 }
 
 void PipelineStage::release(Slot& s) {
@@ -135,7 +120,10 @@ void PipelineStage::begin_step(const SequenceSampler* data, int64_t first_sample
   first_sample_ = first_sample;
   dloss_ = dloss;
   loss_sum_ = 0;
-  for (Slot& s : pool_) s.mb = s.chunk = -1;  // no tag from the last step can match
+  for (Slot& s : pool_) {  // no tag from the last step can match; its sends are done
+    s.mb = s.chunk = -1;
+    s.sends.clear();
+  }
 }
 
 void PipelineStage::compute(const pp::Action& a) {
@@ -213,7 +201,11 @@ double PipelineStage::forward_only(comm::Group& pp_group, const SequenceSampler&
   // Every rank walks the chunks in model order; consecutive chunks live on different ranks
   // (pp > 1), so each send meets the receive its neighbour is already waiting in.
   constexpr int kEvalTag = 1 << 20;
-  Slot& s = acquire(-2, -2);
+  Slot& s = pool_.front();  // between steps every buffer is free and its sends done
+  MT_ASSERT(!s.held);
+  s.sends.clear();
+  s.held = true;
+  ++held_;
   s.acts.routing_sample = -1;  // validation routes on its own (no tape)
   double sum = 0;
   for (int mb = 0; mb < microbatches; ++mb)

@@ -1,7 +1,8 @@
 // One rank's part of a pipeline (docs/pipeline.md): the pp::Stage the executor drives. It
 // runs the pieces of the rank's Gpt (embedding, chunks of blocks, head) for one
 // (microbatch, chunk) at a time, in activation buffers ("slots") allocated before the first
-// step: the schedule's peak in flight plus one.
+// step as the schedule's buffer plan says (parallel/pipeline/buffers.h: how many, and which
+// one each (microbatch, chunk) takes).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "comm/group.h"
 #include "model/gpt.h"
+#include "parallel/pipeline/buffers.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
@@ -81,6 +83,7 @@ class PipelineStage final : public parallel::pp::Stage {
   int64_t B_, T_;
   int max_layers_ = 0;
   bool has_head_ = false;
+  parallel::pp::BufferPlan plan_;
   std::deque<Slot> pool_;
   int held_ = 0, held_peak_ = 0;
   int64_t buffer_bytes_ = 0;

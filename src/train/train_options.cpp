@@ -211,19 +211,6 @@ void TrainOptions::validate() const {
   else if (pipeline.virtual_stages > 1)
     fail("--virtual-stages {} needs a pipeline: add --pp 2 or more and --schedule interleaved",
          pipeline.virtual_stages);
-  // The schedule takes any count (groups of N > pp microbatches where pp does not divide it),
-  // but the stage's buffer pool (the schedule's peak + 1) is not enough there: a released
-  // buffer stays pinned by a send its receiver posts only after the rest of its group, and a
-  // run hung under load (docs/pipeline.md).
-  const int m = microbatch_count();
-  if (pipeline.pp > 1 &&
-      parallel::pp::parse_schedule_kind(pipeline.schedule) ==
-          parallel::pp::ScheduleKind::kInterleaved1F1B &&
-      m % pipeline.pp != 0)
-    fail(
-        "--schedule interleaved trains with --microbatches divisible by --pp: {} is not a "
-        "multiple of {} (use {} or {}; `meshtrain schedule` and the planner take any count)",
-        m, pipeline.pp, m / pipeline.pp * pipeline.pp, (m / pipeline.pp + 1) * pipeline.pp);
   // One chunk per rank, the interleaved schedule is 1F1B under another name.
   if (parallel::pp::parse_schedule_kind(pipeline.schedule) ==
           parallel::pp::ScheduleKind::kInterleaved1F1B &&

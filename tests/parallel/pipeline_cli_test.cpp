@@ -69,9 +69,9 @@ TEST(PipelineCli, RefusesWhatCannotRun) {
   for (const Case& c : std::vector<Case>{
            {"--pp 4 --microbatches 2", "--microbatches 2 is fewer than --pp 4"},
            {"--pp 3 --microbatches 4 --schedule interleaved --virtual-stages 2 "
-            "--pp-layers 0,1,1,1,1,0",
-            "--schedule interleaved trains with --microbatches divisible by --pp: 4 is not a "
-            "multiple of 3"},
+            "--pp-layers 0,1,1,1,1,0 --pp-exchanges batched",
+            "need --microbatches divisible by --pp: 4 is not a multiple of 3 (use 3 or 6; the "
+            "per-action lowering takes any count)"},
            {"--pp 2 --pp-layers 1,2", "covers 3 layers but the model has n_layer 4"},
            {"--pp 2 --schedule 2f2b", "unknown --schedule '2f2b'"},
            {"--pp 2 --pp-exchanges grouped", "--pp-exchanges 'grouped' is not a grouping"},

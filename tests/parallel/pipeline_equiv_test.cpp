@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "parallel/pipeline/buffers.h"
+#include "parallel/pipeline/schedule.h"
 #include "pipeline_test_util.h"
 
 namespace mt::train {
@@ -96,6 +98,31 @@ TEST(PipelineEmptyEnds, EmbeddingAloneAndHeadAloneMatchTheSingleRank) {
     ASSERT_EQ(r.val_losses.size(), ref.val_losses.size());
     for (size_t i = 0; i < r.val_losses.size(); ++i)
       EXPECT_NEAR(r.val_losses[i].second, ref.val_losses[i].second, kLossTol);
+  }
+}
+
+// The interleaved schedule with a microbatch count pp does not divide (groups of N > pp
+// consecutive microbatches, parallel/pipeline/schedule.h): the same model as the single rank,
+// and the stage holds the buffers its plan names (parallel/pipeline/buffers.h; before the plan,
+// pp 3 v 2 m 16 hung in 1 run of 4 under load: a free buffer taken whose send's receiver
+// waited on this rank).
+TEST(PipelineEquivAnyCount, InterleavedWithMicrobatchesPpDoesNotDivide) {
+  for (int m : {4, 8, 16}) {
+    SCOPED_TRACE(testing::Message() << "interleaved pp 3 v 2 m " << m);
+    const TrainResult r = run_training(test::pp_options(3, m, "interleaved", 2, kSteps));
+    ASSERT_EQ(r.steps.size(), oracle().steps.size());
+    ASSERT_EQ(r.pipeline.size(), 3u);
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      EXPECT_NEAR(r.steps[i].loss, oracle().steps[i].loss, kLossTol) << "step " << i + 1;
+      EXPECT_NEAR(r.steps[i].grad_norm, oracle().steps[i].grad_norm,
+                  1e-4 * oracle().steps[i].grad_norm)
+          << "step " << i + 1;
+    }
+    const parallel::pp::Schedule s =
+        parallel::pp::build_schedule(parallel::pp::ScheduleKind::kInterleaved1F1B, 3, m, 2);
+    const parallel::pp::BufferPlan plan = parallel::pp::plan_buffers(s);
+    for (int p = 0; p < 3; ++p)
+      EXPECT_EQ(r.pipeline[size_t(p)].pool_buffers, plan.buffers[size_t(p)]) << "rank " << p;
   }
 }
 

@@ -4,13 +4,14 @@
 // are posted early: those before the next compute action are posted before the current one
 // runs (except an activation receive behind a backward, which would need one more buffer
 // than the schedule's peak), all of an exchange's before the first is waited on, and each
-// waited for where the list has them.
+// waited for where the list has them (execution_order, exec_order.h, spells the order out).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "comm/group.h"
+#include "parallel/pipeline/exec_order.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace mt::parallel::pp {
@@ -46,6 +47,7 @@ class Executor {
   const Schedule& s_;
   int rank_;
   comm::Group& group_;
+  std::vector<ExecStep> order_;  // the list in the order run() performs it (exec_order.h)
   std::vector<ExecEvent> events_;
 };
 
