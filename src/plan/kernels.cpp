@@ -168,9 +168,18 @@ LayerKernels layer_kernels(const Job& job, const Layout& l, double share) {
   k.softmax = soft > 0 ? std::max(launch, n * soft / t / hbm) : 0.0;
   k.overhead = g.kernel_overhead_s;
   // LM head (vocab-parallel) and cross-entropy in f32 over the logits; the embedding lookup.
-  const double V = m.vocab;
+  // Bytes per logit, read + written (docs/planner.md, "Memory-bound kernels"): our runtime
+  // 12 each way; mixed precision as Megatron runs it over its bf16 logits, forward: the f32
+  // copy (2 + 4) with its maximum (unfused a pass of its own, 4), the shift, exp and sum
+  // (fused one pass, 4 + 4; unfused 8 + 8 + 4) and the normalisation into the softmax kept
+  // for backward (8); backward: the softmax scaled in place by the loss's gradient (8) and
+  // cast to bf16 for the head's GEMMs (4 + 2).
+  const double V = m.vocab, logits = n * V / t;
+  const double ce_fwd = !mixed || ours ? 12.0 : (l.fused_cross_entropy ? 22.0 : 38.0);
+  const double ce_bwd = !mixed || ours ? 12.0 : 14.0;
   k.head = gemm(n, V / t, h, 1);
-  k.cross_entropy = std::max(launch, n * V / t * 12.0 / hbm);
+  k.cross_entropy = std::max(launch, logits * ce_fwd / hbm);
+  k.cross_entropy_bwd = std::max(launch, logits * ce_bwd / hbm);
   k.embedding = std::max(launch, n * h * wb * 2 / hbm);
   return k;
 }

@@ -29,9 +29,10 @@ struct LayerKernels {
   // (with ep also regrouping what the all-to-alls carry), averaged over the blocks.
   double moe_copy = 0;
   double overhead = 0;  // GpuSpec::kernel_overhead_s, once per pass
-  // The LM head GEMM, the f32 cross-entropy over the logits and the embedding lookup, on the
-  // stages that hold them (forward; backward: 2 × the head GEMM, the others once).
-  double head = 0, cross_entropy = 0, embedding = 0;
+  // The LM head GEMM, the f32 cross-entropy over the logits (forward and backward) and the
+  // embedding lookup, on the stages that hold them (backward: 2 × the head GEMM, the
+  // embedding once).
+  double head = 0, cross_entropy = 0, cross_entropy_bwd = 0, embedding = 0;
   // Userbuffers chunk the GEMMs beside a TP collective (Layout::tp_comm_overlap): these are
   // the chunked times (the communication model needs them).
   double gemm_fwd() const { return qkv + attention + proj + mlp_in + mlp_out; }

@@ -190,7 +190,7 @@ PassCosts pass_costs(const Job& j, const Layout& l) {
   }
   pc.bwd = bwd;
   pc.head_fwd = k.head + k.cross_entropy;
-  pc.head_bwd = 2 * k.head + k.cross_entropy;
+  pc.head_bwd = 2 * k.head + k.cross_entropy_bwd;
   pc.embed_fwd = k.embedding;
   pc.embed_bwd = k.embedding;
   if (l.tp > 1) {
@@ -272,6 +272,7 @@ void set_software(Layout& l, Software s) {
   l.tp_overlap = s != Software::kMegatron2021;
   l.pp_overlap = today;
   l.fused_attention = today;
+  l.fused_cross_entropy = today;
   l.grad_accum_fusion = s != Software::kMegatron2021;
   l.torch_ddp = !today && l.pp == 1;
   l.even_layers = !today;

@@ -60,6 +60,11 @@ struct Layout {
   // kernels and stored probabilities of Megatron-LM 2021/2022 (Korthikanti et al.'s 5as²b,
   // the reason for their selective recomputation). Our f32 CPU runtime is unfused.
   bool fused_attention = true;
+  // Mixed precision: Megatron-Core's fused vocabulary-parallel cross-entropy (NeMo's
+  // cross_entropy_loss_fusion, on by default): the casts, maximum, exp-sum and normalisation
+  // in three kernels over the f32 copy of the logits. false: Megatron-LM 2021/2022's
+  // `vocab_parallel_cross_entropy(output.float())`, each step its own kernel (kernels.cpp).
+  bool fused_cross_entropy = true;
   // The weight-gradient GEMMs accumulate into the gradient buffer (Megatron-LM's gradient
   // accumulation fusion, Transformer Engine's fuse_wgrad_accumulation; our runtime's GEMMs
   // with beta = 1). false (Megatron-LM 2021): each backward writes a temporary weight
@@ -269,7 +274,8 @@ struct Z3Modules {
   bool regathered[4] = {};
 };
 Z3Modules z3_modules(const Job& j, const Layout& l);
-// Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, grad_accum_fusion,
+// Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, fused_cross_entropy,
+// grad_accum_fusion,
 // torch_ddp, even_layers, z3_bytes_per_s, z3_max_reuse_distance and z3_module_prefetch as
 // that software has them
 // (tp_comm_overlap, opt-in everywhere, is left as it is). Set after l.pp.

@@ -266,17 +266,18 @@ TEST(PublishedRuns, MapePerSourceAndOverall) {
   // Each figure is held to issue 30's goal where the planner meets it, and elsewhere to what
   // was measured (a regression guard; the goal is printed above with what misses it, and in
   // docs/planner.md, "The published test set"): the MAPE per source and overall and the rows
-  // above 15% measured on 2026-11-29 (fifteenth session: Meta's rows at the v and the CP they
-  // describe, DeepSpeed 2021's gathers one module ahead beside the compute and regathered
-  // after the recompute; docs/planner.md, "The published test set"), plus 0.5 percentage point of
+  // above 15% measured on 2026-11-29 (sixteenth session: the cross-entropy's bytes as Megatron
+  // moves them; before it, Meta's rows at the v and the CP they describe, DeepSpeed 2021's
+  // gathers one module ahead beside the compute and regathered after the recompute;
+  // docs/planner.md, "The published test set"), plus 0.5 percentage point of
   // slack for small model changes. Per source, so that one source cannot get worse behind
   // another's gain.
   constexpr double kSlack = 0.005, kGoalOverall = 0.05, kGoalSource = 0.08;
   const std::map<std::string, double> kMeasured = {
-      {"korthikanti2022", 0.0326}, {"meta-llama3", 0.1358},       {"narayanan2021", 0.0528},
-      {"nvidia-dgxc", 0.0320},     {"nvidia-dgxc-grok1", 0.0991}, {"torchtitan", 0.0101}};
-  constexpr double kOverall = 0.0559;
-  constexpr int kRowsOver15 = 2;
+      {"korthikanti2022", 0.0324}, {"meta-llama3", 0.1358},       {"narayanan2021", 0.0528},
+      {"nvidia-dgxc", 0.0318},     {"nvidia-dgxc-grok1", 0.0929}, {"torchtitan", 0.0087}};
+  constexpr double kOverall = 0.0546;
+  constexpr int kRowsOver15 = 1;
   auto bar = [&](double measured, double goal) {
     return measured <= goal ? std::min(goal, measured + kSlack) : measured + kSlack;
   };

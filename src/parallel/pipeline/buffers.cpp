@@ -1,6 +1,7 @@
 #include "parallel/pipeline/buffers.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/error.h"
 #include "parallel/pipeline/exec_order.h"
@@ -12,7 +13,7 @@ namespace {
 // A buffer of one rank while the step is walked.
 struct Buffer {
   bool held = false;
-  long freed_at = -1;      // when the walk freed it (-1: never taken)
+  int64_t freed_at = -1;   // when the walk freed it (-1: never taken)
   int pending_sends = 0;   // sends of its (microbatch, chunk) not yet posted
   std::vector<int> sends;  // message tags of the posted ones
 };
@@ -34,7 +35,7 @@ BufferPlan plan_buffers(const Schedule& s) {
   std::vector<std::vector<Buffer>> bufs(static_cast<size_t>(P));
   const std::vector<int> peak = peak_in_flight(s);
   for (int r = 0; r < P; ++r) bufs[size_t(r)].resize(size_t(peak[size_t(r)] + (P > 1 ? 1 : 0)));
-  long clock = 0;  // steps walked, over all ranks
+  int64_t clock = 0;  // steps walked, over all ranks
   // Sends each (microbatch, chunk) of a rank makes from its buffer.
   std::vector<std::vector<int>> sends_of(size_t(P), std::vector<int>(pairs, 0));
   for (int r = 0; r < P; ++r)
@@ -138,7 +139,7 @@ BufferPlan plan_buffers(const Schedule& s) {
     if (starved < 0)
       fail(
           "pipeline schedule ({} ranks, {} microbatches, v {}): every rank waits for a "
-          "message not yet sent; the lists deadlock (meshtrain schedule --verify)",
+          "message not yet sent; the lists deadlock (`meshtrain schedule` verifies them)",
           P, M, s.virtual_stages);
     const size_t k = next[size_t(starved)];
     const Action& a = s.ranks[size_t(starved)][size_t(order[size_t(starved)][k].index)];
