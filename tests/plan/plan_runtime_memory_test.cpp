@@ -141,6 +141,8 @@ TEST(PlanRuntimeMemory, PredictedPeakEqualsTheAllocatorsPeak) {
                         {2, 1, 8, 4, 1, "1f1b", 2, true},
                         {1, 0, 8, 2, 2, "1f1b", 1, false, 8, 50257},
                         {1, 0, 8, 2, 2, "interleaved", 1, false, 0, 0, "none", 2},
+                        // 4 microbatches over pp 3: groups of N = 4 > pp (the buffer plan)
+                        {1, 0, 8, 2, 3, "interleaved", 1, false, 6, 0, "none", 2},
                         {1, 0, 8, 2, 2, "zb1"},
                         {2, 0, 8, 2, 2, "1f1b", 2},
                         {2, 0, 8, 4, 1, "1f1b", 1, false, 0, 0, "full"},
