@@ -65,7 +65,11 @@ double layer_activation_bytes(const Job& job, const Layout& l, Recompute rc) {
   const bool drop = dropout(j);
   if (rc == Recompute::kFull) return 2.0 * s * b * h / (l.sp ? t : 1);
   double replicated = s * b * h * (4 + 2 + 2 + (drop ? 2 : 0));
-  double divided = s * b * (2 * h + 4 * kv + 2 * h) + s * b * F * (m.swiglu ? 8 : 4);
+  // The MLP keeps its fc1 output and fc2's input: GELU 2F + 2F bytes; SwiGLU's fc1 output is
+  // gate and up (4F) and fc2's input F (2F), with an unfused SiLU also its output (2F) for
+  // the product's backward (Layout::fused_swiglu).
+  const double mlp = m.swiglu ? (l.fused_swiglu ? 6.0 : 8.0) : 4.0;
+  double divided = s * b * (2 * h + 4 * kv + 2 * h) + s * b * F * mlp;
   // Unfused: the probabilities (2 bytes), with dropout also its mask (1) and output (2).
   double core = 0;
   if (rc == Recompute::kNone && !l.fused_attention) core = (drop ? 5.0 : 2.0) * a * s * S * b;

@@ -273,6 +273,7 @@ void set_software(Layout& l, Software s) {
   l.pp_overlap = today;
   l.fused_attention = today;
   l.fused_cross_entropy = today;
+  l.fused_swiglu = today;
   l.grad_accum_fusion = s != Software::kMegatron2021;
   l.torch_ddp = !today && l.pp == 1;
   l.even_layers = !today;

@@ -65,6 +65,11 @@ struct Layout {
   // in three kernels over the f32 copy of the logits. false: Megatron-LM 2021/2022's
   // `vocab_parallel_cross_entropy(output.float())`, each step its own kernel (kernels.cpp).
   bool fused_cross_entropy = true;
+  // Mixed precision, SwiGLU: Megatron-Core's fused SwiGLU (bias_swiglu_impl, on with
+  // bias_activation_fusion, as NeMo's Llama recipes run it) keeps only its input for backward;
+  // false: `silu(gate) * up` in eager PyTorch also keeps silu(gate), 2 bytes more per element
+  // of the hidden width.
+  bool fused_swiglu = true;
   // The weight-gradient GEMMs accumulate into the gradient buffer (Megatron-LM's gradient
   // accumulation fusion, Transformer Engine's fuse_wgrad_accumulation; our runtime's GEMMs
   // with beta = 1). false (Megatron-LM 2021): each backward writes a temporary weight
@@ -275,7 +280,7 @@ struct Z3Modules {
 };
 Z3Modules z3_modules(const Job& j, const Layout& l);
 // Sets Layout's dp_overlap, tp_overlap, pp_overlap, fused_attention, fused_cross_entropy,
-// grad_accum_fusion,
+// fused_swiglu, grad_accum_fusion,
 // torch_ddp, even_layers, z3_bytes_per_s, z3_max_reuse_distance and z3_module_prefetch as
 // that software has them
 // (tp_comm_overlap, opt-in everywhere, is left as it is). Set after l.pp.
