@@ -205,7 +205,7 @@ double PipelineStage::forward_only(comm::Group& pp_group, const SequenceSampler&
   MT_ASSERT(!s.held);
   s.sends.clear();
   s.held = true;
-  ++held_;
+  held_peak_ = std::max(held_peak_, ++held_);
   s.acts.routing_sample = -1;  // validation routes on its own (no tape)
   double sum = 0;
   for (int mb = 0; mb < microbatches; ++mb)
