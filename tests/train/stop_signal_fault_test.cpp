@@ -133,13 +133,16 @@ TEST(StopSignal, MpirunEveryRankStopsAtTheSameStep) {
 }
 
 // A real signal from outside, twice: the second ends the process at once (status 128 +
-// SIGTERM), without waiting for the step. A long run (it never reaches its end here).
+// SIGTERM), without waiting for the step. A long run (it never reaches its end here). The
+// second signal must arrive while the step the first one let finish is still running: batch
+// 128 makes a step about 0.5 s on a quiet 2-core host, ten times the watcher's 0.05 s poll
+// (at batch 16, 77 ms, a clean-clone CI run once saw the step end first).
 TEST(StopSignal, SecondSignalStopsAtOnce) {
   const fs::path m = dir() / "twice.jsonl", log = dir() / "twice.log";
   fs::remove(m);
   fs::remove(log);
   const std::string cmd = std::string(MT_BINARY) + " train --model tiny --data " + data() +
-                          " --steps 100000 --batch 16 --threads 1 --peak-gflops 100 --metrics " +
+                          " --steps 100000 --batch 128 --threads 1 --peak-gflops 100 --metrics " +
                           m.string() + " > " + log.string() + " 2>&1";
   // Waits (up to 120 s each) for the first metrics row, sends SIGTERM, waits for the run to
   // say it got it (two signals sent at once would be one: a pending signal is a bit), then
