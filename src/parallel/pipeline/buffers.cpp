@@ -96,6 +96,7 @@ BufferPlan plan_buffers(const Schedule& s) {
   // the plan makes the executor do is then for an event earlier in this walk, so no timing
   // can close a cycle of waits (the schedule's own receives are the verifier's matter).
   std::vector<size_t> next(size_t(P), 0);
+  int grow = -1;  // the rank that takes a new buffer at its blocked step
   for (;;) {
     bool progress = false, done = true;
     int starved = -1;  // the first rank blocked on a buffer
@@ -111,11 +112,12 @@ BufferPlan plan_buffers(const Schedule& s) {
           if (!sent[size_t(tag)]) break;
         } else if (takes(r, e, a)) {
           const int slot = reusable(r);
-          if (slot < 0) {
+          if (slot < 0 && r != grow) {
             if (starved < 0) starved = r;
             break;
           }
-          take(r, a.microbatch, a.chunk, slot);
+          if (slot < 0) grow = -1;
+          take(r, a.microbatch, a.chunk, slot);  // -1: a new buffer
         }
         if (e.kind == ExecStepKind::kPostRecv) posted[size_t(r)].push_back(tag);
         if (e.kind == ExecStepKind::kSend) {
@@ -141,12 +143,7 @@ BufferPlan plan_buffers(const Schedule& s) {
           "pipeline schedule ({} ranks, {} microbatches, v {}): every rank waits for a "
           "message not yet sent; the lists deadlock (`meshtrain schedule` verifies them)",
           P, M, s.virtual_stages);
-    const size_t k = next[size_t(starved)];
-    const Action& a = s.ranks[size_t(starved)][size_t(order[size_t(starved)][k].index)];
-    take(starved, a.microbatch, a.chunk, -1);
-    if (order[size_t(starved)][k].kind == ExecStepKind::kPostRecv)
-      posted[size_t(starved)].push_back(message_tag(s, a));
-    ++next[size_t(starved)];
+    grow = starved;
   }
   for (int r = 0; r < P; ++r) plan.buffers[size_t(r)] = static_cast<int>(bufs[size_t(r)].size());
   return plan;
