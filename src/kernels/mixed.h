@@ -79,6 +79,22 @@ void ce_backward_bf16_in_place(float* logits, const float* lse, const int32_t* t
 // The workspace that runs linear_backward_mixed in one pass.
 constexpr int64_t linear_backward_mixed_ws_elems(int64_t n, int64_t out) { return n * out; }
 
+// ---- causal attention with bf16 GEMM operands (the CPU's T x T kernel) --------------------
+// attention_forward (kernels.h) with its four GEMMs on bf16 operands and f32 accumulation:
+// qkv is the [B, T, 3C] activation rounded to bf16 (by the caller, one counted pass); the
+// scores come out f32, the softmax runs on them in f32 and `att` keeps its probabilities in
+// f32 for the backward, as the f32 kernel's; P·V reads them rounded (in the softmax's own
+// pass). So out differs from attention_forward on the same rounded q, k, v by the rounding
+// of P alone: at most 2^-8 Σ_j p_j |v_j| per element, plus f32 summation order.
+void attention_forward_mixed(float* out, float* att, const bf16* qkv, int64_t B, int64_t T,
+                             int64_t C, int64_t NH);
+// Its backward: dout [B, T, C] and qkv in bf16, att the forward's probabilities; dqkv
+// overwritten (f32), scratch as attention_backward's (dS, f32). dP = dO·Vᵀ on the rounded
+// operands, the softmax backward in f32, then dQ = dS·K, dK = dSᵀ·Q and dV = Pᵀ·dO with dS
+// and P rounded to bf16. The CPU only (a GPU runs its own kernels in bf16).
+void attention_backward_mixed(float* dqkv, float* scratch, const bf16* dout, const bf16* qkv,
+                              const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+
 // ---- AdamW on fp32 master weights --------------------------------------------------------
 // Exactly adamw_update on `master` (the same bits for master, m and v), then
 // param_out[i] = to_bf16(master[i]) (the working copy the GEMMs read).

@@ -330,6 +330,11 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
     const int64_t head = std::min(N, kMixedHeadRows) * (config_.padded_vocab() / tp_.size);
     mp_->dy = Tensor::empty({std::max({N * widest, Ne * std::max(C, FCe), head})}, DType::kBF16,
                             mem::Category::kWorkspace);
+    // The CPU's T × T attention kernel reads q, k, v (all heads) and dO rounded.
+    mp_->attn = Tensor();
+    if (!device::on_cuda() && !kernels::fused_attention() && !cp_->active())
+      mp_->attn = Tensor::empty({N * 4 * (config_.n_head / tp_.size) * config_.head_dim()},
+                                DType::kBF16, mem::Category::kWorkspace);
   }
 }
 

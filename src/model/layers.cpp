@@ -232,7 +232,20 @@ void Block::attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s,
     kernels::expand_kv_heads(s.qkvx.f32(), qkv, B * T, heads, kvh, hd);
     qkv = s.qkvx.f32();
   }
-  kernels::attention_forward(a.atty.f32(), a.att.f32(), qkv, B, T, heads * hd, heads);
+  if (const bf16* qkv_b = rounded_for_attention(qkv, B * T * 3 * heads * hd))
+    kernels::attention_forward_mixed(a.atty.f32(), a.att.f32(), qkv_b, B, T, heads * hd, heads);
+  else
+    kernels::attention_forward(a.atty.f32(), a.att.f32(), qkv, B, T, heads * hd, heads);
+}
+
+const bf16* Block::rounded_for_attention(const float* x, int64_t elems, int64_t at) const {
+  const MixedPrecision* mp = c_attn.mp;  // the model's (every linear of a block has it)
+  if (!mp || !mp->attn.defined() || kernels::fused_attention()) return nullptr;
+  MT_ASSERT(at + elems <= mp->attn.numel());
+  profile::Scope p("bf16.convert");
+  bf16* y = mp->attn.bf16p() + at;
+  kernels::to_bf16(y, x, elems);
+  return y;
 }
 
 void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations& a, int64_t B,
@@ -252,9 +265,15 @@ void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations
     qkv = s.qkvx.f32();
     dfull = s.dqkvx.f32();
   }
+  const int64_t qkv_elems = B * T * 3 * heads * hd;
+  const bf16* qkv_b = rounded_for_attention(qkv, qkv_elems);
   if (!device::on_cuda() && kernels::fused_attention())  // the blockwise CPU kernel
     kernels::flash_attention_backward(dfull, s.datty.f32(), qkv, a.atty.f32(), a.att.f32(), B, T,
                                       heads * hd, heads);
+  else if (qkv_b)  // --dtype bf16: bf16 GEMM operands
+    kernels::attention_backward_mixed(
+        dfull, s.datt.f32(), rounded_for_attention(s.datty.f32(), B * T * heads * hd, qkv_elems),
+        qkv_b, a.att.f32(), B, T, heads * hd, heads);
   else
     kernels::attention_backward(dfull, s.datt.f32(), s.datty.f32(), qkv, a.att.f32(), B, T,
                                 heads * hd, heads);

@@ -37,6 +37,10 @@ struct Norm {
 struct MixedPrecision {
   Tensor x;   // bf16 [largest GEMM input]: the activation input rounded on the fly
   Tensor dy;  // bf16: the output gradient rounded (the LM head's in row chunks)
+  // bf16 [N, 4·C/t]: q, k, v (kv heads repeated) and the attention output's gradient rounded
+  // for the CPU's T × T attention kernel (attention_forward_mixed); undefined where attention
+  // runs another kernel (blockwise, context parallel, a GPU's), which stays f32 here.
+  Tensor attn;
 };
 
 // The activation input x of a weight GEMM: f32, or already bf16 (with --dtype bf16 the
@@ -209,6 +213,9 @@ struct Block {
               const char* scope = "attention.fwd") const;
   void attend_backward(float* dqkv, BlockScratch& s, const BlockActivations& a, int64_t B,
                        int64_t T) const;
+  // x (elems floats) rounded into mp->attn at element `at` (a counted bf16.convert), where
+  // attention runs the CPU's T × T kernel on bf16 operands; else null (the f32 kernels).
+  const bf16* rounded_for_attention(const float* x, int64_t elems, int64_t at = 0) const;
   bool context_parallel() const { return cp && cp->active(); }
   parallel::cp::AttentionShape cp_shape(int64_t B, int64_t T) const;
   void activation_forward(BlockActivations& a) const;
