@@ -23,10 +23,10 @@ struct MatmulKey {
   int64_t a[4], b[4], c[4];  // strides (batch1, batch2, row, col) of op(A), op(B), C
   float alpha, beta;
   int32_t threads;
-  uint8_t bf;    // A and B in bf16 (else f32)
-  uint8_t c_bf;  // C in bf16 (else f32)
-  uint8_t bias;  // a bias[N] (f32) added to every row (non-batched only)
-  uint8_t pad[1] = {0};
+  uint8_t bf;        // A and B in bf16 (else f32)
+  uint8_t c_bf;      // C in bf16 (else f32)
+  uint8_t bias;      // a bias[N] (f32) added to every row (non-batched only)
+  uint8_t residual;  // an f32 [M, N] (C's strides) added after the bias (non-batched only)
   bool operator==(const MatmulKey& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
 };
 
@@ -42,7 +42,8 @@ struct KeyHash {
 
 struct MatmulEntry {
   dnnl::matmul prim;
-  dnnl::memory a, b, c, bias;
+  dnnl::memory a, b, c, bias, residual;
+  int residual_post_op = 0;  // its index among the post-ops
 };
 
 dnnl::engine& cpu_engine() {
@@ -86,11 +87,11 @@ MatmulEntry& matmul_entry(const MatmulKey& k) {
   if (k.bias) bias_md = dnnl::memory::desc({1, k.N}, dt::f32, dnnl::memory::format_tag::ab);
   dnnl::primitive_attr attr;
   if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
-  if (k.beta != 0.0f) {
-    dnnl::post_ops po;
-    po.append_sum(k.beta);
-    attr.set_post_ops(po);
-  }
+  dnnl::post_ops po;
+  if (k.beta != 0.0f) po.append_sum(k.beta);
+  const auto residual_md = strided_md(k, k.M, k.N, k.c, dt::f32);
+  if (k.residual) po.append_binary(dnnl::algorithm::binary_add, residual_md);
+  if (po.len() > 0) attr.set_post_ops(po);
   auto& eng = cpu_engine();
   dnnl::matmul::primitive_desc pd(
       k.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md),
@@ -101,6 +102,10 @@ MatmulEntry& matmul_entry(const MatmulKey& k) {
   e->b = dnnl::memory(b_md, eng, DNNL_MEMORY_NONE);
   e->c = dnnl::memory(c_md, eng, DNNL_MEMORY_NONE);
   if (k.bias) e->bias = dnnl::memory(bias_md, eng, DNNL_MEMORY_NONE);
+  if (k.residual) {
+    e->residual = dnnl::memory(residual_md, eng, DNNL_MEMORY_NONE);
+    e->residual_post_op = k.beta != 0.0f ? 1 : 0;
+  }
   return *cache.emplace(k, std::move(e)).first->second;
 }
 
@@ -111,22 +116,29 @@ int dnnl_team() {
   return omp_get_max_threads();
 }
 
-void execute(const MatmulKey& k, const void* A, const void* B, void* C,
-             const float* bias = nullptr) {
+void execute(const MatmulKey& k, const void* A, const void* B, void* C, const float* bias = nullptr,
+             const float* residual = nullptr) {
   MatmulEntry& e = matmul_entry(k);
   e.a.set_data_handle(const_cast<void*>(A));
   e.b.set_data_handle(const_cast<void*>(B));
   e.c.set_data_handle(C);
   // The C API takes a plain array: the C++ execute() would build a hash map per call
   // (oneDNN 2.6 still builds its own inside: about 5 small news per call, freed on return).
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e.a.get()},
-                             {DNNL_ARG_WEIGHTS, e.b.get()},
-                             {DNNL_ARG_DST, e.c.get()},
-                             {DNNL_ARG_BIAS, nullptr}};
+  dnnl_exec_arg_t args[5] = {
+      {DNNL_ARG_SRC, e.a.get()},
+      {DNNL_ARG_WEIGHTS, e.b.get()},
+      {DNNL_ARG_DST, e.c.get()},
+      {DNNL_ARG_BIAS, nullptr},
+      {DNNL_ARG_ATTR_MULTIPLE_POST_OP(e.residual_post_op) | DNNL_ARG_SRC_1, nullptr}};
   int nargs = 3;
   if (k.bias) {
     e.bias.set_data_handle(const_cast<float*>(bias));
     args[nargs++].memory = e.bias.get();
+  }
+  if (k.residual) {
+    e.residual.set_data_handle(const_cast<float*>(residual));
+    args[nargs] = args[4];
+    args[nargs++].memory = e.residual.get();
   }
   auto& st = state().stream;
   if (dnnl_primitive_execute(e.prim.get(), st.get(), nargs, args) != dnnl_success)
@@ -228,7 +240,7 @@ namespace detail {
 
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                  int64_t lda, const bf16* B, int64_t ldb, const float* bias, float beta, void* C,
-                 bool c_bf16, int64_t ldc) {
+                 bool c_bf16, int64_t ldc, const float* residual) {
   check_dims("matmul_bf16", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0 || K == 0) fail("matmul_bf16: empty problem M={} N={} K={}", M, N, K);
   MatmulKey k{};
@@ -238,8 +250,8 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
   k.c[2] = ldc, k.c[3] = 1;
   k.alpha = 1.0f, k.beta = beta;
   k.threads = dnnl_team();
-  k.bf = 1, k.c_bf = c_bf16, k.bias = bias != nullptr;
-  execute(k, A, B, C, bias);
+  k.bf = 1, k.c_bf = c_bf16, k.bias = bias != nullptr, k.residual = residual != nullptr;
+  execute(k, A, B, C, bias, residual);
 }
 
 void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, float alpha,

@@ -22,12 +22,14 @@ void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, flo
                     const StridedView& A, const StridedView& B, float beta, float* C,
                     const int64_t c_strides[4]);
 
-// C[M,N] = op(A)[M,K] * op(B)[K,N] + bias[N] + beta * C: bf16 A and B, f32 accumulation,
-// bias f32 (may be null, fused into the primitive), C f32 or (c_bf16) bf16, rounded once
-// from the f32 result. Non-batched, no empty dimension. Cached like gemm_bf16.
+// C[M,N] = op(A)[M,K] * op(B)[K,N] + bias[N] + beta * C + residual: bf16 A and B, f32
+// accumulation, bias f32 (may be null, fused into the primitive), residual f32 [M, N] with
+// C's row stride (may be null; the primitive's binary post-op, added after the bias), C f32
+// or (c_bf16) bf16, rounded once from the f32 result. Non-batched, no empty dimension.
+// Cached like gemm_bf16.
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16* A,
                  int64_t lda, const bf16* B, int64_t ldb, const float* bias, float beta, void* C,
-                 bool c_bf16, int64_t ldc);
+                 bool c_bf16, int64_t ldc, const float* residual = nullptr);
 
 // Column sums of dy[n, out] added to db (the bias gradient of a linear layer). Threads
 // split the columns, and each column is summed over rows in order, so the bits do not

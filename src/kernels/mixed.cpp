@@ -78,13 +78,13 @@ void check_linear(const char* what, int64_t n, int64_t in, int64_t out) {
 
 template <class Y>
 void forward_impl(Y* y, const bf16* x, const bf16* w, const float* b, int64_t n, int64_t in,
-                  int64_t out) {
+                  int64_t out, const float* r = nullptr) {
   check_linear("linear_forward_mixed", n, in, out);
   if (n == 0 || out == 0) return;
-  if (in == 0) {  // an empty product: y = b (oneDNN refuses empty reductions)
+  if (in == 0) {  // an empty product: y = b (+ r) (oneDNN refuses empty reductions)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < out; ++j) {
-        const float v = b ? b[j] : 0.0f;
+        const float v = (b ? b[j] : 0.0f) + (r ? r[i * out + j] : 0.0f);
         if constexpr (std::is_same_v<Y, bf16>)
           y[i * out + j] = f32_to_bf16(v);
         else
@@ -93,7 +93,7 @@ void forward_impl(Y* y, const bf16* x, const bf16* w, const float* b, int64_t n,
     return;
   }
   detail::matmul_bf16(false, true, n, out, in, x, in, w, in, b, 0.0f, y, std::is_same_v<Y, bf16>,
-                      out);
+                      out, r);
 }
 
 // Columns [c0, c0 + cols) of dy in bf16 (dyc: their first column, row stride ldy):
@@ -143,6 +143,13 @@ void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b,
                           int64_t in, int64_t out) {
   MT_CUDA_DISPATCH(linear_forward_mixed(y, x, w, b, n, in, out));
   forward_impl(y, x, w, b, n, in, out);
+}
+
+void linear_forward_mixed_residual(float* y, const bf16* x, const bf16* w, const float* b,
+                                   const float* r, int64_t n, int64_t in, int64_t out) {
+  if (device::on_cuda()) fail("linear_forward_mixed_residual: the CPU's kernel");
+  if (!r || r == y) fail("linear_forward_mixed_residual: the residual must be another buffer");
+  forward_impl(y, x, w, b, n, in, out, r);
 }
 
 void linear_backward_mixed(float* dx, float* dw, float* db, const float* dy, const bf16* x,

@@ -33,6 +33,11 @@ void linear_forward_mixed(float* y, const bf16* x, const bf16* w, const float* b
 // only feeds another GEMM.
 void linear_forward_mixed(bf16* y, const bf16* x, const bf16* w, const float* b, int64_t n,
                           int64_t in, int64_t out);
+// The f32 one plus a residual: y = x·wᵀ + b + r, r [n, out] f32 (another buffer than y), added
+// in the GEMM's epilogue (oneDNN's binary post-op, after the bias) instead of a pass of its
+// own over y: the same bits as linear_forward_mixed followed by add(y, y, r). The CPU only.
+void linear_forward_mixed_residual(float* y, const bf16* x, const bf16* w, const float* b,
+                                   const float* r, int64_t n, int64_t in, int64_t out);
 
 // Backward with dy in f32. The GEMMs need dy in bf16, so dy is rounded into `ws`, a
 // workspace of ws_elems bf16 owned by the caller (allocated once, before step 1, under

@@ -66,14 +66,18 @@ const bf16* bf16_operand(const MixedPrecision& mp, GemmIn x, int64_t elems) {
 }  // namespace
 
 void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const float* w, const bf16* wb,
-                  const float* b, int64_t n, int64_t in, int64_t out) {
+                  const float* b, int64_t n, int64_t in, int64_t out, const float* residual) {
   if (!mp) {
     MT_ASSERT(x.f);  // bf16 activations exist only with --dtype bf16
     kernels::linear_forward(y, x.f, w, b, n, in, out);
-    return;
+  } else {
+    MT_ASSERT(wb);
+    const bf16* xb = bf16_operand(*mp, x, n * in);
+    if (residual && !device::on_cuda())  // added in the GEMM's epilogue
+      return kernels::linear_forward_mixed_residual(y, xb, wb, b, residual, n, in, out);
+    kernels::linear_forward_mixed(y, xb, wb, b, n, in, out);
   }
-  MT_ASSERT(wb);
-  kernels::linear_forward_mixed(y, bf16_operand(*mp, x, n * in), wb, b, n, in, out);
+  if (residual) kernels::add(y, y, residual, n * out);
 }
 
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
@@ -90,11 +94,11 @@ void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, co
 }
 
 void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const Param& w, const float* b,
-                  int64_t n, int64_t in, int64_t out) {
+                  int64_t n, int64_t in, int64_t out, const float* residual) {
   // With bf16 only the bf16 copy is read (ZeRO-3 may hold no f32 value here).
   if (mp) MT_ASSERT(w.value_bf16.defined());
   gemm_forward(mp, y, x, mp ? nullptr : w.value.f32(), mp ? w.value_bf16.bf16p() : nullptr, b, n,
-               in, out);
+               in, out, residual);
 }
 
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
@@ -112,9 +116,9 @@ void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, const bf16* d
                                  kernels::linear_backward_mixed_chunk_cols(n, out, mp->dy.numel()));
 }
 
-void Linear::forward(float* y, GemmIn x, int64_t n) const {
+void Linear::forward(float* y, GemmIn x, int64_t n, const float* residual) const {
   profile::Scope p("linear.fwd");
-  gemm_forward(mp, y, x, *w, value_of(b), n, in, out);
+  gemm_forward(mp, y, x, *w, value_of(b), n, in, out, residual);
 }
 
 void Linear::backward(float* dx, const float* dy, GemmIn x, int64_t n) const {
@@ -318,18 +322,17 @@ void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
   c_attn.forward(a.qkv.f32(), GemmIn::of(a.ln1), N);
   rotate_qkv(a.qkv.f32(), B, T, false);
   attend(a, B, T, *s);
-  attn_proj.forward(a.res2.f32(), a.atty.f32(), N);
-  kernels::add(a.res2.f32(), a.res2.f32(), x, N * C);
+  attn_proj.forward(a.res2.f32(), a.atty.f32(), N, x);
   // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
   ln_2.forward(a.ln2, a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), N);
   if (is_moe) {
     moe.forward(a.moe, a.out.f32(), a.ln2.f32(), N, s->moe);
+    kernels::add(a.out.f32(), a.out.f32(), a.res2.f32(), N * C);
   } else {
     c_fc.forward(a.fch.f32(), GemmIn::of(a.ln2), N);
     activation_forward(a);
-    mlp_proj.forward(a.out.f32(), GemmIn::of(a.fch_gelu), N);
+    mlp_proj.forward(a.out.f32(), GemmIn::of(a.fch_gelu), N, a.res2.f32());
   }
-  kernels::add(a.out.f32(), a.out.f32(), a.res2.f32(), N * C);
 }
 
 void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, const float* x,

@@ -57,13 +57,14 @@ struct GemmIn {
 };
 
 // The one dispatch point of every weight GEMM (the blocks' linears and the LM head):
-// y = x·wᵀ (+ b) and its backward (dx overwritten, dw += and db +=, each skipped when
+// y = x·wᵀ (+ b) (+ residual: the blocks' skip connections, added in the bf16 GEMM's epilogue
+// on the CPU) and its backward (dx overwritten, dw += and db +=, each skipped when
 // null; x is only read for dw). mp null: the f32 kernels (x must be f32). Else an f32 x
 // and dy are rounded to bf16 into mp's workspaces (a bf16 x is read as it is), w's bf16
 // copy (Param::value_bf16) is read, and the products are accumulated in f32
 // (kernels/mixed.h); y, dx, dw, db stay f32.
 void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const Param& w, const float* b,
-                  int64_t n, int64_t in, int64_t out);
+                  int64_t n, int64_t in, int64_t out, const float* residual = nullptr);
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
                    GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out);
 // The LM head's backward from an output gradient already in bf16 (dy [n, out], row stride
@@ -74,7 +75,8 @@ void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, const bf16* d
 // The same on a weight given by pointers (one expert's slice of a stacked weight): w its f32
 // values, wb its bf16 copy (read when mp is set).
 void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const float* w, const bf16* wb,
-                  const float* b, int64_t n, int64_t in, int64_t out);
+                  const float* b, int64_t n, int64_t in, int64_t out,
+                  const float* residual = nullptr);
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
                    GemmIn x, const float* w, const bf16* wb, int64_t n, int64_t in, int64_t out);
 
@@ -83,7 +85,9 @@ struct Linear {
   Param* b = nullptr;  // [out] or null
   int64_t in = 0, out = 0;
   const MixedPrecision* mp = nullptr;  // bf16 GEMMs (the model's), null: f32
-  void forward(float* y, GemmIn x, int64_t n) const;
+  // y = x·wᵀ + b (+ residual, another buffer: in the bf16 GEMM's epilogue on the CPU, else a
+  // pass of its own; the same bits either way)
+  void forward(float* y, GemmIn x, int64_t n, const float* residual = nullptr) const;
   // dx overwritten (skipped when null)
   void backward(float* dx, const float* dy, GemmIn x, int64_t n) const;
 };

@@ -212,6 +212,32 @@ TEST(MixedLinear, ForwardMatchesReferenceOnRoundedInputs) {
   }
 }
 
+// The skip connection in the GEMM's epilogue: bitwise the GEMM (bias included) and then the
+// add, so the fused forward changes no bit of training (every shape, with and without a bias,
+// and an empty reduction); a residual not added, or added twice, differs by O(1).
+TEST(MixedLinear, ResidualInTheEpilogueIsTheGemmThenTheAdd) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << "n=" << s.n << " in=" << s.in << " out=" << s.out);
+    const auto x = rounded(randn(s.n * s.in, 4)), w = rounded(randn(s.out * s.in, 5));
+    const auto b = randn(s.out, 6), r = randn(s.n * s.out, 7);
+    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+      std::vector<float> want(s.n * s.out), got(s.n * s.out, 99.0f);
+      linear_forward_mixed(want.data(), x.data(), w.data(), bias, s.n, s.in, s.out);
+      add(want.data(), want.data(), r.data(), s.n * s.out);
+      linear_forward_mixed_residual(got.data(), x.data(), w.data(), bias, r.data(), s.n, s.in,
+                                    s.out);
+      EXPECT_EQ(got, want) << (bias ? "with" : "without") << " a bias";
+    }
+  }
+  const std::vector<float> b = {1.5f, -2.0f}, r = {1, 2, 3, 4};
+  std::vector<float> y(4, 99.0f);
+  linear_forward_mixed_residual(y.data(), nullptr, nullptr, b.data(), r.data(), 2, 0, 2);
+  EXPECT_EQ(y, (std::vector<float>{2.5f, 0.0f, 4.5f, 2.0f}));
+  EXPECT_THROW(
+      linear_forward_mixed_residual(y.data(), nullptr, nullptr, b.data(), y.data(), 2, 0, 2),
+      Error);
+}
+
 TEST(MixedLinear, ForwardWithEmptyReductionIsTheBias) {
   const std::vector<float> b = {1.5f, -2.0f, 0.25f};
   std::vector<float> y(6, 99.0f);
