@@ -17,14 +17,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 
 #include "core/error.h"
+#include "kernels/attention_rows.h"
 #include "kernels/dispatch.h"
 #include "kernels/flash_attention.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/kernels.h"
-#include "kernels/mixed.h"
 #include "kernels/vec_math.h"
 #if MESHTRAIN_CUDA
 #include "kernels/cuda/flash_attention.h"
@@ -33,7 +32,9 @@
 namespace mt::kernels {
 namespace {
 
-constexpr int64_t kBlock = 64;
+constexpr int64_t kBlock = detail::kAttentionBlock;
+using detail::causal_softmax_row;
+using detail::softmax_backward_row;
 
 // The calling rank thread's choice (--attention): the flash-style kernel of its device.
 thread_local bool t_fused = false;
@@ -49,35 +50,6 @@ bool per_head_schedule() {
 void check_shape(int64_t T, int64_t C, int64_t NH) {
   if (NH < 1 || C % NH != 0) fail("attention: C={} is not divisible by NH={}", C, NH);
   if (T < 1) fail("attention: T must be >= 1, got {}", T);
-}
-
-// Row t of p: softmax of s[0..t] in place, zeros after (up to T).
-void causal_softmax_row(float* p, int64_t t, int64_t T) {
-  float mx = p[0];
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j <= t; ++j) mx = detail::max_of(mx, p[j]);
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j <= t; ++j) {
-    const float e = detail::fast_exp(p[j] - mx);
-    p[j] = e;
-    s += e;
-  }
-  const float inv = 1.0f / s;
-#pragma omp simd
-  for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
-  for (int64_t j = t + 1; j < T; ++j) p[j] = 0.0f;
-}
-
-// Row t of the softmax backward: ds = p * (dp - <p, dp>) * scale in place over [0, t],
-// zeros over (t, r1).
-void softmax_backward_row(float* ds, const float* p, int64_t t, int64_t r1, float scale) {
-  float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-  for (int64_t j = 0; j <= t; ++j) dot += p[j] * ds[j];
-#pragma omp simd
-  for (int64_t j = 0; j <= t; ++j) ds[j] = p[j] * (ds[j] - dot) * scale;
-  for (int64_t j = t + 1; j < r1; ++j) ds[j] = 0.0f;
 }
 
 // Strides (b, h, row, col) of the views attention multiplies.
@@ -141,91 +113,6 @@ void backward_per_head(float* dqkv, float* scratch, const float* dout, const flo
            dk + c0 * C3, C3);
       gemm(true, false, cols, hd, T - c0, 1.0f, p + c0 * T + c0, T, dO + c0 * C, C, 0.0f,
            dv + c0 * C3, C3);
-    }
-  }
-}
-
-// ---- the same with bf16 GEMM operands (--dtype bf16; attention_forward_mixed) -----------
-// The rounded probabilities and score gradients a head's GEMMs read: per thread, grown once
-// (the steady state allocates nothing).
-std::vector<uint16_t>& bf16_rows(int which, int64_t n) {
-  thread_local std::vector<uint16_t> v[2];
-  if (static_cast<int64_t>(v[which].size()) < n) v[which].resize(static_cast<size_t>(n));
-  return v[which];
-}
-
-const bf16* as_bf16(const std::vector<uint16_t>& v) {
-  return reinterpret_cast<const bf16*>(v.data());
-}
-
-// Columns [0, cols) of row t of x (f32, row stride T) rounded into row t of y (row stride ld).
-void round_row(uint16_t* y, const float* x, int64_t cols) {
-#pragma omp simd
-  for (int64_t j = 0; j < cols; ++j) y[j] = detail::bf16_bits(x[j]);
-}
-
-void forward_mixed_per_head(float* out, float* att, const bf16* qkv, int64_t B, int64_t T,
-                            int64_t C, int64_t NH) {
-  const int64_t hd = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const bf16* q = qkv + b * T * C3 + h * hd;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* p = att + bh * T * T;
-    float* o = out + b * T * C + h * hd;
-    std::vector<uint16_t>& pb = bf16_rows(0, kBlock * T);  // a row block of P, row stride r1
-    for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
-      const int64_t r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
-      gemm_bf16(false, true, rows, r1, hd, scale, q + r0 * C3, C3, k, C3, 0.0f, p + r0 * T, T);
-      for (int64_t t = r0; t < r1; ++t) {
-        causal_softmax_row(p + t * T, t, T);
-        round_row(pb.data() + (t - r0) * r1, p + t * T, r1);
-      }
-      gemm_bf16(false, false, rows, hd, r1, 1.0f, as_bf16(pb), r1, v, C3, 0.0f, o + r0 * C, C);
-    }
-  }
-}
-
-void backward_mixed_per_head(float* dqkv, float* scratch, const bf16* dout, const bf16* qkv,
-                             const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hd = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const bf16* q = qkv + b * T * C3 + h * hd;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* dq = dqkv + b * T * C3 + h * hd;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* p = att + bh * T * T;
-    const bf16* dO = dout + b * T * C + h * hd;
-    float* ds = scratch + bh * T * T;
-    // dS and P rounded, [T, T] with row stride T: the column blocks read them down columns.
-    std::vector<uint16_t>& dsb = bf16_rows(0, T * T);
-    std::vector<uint16_t>& pb = bf16_rows(1, T * T);
-    for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
-      const int64_t r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
-      gemm_bf16(false, true, rows, r1, hd, 1.0f, dO + r0 * C, C, v, C3, 0.0f, ds + r0 * T, T);
-      for (int64_t t = r0; t < r1; ++t) {
-        softmax_backward_row(ds + t * T, p + t * T, t, r1, scale);
-        round_row(dsb.data() + t * T, ds + t * T, r1);
-        round_row(pb.data() + t * T, p + t * T, r1);
-      }
-      gemm_bf16(false, false, rows, hd, r1, 1.0f, as_bf16(dsb) + r0 * T, T, k, C3, 0.0f,
-                dq + r0 * C3, C3);
-    }
-    // Row t was rounded over [0, r1(t)), its block's end: rows t >= c0 cover [c0, c1).
-    for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
-      const int64_t c1 = std::min(T, c0 + kBlock), cols = c1 - c0;
-      gemm_bf16(true, false, cols, hd, T - c0, 1.0f, as_bf16(dsb) + c0 * T + c0, T, q + c0 * C3, C3,
-                0.0f, dk + c0 * C3, C3);
-      gemm_bf16(true, false, cols, hd, T - c0, 1.0f, as_bf16(pb) + c0 * T + c0, T, dO + c0 * C, C,
-                0.0f, dv + c0 * C3, C3);
     }
   }
 }
@@ -296,22 +183,6 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     detail::strided_matmul(B, NH, cols, hd, T - c0, 1.0f, vw.att_cols(att + c0 * T + c0),
                            vw.out_rows(dout + c0 * C), 0.0f, dqkv + 2 * C + c0 * C3, qkv_st);
   }
-}
-
-void attention_forward_mixed(float* out, float* att, const bf16* qkv, int64_t B, int64_t T,
-                             int64_t C, int64_t NH) {
-  if (device::on_cuda()) fail("attention_forward_mixed: the CPU's kernel (a GPU runs its own)");
-  check_shape(T, C, NH);
-  if (B == 0) return;
-  forward_mixed_per_head(out, att, qkv, B, T, C, NH);
-}
-
-void attention_backward_mixed(float* dqkv, float* scratch, const bf16* dout, const bf16* qkv,
-                              const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  if (device::on_cuda()) fail("attention_backward_mixed: the CPU's kernel (a GPU runs its own)");
-  check_shape(T, C, NH);
-  if (B == 0) return;
-  backward_mixed_per_head(dqkv, scratch, dout, qkv, att, B, T, C, NH);
 }
 
 void set_fused_attention(bool on) {

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
+#include "kernels/bf16_tiles.h"
 #include "kernels/kernels.h"
 #include "kernels/mixed.h"
 #include "kernels/test_util.h"
@@ -100,6 +103,20 @@ std::vector<float> widened(const std::vector<bf16>& x) {
   return y;
 }
 
+// Runs `check` under each schedule of the mixed kernels this CPU has (attention_mixed.cpp):
+// the hand-written tiles where AVX512-BF16 is there without AMX, and oneDNN's GEMMs always.
+template <class Check>
+void for_each_schedule(Check check) {
+  std::vector<const char*> schedules = {"0"};
+  if (tiles::cpu_supports()) schedules.push_back("1");
+  for (const char* s : schedules) {
+    SCOPED_TRACE(std::string("MT_BF16_TILES=") + s);
+    setenv("MT_BF16_TILES", s, 1);
+    check();
+  }
+  unsetenv("MT_BF16_TILES");
+}
+
 // Each |got - want| against its bound; returns the largest |got - want| / bound (<= 1 passes).
 double worst_ratio(const std::vector<float>& got, const std::vector<float>& want,
                    const std::vector<double>& bound, const char* what) {
@@ -126,26 +143,29 @@ double worst_ratio(const std::vector<float>& got, const std::vector<float>& want
 // by O(Σ p|v|), hundreds of times the bound; the largest error is checked to be a sizable part of
 // it (> 2^-4), so the bound is not loose either.
 TEST(AttentionMixed, ForwardIsTheF32KernelUpToTheRoundedProbabilities) {
-  const int64_t B = 2, T = 150, NH = 3, C = 48, hd = C / NH;  // three row blocks: 64, 64, 22
-  const auto qkv_b = rounded(randn(B * T * 3 * C, 11));
-  const auto qkv = widened(qkv_b);
-  std::vector<float> want(B * T * C), want_att(B * NH * T * T);
-  std::vector<float> got(B * T * C, 7.0f), got_att(B * NH * T * T, 7.0f);
-  attention_forward(want.data(), want_att.data(), qkv.data(), B, T, C, NH);
-  attention_forward_mixed(got.data(), got_att.data(), qkv_b.data(), B, T, C, NH);
-  test::expect_close(got_att.data(), to_double(want_att).data(), got_att.size(), 1e-7, 1e-5, "att");
-  std::vector<double> bound(got.size());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t d = 0; d < hd; ++d) {
-          double m = 0;
-          for (int64_t j = 0; j <= t; ++j)
-            m += want_att[((b * NH + h) * T + t) * T + j] *
-                 std::fabs(qkv[(b * T + j) * 3 * C + 2 * C + h * hd + d]);
-          bound[(b * T + t) * C + h * hd + d] = (0x1p-8 + 0x1p-15) * m + 1e-7;
-        }
-  EXPECT_GT(worst_ratio(got, want, bound, "out"), 0x1p-4);
+  for_each_schedule([&] {
+    const int64_t B = 2, T = 150, NH = 3, C = 48, hd = C / NH;  // three row blocks: 64, 64, 22
+    const auto qkv_b = rounded(randn(B * T * 3 * C, 11));
+    const auto qkv = widened(qkv_b);
+    std::vector<float> want(B * T * C), want_att(B * NH * T * T);
+    std::vector<float> got(B * T * C, 7.0f), got_att(B * NH * T * T, 7.0f);
+    attention_forward(want.data(), want_att.data(), qkv.data(), B, T, C, NH);
+    attention_forward_mixed(got.data(), got_att.data(), qkv_b.data(), B, T, C, NH);
+    test::expect_close(got_att.data(), to_double(want_att).data(), got_att.size(), 1e-7, 1e-5,
+                       "att");
+    std::vector<double> bound(got.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t d = 0; d < hd; ++d) {
+            double m = 0;
+            for (int64_t j = 0; j <= t; ++j)
+              m += want_att[((b * NH + h) * T + t) * T + j] *
+                   std::fabs(qkv[(b * T + j) * 3 * C + 2 * C + h * hd + d]);
+            bound[(b * T + t) * C + h * hd + d] = (0x1p-8 + 0x1p-15) * m + 1e-7;
+          }
+    EXPECT_GT(worst_ratio(got, want, bound, "out"), 0x1p-4);
+  });
 }
 
 // The backward on bf16 dO, q, k, v against the f32 kernel on the same values, from the same
@@ -155,56 +175,60 @@ TEST(AttentionMixed, ForwardIsTheF32KernelUpToTheRoundedProbabilities) {
 // |dO_td|, each with 2^-15 of the same sum for the f32 orders (dS itself moves by
 // hd · 2^-24 relative through dP) and 1e-7.
 TEST(AttentionMixed, BackwardIsTheF32KernelUpToTheRoundedScoresAndProbabilities) {
-  const int64_t B = 2, T = 70, NH = 2, C = 32, hd = C / NH;  // a full and a partial block
-  const auto qkv_b = rounded(randn(B * T * 3 * C, 12));
-  const auto dout_b = rounded(randn(B * T * C, 13));
-  const auto qkv = widened(qkv_b), dout = widened(dout_b);
-  std::vector<float> out(B * T * C), att(B * NH * T * T);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  std::vector<float> want(qkv.size()), ds(B * NH * T * T, 0.0f);
-  attention_backward(want.data(), ds.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
-  std::vector<float> got(qkv.size(), 7.0f), scratch(ds.size(), 7.0f);
-  attention_backward_mixed(got.data(), scratch.data(), dout_b.data(), qkv_b.data(), att.data(), B,
-                           T, C, NH);
-  // ds: the f32 kernel's dS, rows t over [0, t] (the rest is 0 or unread).
-  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
-    return qkv[(b * T + t) * 3 * C + part * C + h * hd + d];
-  };
-  std::vector<double> bound(got.size());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      const float* p = att.data() + (b * NH + h) * T * T;
-      const float* s = ds.data() + (b * NH + h) * T * T;
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t d = 0; d < hd; ++d) {
-          double mq = 0, mk = 0, mv = 0;
-          for (int64_t j = 0; j <= i; ++j)
-            mq += std::fabs(s[i * T + j]) * std::fabs(at(b, j, 1, h, d));
-          for (int64_t t = i; t < T; ++t) {
-            mk += std::fabs(s[t * T + i]) * std::fabs(at(b, t, 0, h, d));
-            mv += p[t * T + i] * std::fabs(dout[(b * T + t) * C + h * hd + d]);
+  for_each_schedule([&] {
+    const int64_t B = 2, T = 70, NH = 2, C = 32, hd = C / NH;  // a full and a partial block
+    const auto qkv_b = rounded(randn(B * T * 3 * C, 12));
+    const auto dout_b = rounded(randn(B * T * C, 13));
+    const auto qkv = widened(qkv_b), dout = widened(dout_b);
+    std::vector<float> out(B * T * C), att(B * NH * T * T);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    std::vector<float> want(qkv.size()), ds(B * NH * T * T, 0.0f);
+    attention_backward(want.data(), ds.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    std::vector<float> got(qkv.size(), 7.0f), scratch(ds.size(), 7.0f);
+    attention_backward_mixed(got.data(), scratch.data(), dout_b.data(), qkv_b.data(), att.data(), B,
+                             T, C, NH);
+    // ds: the f32 kernel's dS, rows t over [0, t] (the rest is 0 or unread).
+    auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
+      return qkv[(b * T + t) * 3 * C + part * C + h * hd + d];
+    };
+    std::vector<double> bound(got.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h) {
+        const float* p = att.data() + (b * NH + h) * T * T;
+        const float* s = ds.data() + (b * NH + h) * T * T;
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t d = 0; d < hd; ++d) {
+            double mq = 0, mk = 0, mv = 0;
+            for (int64_t j = 0; j <= i; ++j)
+              mq += std::fabs(s[i * T + j]) * std::fabs(at(b, j, 1, h, d));
+            for (int64_t t = i; t < T; ++t) {
+              mk += std::fabs(s[t * T + i]) * std::fabs(at(b, t, 0, h, d));
+              mv += p[t * T + i] * std::fabs(dout[(b * T + t) * C + h * hd + d]);
+            }
+            const int64_t row = (b * T + i) * 3 * C + h * hd + d;
+            bound[row] = (0x1p-8 + 0x1p-15) * mq + 1e-7;
+            bound[row + C] = (0x1p-8 + 0x1p-15) * mk + 1e-7;
+            bound[row + 2 * C] = (0x1p-8 + 0x1p-15) * mv + 1e-7;
           }
-          const int64_t row = (b * T + i) * 3 * C + h * hd + d;
-          bound[row] = (0x1p-8 + 0x1p-15) * mq + 1e-7;
-          bound[row + C] = (0x1p-8 + 0x1p-15) * mk + 1e-7;
-          bound[row + 2 * C] = (0x1p-8 + 0x1p-15) * mv + 1e-7;
-        }
-    }
-  EXPECT_GT(worst_ratio(got, want, bound, "dqkv"), 0x1p-4);
+      }
+    EXPECT_GT(worst_ratio(got, want, bound, "dqkv"), 0x1p-4);
+  });
 }
 
 TEST(AttentionMixed, SameBitsTwice) {
-  const int64_t B = 2, T = 100, NH = 4, C = 32;
-  const auto qkv = rounded(randn(B * T * 3 * C, 14)), dout = rounded(randn(B * T * C, 15));
-  std::vector<float> o1(B * T * C), o2(o1.size()), a1(B * NH * T * T), a2(a1.size());
-  std::vector<float> s(a1.size()), d1(qkv.size()), d2(qkv.size());
-  attention_forward_mixed(o1.data(), a1.data(), qkv.data(), B, T, C, NH);
-  attention_forward_mixed(o2.data(), a2.data(), qkv.data(), B, T, C, NH);
-  attention_backward_mixed(d1.data(), s.data(), dout.data(), qkv.data(), a1.data(), B, T, C, NH);
-  attention_backward_mixed(d2.data(), s.data(), dout.data(), qkv.data(), a1.data(), B, T, C, NH);
-  EXPECT_EQ(o1, o2);
-  EXPECT_EQ(a1, a2);
-  EXPECT_EQ(d1, d2);
+  for_each_schedule([&] {
+    const int64_t B = 2, T = 100, NH = 4, C = 32;
+    const auto qkv = rounded(randn(B * T * 3 * C, 14)), dout = rounded(randn(B * T * C, 15));
+    std::vector<float> o1(B * T * C), o2(o1.size()), a1(B * NH * T * T), a2(a1.size());
+    std::vector<float> s(a1.size()), d1(qkv.size()), d2(qkv.size());
+    attention_forward_mixed(o1.data(), a1.data(), qkv.data(), B, T, C, NH);
+    attention_forward_mixed(o2.data(), a2.data(), qkv.data(), B, T, C, NH);
+    attention_backward_mixed(d1.data(), s.data(), dout.data(), qkv.data(), a1.data(), B, T, C, NH);
+    attention_backward_mixed(d2.data(), s.data(), dout.data(), qkv.data(), a1.data(), B, T, C, NH);
+    EXPECT_EQ(o1, o2);
+    EXPECT_EQ(a1, a2);
+    EXPECT_EQ(d1, d2);
+  });
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+// The pieces the CPU's T × T attention kernels share (attention.cpp in f32, attention_mixed.cpp
+// on bf16 operands): the row block and the softmax rows between the GEMMs.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/vec_math.h"
+
+namespace mt::kernels::detail {
+
+// Rows are processed in blocks of this many: the GEMMs of row block [r0, r1) only touch keys
+// [0, r1), which skips most of the masked upper triangle.
+constexpr int64_t kAttentionBlock = 64;
+
+// Row t of p: softmax of s[0..t] in place, zeros after (up to T).
+inline void causal_softmax_row(float* p, int64_t t, int64_t T) {
+  float mx = p[0];
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j <= t; ++j) mx = max_of(mx, p[j]);
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j <= t; ++j) {
+    const float e = fast_exp(p[j] - mx);
+    p[j] = e;
+    s += e;
+  }
+  const float inv = 1.0f / s;
+#pragma omp simd
+  for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
+  for (int64_t j = t + 1; j < T; ++j) p[j] = 0.0f;
+}
+
+// Row t of the softmax backward: ds = p * (dp - <p, dp>) * scale in place over [0, t],
+// zeros over (t, r1).
+inline void softmax_backward_row(float* ds, const float* p, int64_t t, int64_t r1, float scale) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t j = 0; j <= t; ++j) dot += p[j] * ds[j];
+#pragma omp simd
+  for (int64_t j = 0; j <= t; ++j) ds[j] = p[j] * (ds[j] - dot) * scale;
+  for (int64_t j = t + 1; j < r1; ++j) ds[j] = 0.0f;
+}
+
+}  // namespace mt::kernels::detail
