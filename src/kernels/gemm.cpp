@@ -4,6 +4,7 @@
 // it, so the steady state builds nothing and only swaps data pointers.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -146,6 +147,62 @@ void execute(const MatmulKey& k, const void* A, const void* B, void* C, const fl
   st.wait();
 }
 
+// A bf16 GEMM on a team of threads, as `team` one-thread GEMMs on column panels of C (or row
+// panels where C is narrow), each thread its own primitive. oneDNN 2.6's own split of these
+// shapes over 2 threads reached 74-92% of the 2-thread peak on Model M's linears (the LM
+// head's worst) where the panels reached 91-101% (AMD EPYC with AVX512-BF16, 2026-11-29,
+// docs/mixed_precision.md). An element is summed by one thread's kernel either way; the bits
+// may differ from the whole problem's (oneDNN blocks its sums by the shape it is given) and
+// do not change from run to run.
+// Smaller problems keep oneDNN's own threading: a parallel region costs libgomp a team (two
+// small heap blocks a call), and their time is not where a step goes.
+constexpr int64_t kMinPanel = 32;
+constexpr int64_t kMinSplitMacs = int64_t{1} << 24;
+
+// MT_BF16_PANELS=0 leaves them to oneDNN's threading (for measurements).
+bool panels_on() {
+  static const bool v = [] {
+    const char* e = std::getenv("MT_BF16_PANELS");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return v;
+}
+
+void execute_bf16(const MatmulKey& k, const void* A, const void* B, void* C, const float* bias,
+                  const float* residual) {
+  const bool split_n = k.N >= kMinPanel * k.threads, split_m = k.M >= kMinPanel * k.threads;
+  if (!panels_on() || k.threads <= 1 || omp_in_parallel() || k.b1 != 1 || k.b2 != 1 || !(split_n || split_m) ||
+      k.M * k.N * k.K < kMinSplitMacs)
+    return execute(k, A, B, C, bias, residual);
+  const int64_t c_elem = k.c_bf ? 2 : 4;
+#pragma omp parallel num_threads(k.threads)
+  {
+    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+    omp_set_num_threads(1);  // this thread's oneDNN calls: built for, and run on, one thread
+    MatmulKey p = k;
+    p.threads = 1;
+    const auto* a = static_cast<const char*>(A);
+    const auto* b = static_cast<const char*>(B);
+    auto* c = static_cast<char*>(C);
+    const float* bi = bias;
+    const float* r = residual;
+    if (split_n) {  // columns [lo, hi), panels a multiple of 16 wide
+      const int64_t w = (k.N + team - 1) / team, step = (w + 15) / 16 * 16;
+      const int64_t lo = std::min(k.N, t * step), hi = std::min(k.N, lo + step);
+      p.N = hi - lo;
+      b += 2 * lo * k.b[3], c += c_elem * lo * k.c[3];
+      if (bi) bi += lo;
+      if (r) r += lo * k.c[3];
+    } else {  // rows [lo, hi)
+      const int64_t lo = k.M * t / team, hi = k.M * (t + 1) / team;
+      p.M = hi - lo;
+      a += 2 * lo * k.a[2], c += c_elem * lo * k.c[2];
+      if (r) r += lo * k.c[2];
+    }
+    if (p.M > 0 && p.N > 0) execute(p, a, b, c, bi, r);
+  }
+}
+
 void check_dims(const char* what, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda,
                 int64_t ldb, int64_t ldc) {
   if (M < 0 || N < 0 || K < 0) fail("{}: negative size M={} N={} K={}", what, M, N, K);
@@ -178,6 +235,7 @@ void run_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   k.alpha = alpha, k.beta = beta;
   k.threads = dnnl_team();
   k.bf = bf;
+  if (bf) return execute_bf16(k, A, B, C, nullptr, nullptr);
   execute(k, A, B, C);
 }
 
@@ -251,7 +309,7 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
   k.alpha = 1.0f, k.beta = beta;
   k.threads = dnnl_team();
   k.bf = 1, k.c_bf = c_bf16, k.bias = bias != nullptr, k.residual = residual != nullptr;
-  execute(k, A, B, C, bias, residual);
+  execute_bf16(k, A, B, C, bias, residual);
 }
 
 void strided_matmul(int64_t b1, int64_t b2, int64_t M, int64_t N, int64_t K, float alpha,

@@ -114,6 +114,48 @@ TEST(Gemm, Bf16MatchesReferenceOnRoundedInputs) {
       }
 }
 
+// On a team of 2 a bf16 GEMM of 2^24 multiply-adds or more runs as two one-thread GEMMs on
+// column panels (16-aligned), or row panels where C is under 64 columns wide (gemm.cpp
+// execute_bf16). Each element is then one f32 sum of exact products (bf16 × bf16 fits f32):
+// within (K + 1)·2^-24·Σ|a·b| of the exact value (one rounding per addition, each at most
+// 2^-24 of a partial sum; and alpha's). A panel off by a column, one left out or written
+// twice, or a row panel reading the other's A misses by O(|a·b|); the leading-dimension
+// padding of C must stay as it was.
+TEST(Gemm, Bf16OnATeamOfThreadsByPanels) {
+  const int saved = threads();
+  set_threads(2);
+  struct Case {
+    int64_t M, N, K;
+  };
+  for (const Case c : {Case{200, 330, 260}, Case{2000, 40, 220}})  // columns, then rows
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(testing::Message()
+                     << "M=" << c.M << " N=" << c.N << " ta=" << ta << " tb=" << tb);
+        const int64_t lda = (ta ? c.M : c.K) + 2, ldb = (tb ? c.K : c.N) + 1, ldc = c.N + 3;
+        const auto Af = randn((ta ? c.K : c.M) * lda, 7), Bf = randn((tb ? c.N : c.K) * ldb, 8);
+        std::vector<bf16> A(Af.size()), B(Bf.size());
+        std::vector<float> Ar(A.size()), Br(B.size()), Aa(A.size()), Ba(B.size());
+        for (size_t i = 0; i < A.size(); ++i)
+          A[i] = f32_to_bf16(Af[i]), Ar[i] = bf16_to_f32(A[i]), Aa[i] = std::fabs(Ar[i]);
+        for (size_t i = 0; i < B.size(); ++i)
+          B[i] = f32_to_bf16(Bf[i]), Br[i] = bf16_to_f32(B[i]), Ba[i] = std::fabs(Br[i]);
+        std::vector<float> C(c.M * ldc, 99.0f), zero(C.size(), 0.0f);
+        const auto want = ref_gemm(ta, tb, c.M, c.N, c.K, 0.5, Ar, lda, Br, ldb, 0.0, C, ldc);
+        const auto mag = ref_gemm(ta, tb, c.M, c.N, c.K, 0.5, Aa, lda, Ba, ldb, 0.0, zero, ldc);
+        gemm_bf16(ta, tb, c.M, c.N, c.K, 0.5f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), ldc);
+        for (int64_t i = 0; i < c.M; ++i) {
+          for (int64_t j = 0; j < c.N; ++j) {
+            const int64_t e = i * ldc + j;
+            ASSERT_NEAR(C[e], want[e], (c.K + 1) * 0x1p-24 * mag[e])
+                << "C[" << i << ", " << j << "]";
+          }
+          for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], 99.0f) << "padding";
+        }
+      }
+  set_threads(saved);
+}
+
 TEST(Gemm, BatchedMatchesPerMatrixReference) {
   for (bool ta : {false, true})
     for (bool tb : {false, true})
