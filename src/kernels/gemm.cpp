@@ -171,8 +171,8 @@ bool panels_on() {
 void execute_bf16(const MatmulKey& k, const void* A, const void* B, void* C, const float* bias,
                   const float* residual) {
   const bool split_n = k.N >= kMinPanel * k.threads, split_m = k.M >= kMinPanel * k.threads;
-  if (!panels_on() || k.threads <= 1 || omp_in_parallel() || k.b1 != 1 || k.b2 != 1 || !(split_n || split_m) ||
-      k.M * k.N * k.K < kMinSplitMacs)
+  if (!panels_on() || k.threads <= 1 || omp_in_parallel() || k.b1 != 1 || k.b2 != 1 ||
+      !(split_n || split_m) || k.M * k.N * k.K < kMinSplitMacs)
     return execute(k, A, B, C, bias, residual);
   const int64_t c_elem = k.c_bf ? 2 : 4;
 #pragma omp parallel num_threads(k.threads)

@@ -153,6 +153,7 @@ TEST(Gemm, Bf16OnATeamOfThreadsByPanels) {
           for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], 99.0f) << "padding";
         }
       }
+  EXPECT_EQ(threads(), 2) << "a panel's one-thread setting leaked to the caller";
   set_threads(saved);
 }
 
