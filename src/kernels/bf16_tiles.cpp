@@ -28,8 +28,8 @@ template <int MR, int NV>
 MT_TILE_TARGET void tile(int64_t pairs, const uint16_t* A, int64_t a_row, int64_t a_pair,
                          const uint16_t* Bv, int64_t ldb, float* C, int64_t ldc, float alpha,
                          __mmask16 last) {
-  // The loops over i and j unrolled in full (the build's -O2 would not), so that acc stays
-  // in registers.
+  // The loops over i and j unrolled in full at any optimisation level, so that acc stays in
+  // registers.
   __m512 acc[MR][NV];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)

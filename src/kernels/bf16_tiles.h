@@ -1,7 +1,7 @@
 // Small bf16 GEMMs written by hand, for the CPU's attention on bf16 operands
 // (attention_forward_mixed): per (batch, head) its GEMMs are 64 × 64..T × 64..T, where a
-// oneDNN call costs microseconds of setup and reached 280-370 GFLOP/s on one Zen 5 core
-// against 470-530 for these tiles (2026-11-29, docs/mixed_precision.md).
+// oneDNN call costs microseconds of setup and reached 245-370 GFLOP/s on one Zen 5 core
+// against 490-530 for these tiles (2026-11-29, docs/mixed_precision.md).
 //
 // The instruction is AVX512-BF16's vdpbf16ps: 16 f32 lanes, each adding the products of a
 // pair of bf16 values. So B is stored in pairs along the reduction ("VNNI" order): element
