@@ -67,15 +67,13 @@ struct Views {
 void forward_per_head(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                       int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
+  const detail::HeadLayout at{T, C, NH};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const float* q = qkv + b * T * C3 + h * hd;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* p = att + bh * T * T;
-    float* o = out + b * T * C + h * hd;
+    const auto [q, k, v] = at.qkv(qkv, bh);
+    float* p = at.block(att, bh);
+    float* o = at.rows(out, bh);
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       const int64_t r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
       gemm(false, true, rows, r1, hd, scale, q + r0 * C3, C3, k, C3, 0.0f, p + r0 * T, T);
@@ -88,19 +86,15 @@ void forward_per_head(float* out, float* att, const float* qkv, int64_t B, int64
 void backward_per_head(float* dqkv, float* scratch, const float* dout, const float* qkv,
                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
+  const detail::HeadLayout at{T, C, NH};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const float* q = qkv + b * T * C3 + h * hd;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dqkv + b * T * C3 + h * hd;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* p = att + bh * T * T;
-    const float* dO = dout + b * T * C + h * hd;
-    float* ds = scratch + bh * T * T;
+    const auto [q, k, v] = at.qkv(qkv, bh);
+    const auto [dq, dk, dv] = at.qkv(dqkv, bh);
+    const float* p = at.block(att, bh);
+    const float* dO = at.rows(dout, bh);
+    float* ds = at.block(scratch, bh);
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       const int64_t r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
       gemm(false, true, rows, r1, hd, 1.0f, dO + r0 * C, C, v, C3, 0.0f, ds + r0 * T, T);

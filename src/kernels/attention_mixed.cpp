@@ -53,15 +53,13 @@ void round_row(uint16_t* y, const float* x, int64_t cols) {
 void forward_onednn(float* out, float* att, const bf16* qkv, int64_t B, int64_t T, int64_t C,
                     int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
+  const detail::HeadLayout at{T, C, NH};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const bf16* q = qkv + b * T * C3 + h * hd;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* p = att + bh * T * T;
-    float* o = out + b * T * C + h * hd;
+    const auto [q, k, v] = at.qkv(qkv, bh);
+    float* p = at.block(att, bh);
+    float* o = at.rows(out, bh);
     std::vector<uint16_t>& pb = rows_buffer(0, kBlock * T);  // a row block of P, row stride r1
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       const int64_t r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
@@ -78,19 +76,15 @@ void forward_onednn(float* out, float* att, const bf16* qkv, int64_t B, int64_t 
 void backward_onednn(float* dqkv, float* scratch, const bf16* dout, const bf16* qkv,
                      const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
+  const detail::HeadLayout at{T, C, NH};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const bf16* q = qkv + b * T * C3 + h * hd;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* dq = dqkv + b * T * C3 + h * hd;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* p = att + bh * T * T;
-    const bf16* dO = dout + b * T * C + h * hd;
-    float* ds = scratch + bh * T * T;
+    const auto [q, k, v] = at.qkv(qkv, bh);
+    const auto [dq, dk, dv] = at.qkv(dqkv, bh);
+    const float* p = at.block(att, bh);
+    const bf16* dO = at.rows(dout, bh);
+    float* ds = at.block(scratch, bh);
     // dS and P rounded, [T, T] with row stride T: the column blocks read them down columns.
     std::vector<uint16_t>& dsb = rows_buffer(0, T * T);
     std::vector<uint16_t>& pb = rows_buffer(1, T * T);
@@ -123,16 +117,14 @@ void backward_onednn(float* dqkv, float* scratch, const bf16* dout, const bf16* 
 void forward_tiles(float* out, float* att, const bf16* qkv, int64_t B, int64_t T, int64_t C,
                    int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
+  const detail::HeadLayout at{T, C, NH};
   const int64_t ldk = round_up(T, 16), ldh = round_up(hd, 16), ldp = round_up(T, 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const bf16* q = qkv + b * T * C3 + h * hd;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* p = att + bh * T * T;
-    float* o = out + b * T * C + h * hd;
+    const auto [q, k, v] = at.qkv(qkv, bh);
+    float* p = at.block(att, bh);
+    float* o = at.rows(out, bh);
     std::vector<uint16_t>& kt = rows_buffer(0, hd * ldk + 2 * ldk);
     std::vector<uint16_t>& vv = rows_buffer(1, ldp * ldh);
     std::vector<uint16_t>& pb = rows_buffer(2, kBlock * ldp);
@@ -155,20 +147,16 @@ void forward_tiles(float* out, float* att, const bf16* qkv, int64_t B, int64_t T
 void backward_tiles(float* dqkv, float* scratch, const bf16* dout, const bf16* qkv,
                     const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
+  const detail::HeadLayout at{T, C, NH};
   const int64_t ldk = round_up(T, 16), ldh = round_up(hd, 16), ldp = round_up(T, 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const bf16* q = qkv + b * T * C3 + h * hd;
-    const bf16* k = q + C;
-    const bf16* v = q + 2 * C;
-    float* dq = dqkv + b * T * C3 + h * hd;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* p = att + bh * T * T;
-    const bf16* dO = dout + b * T * C + h * hd;
-    float* ds = scratch + bh * T * T;
+    const auto [q, k, v] = at.qkv(qkv, bh);
+    const auto [dq, dk, dv] = at.qkv(dqkv, bh);
+    const float* p = at.block(att, bh);
+    const bf16* dO = at.rows(dout, bh);
+    float* ds = at.block(scratch, bh);
     std::vector<uint16_t>& vt = rows_buffer(0, hd * ldk + 2 * ldk);
     std::vector<uint16_t>& kqo = rows_buffer(1, 3 * ldp * ldh);  // K, Q, dO packed
     std::vector<uint16_t>& dsb = rows_buffer(2, T * ldp);        // dS rounded, by query

@@ -12,6 +12,32 @@ namespace mt::kernels::detail {
 // [0, r1), which skips most of the masked upper triangle.
 constexpr int64_t kAttentionBlock = 64;
 
+// Where head h of batch b lives, for the loops that take one head per task (bh = b·NH + h):
+// its q, k and v in a [B, T, 3C] tensor (or their gradients in dqkv), its columns of a
+// [B, T, C] tensor (the output or its gradient) and its T × T block of the probabilities or
+// scores.
+struct HeadLayout {
+  int64_t T, C, NH;
+  template <class X>
+  struct Qkv {
+    X *q, *k, *v;
+  };
+  int64_t hd() const { return C / NH; }
+  template <class X>
+  Qkv<X> qkv(X* base, int64_t bh) const {
+    X* q = base + (bh / NH) * T * 3 * C + (bh % NH) * hd();
+    return {q, q + C, q + 2 * C};
+  }
+  template <class X>
+  X* rows(X* base, int64_t bh) const {
+    return base + (bh / NH) * T * C + (bh % NH) * hd();
+  }
+  template <class X>
+  X* block(X* base, int64_t bh) const {
+    return base + bh * T * T;
+  }
+};
+
 // Row t of p: softmax of s[0..t] in place, zeros after (up to T).
 inline void causal_softmax_row(float* p, int64_t t, int64_t T) {
   float mx = p[0];
