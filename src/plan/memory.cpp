@@ -6,6 +6,7 @@
 
 #include "comm/mpi.h"
 #include "plan/moe.h"
+#include "plan/pipeline.h"
 #include "plan/planner.h"
 #include "plan/stages.h"
 
@@ -91,18 +92,21 @@ MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& d
 MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int* in_flight) {
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
   PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
-  return memory_with_flight(j, l, max_in_flight(sched, spare_set(j)), worst_stage, in_flight);
+  const ChunkFlight chunks = chunk_flight(sched);
+  return memory_with_flight(j, l, max_in_flight(sched, spare_set(j)), worst_stage, in_flight,
+                            &chunks);
 }
 
 std::vector<MemoryBytes> memory_by_stage(const Job& j, const Layout& l) {
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
   PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
-  return stage_memory(j, l, max_in_flight(sched, spare_set(j)));
+  const ChunkFlight chunks = chunk_flight(sched);
+  return stage_memory(j, l, max_in_flight(sched, spare_set(j)), &chunks);
 }
 
 MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<int>& flight,
-                               int* worst_stage, int* in_flight) {
-  const std::vector<MemoryBytes> stages = stage_memory(j, l, flight);
+                               int* worst_stage, int* in_flight, const ChunkFlight* chunks) {
+  const std::vector<MemoryBytes> stages = stage_memory(j, l, flight, chunks);
   MemoryBytes worst;
   for (int r = 0; r < l.pp; ++r) {
     const MemoryBytes& mb = stages[size_t(r)];
@@ -115,8 +119,8 @@ MemoryBytes memory_with_flight(const Job& j, const Layout& l, const std::vector<
   return worst;
 }
 
-std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
-                                      const std::vector<int>& flight) {
+std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l, const std::vector<int>& flight,
+                                      const ChunkFlight* chunks) {
   const ModelSpec& m = j.model;
   const Split split = split_of(j, l);
   const double act_layer = layer_activation_bytes(j, l, l.recompute);
@@ -131,13 +135,29 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l,
     MemoryBytes mb = ep_model_states(psi_r, experts_r, j, l);
     // fp16: the step's fp32 copy of the shard's gradients (bf16 keeps them in fp32 already).
     if (j.dtype == "fp16") mb.step_gradients_f32 = 4 * psi_r / (l.zero >= 1 ? l.dp * l.cp : 1);
-    // Each microbatch-chunk in flight as large as the rank's largest chunk.
+    // Megatron's tensors are allocated as they come: each microbatch-chunk in flight keeps
+    // its own chunk's layers, at the rank's worst moment (chunk_flight). Our runtime's pool
+    // sizes every set for the rank's largest chunk; without the chunk profile that is also
+    // the bound taken here.
+    const double emb_rows = s * b * h / (l.sp ? t : 1);
     double act = flight[r] * split.rank_max[size_t(r)] * act_layer;
+    if (mixed(j) && chunks) {
+      std::vector<double> bytes(size_t(l.virtual_stages));
+      for (size_t c = 0; c < bytes.size(); ++c)
+        bytes[c] = split.chunk[c * size_t(l.pp) + size_t(r)] * act_layer;
+      // The embedding's output (+ dropout's mask) on the first chunk; a chunk of the
+      // embedding alone sends its output on and frees it (Megatron's deallocate_output_tensor,
+      // Llama 3's "proactively deallocate ... the output tensors of each pipeline stage"),
+      // keeping only dropout's mask.
+      if (r == 0)
+        bytes[0] += emb_rows * (split.chunk[0] > 0 ? (dropout(j) ? 3 : 2) : (dropout(j) ? 1 : 0));
+      act = peak_bytes_in_flight(*chunks, r, bytes);
+    } else if (mixed(j) && r == 0) {  // embedding output (+ dropout's mask)
+      act += flight[r] * emb_rows * (dropout(j) ? 3 : 2);
+    }
     if (l.recompute == Recompute::kFull)  // one layer's full set while it is recomputed
       act += layer_activation_bytes(j, l, Recompute::kNone);
     if (mixed(j)) {
-      if (r == 0)  // embedding output (+ dropout's mask)
-        act += flight[r] * s * b * h * (dropout(j) ? 3 : 2) / (l.sp ? t : 1);
       if (r == l.pp - 1) act += 4 * s * b * V / t + 2 * s * b * h;  // f32 logits, final norm
     } else {
       // Our runtime (docs/flops.md, train/pipeline_stage.cpp): one activation set per

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -25,6 +26,43 @@ PipeSchedule make_schedule(const std::string& name, int P, int v, int m, pp::Low
 std::vector<int> max_in_flight(const PipeSchedule& s, bool spare_set) {
   if (s.pp > 1 && spare_set) return pp::plan_buffers(s).buffers;
   return pp::peak_in_flight(s);
+}
+
+ChunkFlight chunk_flight(const PipeSchedule& s) {
+  ChunkFlight f;
+  f.peaks.resize(static_cast<size_t>(s.pp));
+  const auto v = static_cast<size_t>(s.virtual_stages);
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& list = s.ranks[static_cast<size_t>(r)];
+    std::vector<int> held(v, 0);
+    std::set<std::vector<int>> peaks;  // a steady state repeats the same few
+    bool rising = false;               // the last compute action was a forward
+    for (const PipeAction& a : list) {
+      if (!a.is_compute()) continue;
+      const auto c = static_cast<size_t>(a.chunk / s.pp);
+      if (a.kind == PipeKind::kForward) {
+        ++held[c];
+        rising = true;
+        continue;
+      }
+      if (rising) peaks.insert(held);
+      rising = false;
+      if (a.kind == PipeKind::kBackward || a.kind == PipeKind::kBackwardWeight) --held[c];
+    }
+    if (rising) peaks.insert(held);
+    f.peaks[static_cast<size_t>(r)].assign(peaks.begin(), peaks.end());
+  }
+  return f;
+}
+
+double peak_bytes_in_flight(const ChunkFlight& f, int rank, const std::vector<double>& bytes) {
+  double peak = 0;
+  for (const std::vector<int>& held : f.peaks.at(static_cast<size_t>(rank))) {
+    double sum = 0;
+    for (size_t c = 0; c < held.size(); ++c) sum += held[c] * bytes.at(c);
+    peak = std::max(peak, sum);
+  }
+  return peak;
 }
 
 ReplayResult replay(const PipeSchedule& s,

@@ -28,6 +28,19 @@ PipeSchedule make_schedule(const std::string& name, int stages, int chunks, int 
 // there.
 std::vector<int> max_in_flight(const PipeSchedule& s, bool spare_set);
 
+// What each rank holds, chunk by chunk, at the moments its count of microbatch-chunks in
+// flight peaks: after each forward that the rank's next compute action does not follow with
+// another. Chunks can hold different numbers of layers (--pp-layers, Llama 3's lighter ends,
+// an uneven split), so the rank's peak in bytes is the largest of these weighted by what a
+// microbatch of each chunk keeps, which the count alone times the largest chunk only bounds.
+struct ChunkFlight {
+  // [rank][peak][local chunk c] (global chunk c·pp + rank): microbatches held.
+  std::vector<std::vector<std::vector<int>>> peaks;
+};
+ChunkFlight chunk_flight(const PipeSchedule& s);
+// The most bytes rank r holds at once when a microbatch of its local chunk c keeps bytes[c].
+double peak_bytes_in_flight(const ChunkFlight& f, int rank, const std::vector<double>& bytes);
+
 struct PipeSpan {
   PipeAction action;
   double start_s, end_s;

@@ -225,15 +225,20 @@ std::optional<std::string> invalid_reason(const Job& job, const Layout& l,
                                           std::string* kind = nullptr);
 MemoryBytes memory_per_gpu(const Job& job, const Layout& l, int* worst_stage = nullptr,
                            int* in_flight = nullptr);
-// The same, with the per-rank microbatch-chunks in flight of the layout's schedule given.
+// The same, with the per-rank microbatch-chunks in flight of the layout's schedule given,
+// and what they are chunk by chunk at the ranks' peaks (plan/pipeline.h chunk_flight; without
+// it each microbatch-chunk counts as the rank's largest chunk, an upper bound).
+struct ChunkFlight;
 MemoryBytes memory_with_flight(const Job& job, const Layout& l, const std::vector<int>& flight,
-                               int* worst_stage = nullptr, int* in_flight = nullptr);
+                               int* worst_stage = nullptr, int* in_flight = nullptr,
+                               const ChunkFlight* chunks = nullptr);
 // Every pipeline stage's memory per rank (index: pipeline rank; memory_per_gpu is the
 // largest), e.g. to add up the ranks that share a host (train's up-front memory check).
 std::vector<MemoryBytes> memory_by_stage(const Job& job, const Layout& l);
 // The same, with the per-rank microbatch-chunks in flight given (memory_with_flight's).
 std::vector<MemoryBytes> stage_memory(const Job& job, const Layout& l,
-                                      const std::vector<int>& flight);
+                                      const std::vector<int>& flight,
+                                      const ChunkFlight* chunks = nullptr);
 // Which software runs the layout, for what it overlaps and fuses (docs/planner.md,
 // "Software"): Megatron-LM as Narayanan et al. ran it in 2021; as Korthikanti et al. ran it
 // in 2022 (backward's TP all-reduces beside the weight gradients, otherwise 2021's); today's

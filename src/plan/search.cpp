@@ -83,7 +83,8 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
     double lb = 0;
   };
   std::vector<Cand> cands;
-  std::map<std::tuple<std::string, int, int, int64_t>, std::vector<int>> flights;
+  std::map<std::tuple<std::string, int, int, int64_t>, std::pair<std::vector<int>, ChunkFlight>>
+      flights;
   double best_oom_over = std::numeric_limits<double>::infinity();
   for (int t : tps)
     for (int pp : pps) {
@@ -182,13 +183,15 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                     const int64_t nmb = j.batch / (int64_t(dp) * mbs);
                     auto key = std::make_tuple(l.schedule, pp, v, nmb);
                     auto it = flights.find(key);
-                    if (it == flights.end())
+                    if (it == flights.end()) {
+                      const PipeSchedule sched = make_schedule(l.schedule, pp, v, int(nmb));
                       it = flights
-                               .emplace(key,
-                                        max_in_flight(make_schedule(l.schedule, pp, v, int(nmb)),
-                                                      spare_set(j)))
+                               .emplace(key, std::make_pair(max_in_flight(sched, spare_set(j)),
+                                                            chunk_flight(sched)))
                                .first;
-                    c.mem = memory_with_flight(j, l, it->second, &c.worst, &c.flight);
+                    }
+                    c.mem = memory_with_flight(j, l, it->second.first, &c.worst, &c.flight,
+                                               &it->second.second);
                     if (c.mem.total() > hbm) {
                       const double over = c.mem.total() - hbm;
                       best_oom_over = std::min(best_oom_over, over);

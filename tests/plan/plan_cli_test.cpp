@@ -513,8 +513,8 @@ TEST(PlanCli, SixteenThousandGpusSearch) {
       "--seq 8192 --json");
   ASSERT_FALSE(j["layouts"].empty());
   EXPECT_EQ(j["considered"], 8616);
-  EXPECT_EQ(j["fit"], 71);
-  EXPECT_LE(j["replayed"].get<int>(), 71);
+  EXPECT_EQ(j["fit"], 77);
+  EXPECT_LE(j["replayed"].get<int>(), 77);
   EXPECT_EQ(j["layouts"][0]["tp"], 8);
 }
 
