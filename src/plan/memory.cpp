@@ -141,7 +141,7 @@ std::vector<MemoryBytes> stage_memory(const Job& j, const Layout& l, const std::
     // the bound taken here.
     const double emb_rows = s * b * h / (l.sp ? t : 1);
     double act = flight[r] * split.rank_max[size_t(r)] * act_layer;
-    if (mixed(j) && chunks) {
+    if (mixed(j) && chunks && !spare_set(j)) {
       std::vector<double> bytes(size_t(l.virtual_stages));
       for (size_t c = 0; c < bytes.size(); ++c)
         bytes[c] = split.chunk[c * size_t(l.pp) + size_t(r)] * act_layer;
