@@ -1,0 +1,45 @@
+// One-thread bf16 GEMMs on packed panels, for the linear layers' shapes on CPUs with
+// AVX512-BF16 and no AMX (tiles::available()), where they beat oneDNN 2.6's matmul:
+// Model M's linears and LM head at 487-509 GFLOP/s on one Zen 5 core against oneDNN's
+// 442-501 in the same run (2026-11-29, docs/mixed_precision.md "Packed panels").
+//
+// The micro-kernel is bf16_tiles.h's 4 × 64 tile of vdpbf16ps. What makes it fast on large
+// problems is the memory layout around it, as BLIS arranges a GEMM: B is copied block by
+// block (kKc pairs of rows × kNc columns) into panel-major order, each 64-column panel's
+// pairs contiguous, so the panel a tile streams is one contiguous run in L1/L2 rather than
+// rows at the full matrix's stride (which alias in L1's sets: the unpacked tiles reached
+// 290-395 GFLOP/s on these shapes). A is read in place when its pairs are contiguous
+// (row-major, even row stride) and copied into 4-row micro-panels otherwise.
+//
+// Each element of C is one f32 sum in k order (block after block), the same whichever
+// columns or rows a thread is given, so results do not depend on how callers split C.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace mt::kernels::packed {
+
+// A matrix operand: element (r, c) at p + r·row + c·col (in elements).
+struct Operand {
+  const bf16* p = nullptr;
+  int64_t row = 0, col = 0;
+};
+
+// C[M, N] (row stride ldc) = A[M, K] · B[K, N] (+ C when accumulate) (+ bias[n]) (+ residual
+// [M, N] at C's strides), in that order; C in f32, or rounded to bf16 (c_bf16). Returns false,
+// doing nothing, for what it does not take (the caller's GEMM runs instead): an odd K, or a
+// bf16 C with accumulate or with K beyond one block (its partial sums would be rounded).
+// One thread; the packing buffers are the calling thread's, grown once.
+bool gemm(int64_t M, int64_t N, int64_t K, Operand A, Operand B, void* C, int64_t ldc, bool c_bf16,
+          bool accumulate, const float* bias, const float* residual);
+
+// Whether gemm would take a problem of K (and its C) at all: on() and K even (the kernel
+// reads A and B in pairs along K).
+bool takes(int64_t K, bool c_bf16, bool accumulate);
+// The CPU has the tiles (tiles::available()) and MT_BF16_PACKED is not 0 (0: oneDNN's GEMMs,
+// for measurements and for tests of both).
+bool on();
+
+}  // namespace mt::kernels::packed
