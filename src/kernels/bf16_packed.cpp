@@ -26,6 +26,10 @@ constexpr int kCols = 64;  // columns of a C tile (4 vectors of 16): a B panel's
 constexpr int64_t kKc = 512;
 constexpr int64_t kNc = 1024;
 constexpr int64_t kMc = 256;
+// Words between copied A micro-panels beyond their kc·4: a multiple of 4 KB apart (kc = 512),
+// the copy's stores to consecutive groups all fell in one of L1's 64 sets and evicted each
+// other (the copy ran at 5.5 GB/s; 64 more bytes spread them).
+constexpr int64_t kGroupPad = 16;
 
 // The calling thread's packing buffers (32-bit words: a bf16 pair each), grown once.
 struct Buffers {
@@ -131,10 +135,10 @@ MT_PACKED_TARGET void pack_b(uint32_t* out, const Operand& B, int64_t kp0, int64
       }
 }
 
-// A's rows [i0, i0 + mc), pairs [kp0, kp0 + kc) into 4-row micro-panels out[g][kp][r] (rows
-// past mc zero).
-MT_PACKED_TARGET void pack_a(uint32_t* out, const Operand& A, int64_t i0, int64_t mc, int64_t kp0,
-                             int64_t kc) {
+// A's rows [i0, i0 + mc), pairs [kp0, kp0 + kc) into 4-row micro-panels, group g's pair kp
+// of row r at out[g·group + kp·4 + r] (rows past mc zero).
+MT_PACKED_TARGET void pack_a(uint32_t* out, int64_t group, const Operand& A, int64_t i0, int64_t mc,
+                             int64_t kp0, int64_t kc) {
   const int64_t groups = (mc + kRows - 1) / kRows;
   if (A.row == 1 && mc % 32 == 0) {
     // Aᵀ row-major (dW = dYᵀ·X): A's rows are consecutive along a stored row; rows 2kp and
@@ -155,7 +159,7 @@ MT_PACKED_TARGET void pack_a(uint32_t* out, const Operand& A, int64_t i0, int64_
           _mm512_store_si512(words, w[h]);
           for (int g = 0; g < 4; ++g) {
             const int64_t grp = (i + 16 * h + 4 * g) / kRows;
-            std::memcpy(out + (grp * kc + kp) * kRows, words + 4 * g, 16);
+            std::memcpy(out + grp * group + kp * kRows, words + 4 * g, 16);
           }
         }
       }
@@ -166,7 +170,7 @@ MT_PACKED_TARGET void pack_a(uint32_t* out, const Operand& A, int64_t i0, int64_
     for (int64_t kp = 0; kp < kc; ++kp)
       for (int r = 0; r < kRows; ++r) {
         const int64_t i = g * kRows + r, k = 2 * (kp0 + kp);
-        out[(g * kc + kp) * kRows + r] =
+        out[g * group + kp * kRows + r] =
             i < mc ? pair_word(bits_at(A, i0 + i, k), bits_at(A, i0 + i, k + 1)) : 0;
       }
 }
@@ -297,10 +301,10 @@ bool gemm(int64_t M, int64_t N, int64_t K, Operand A, Operand B, void* C, int64_
           a_row = A.row / 2, a_pair = 1, a_group = kRows * a_row;
         } else {
           const int64_t groups = (mc + kRows - 1) / kRows;
-          buf.a.resize(std::max<size_t>(buf.a.size(), size_t(groups * kc * kRows)));
-          pack_a(buf.a.data(), A, i0, mc, kp0, kc);
+          a_row = 1, a_pair = kRows, a_group = kc * kRows + kGroupPad;
+          buf.a.resize(std::max<size_t>(buf.a.size(), size_t(groups * a_group)));
+          pack_a(buf.a.data(), a_group, A, i0, mc, kp0, kc);
           a = buf.a.data();
-          a_row = 1, a_pair = kRows, a_group = kc * kRows;
         }
         for (int64_t q = 0; q < panels; ++q) {
           const int64_t cols = std::min<int64_t>(kCols, nc - q * kCols), col0 = n0 + q * kCols;

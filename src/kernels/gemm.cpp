@@ -121,16 +121,13 @@ int dnnl_team() {
 // Below this many multiply-adds a GEMM stays with oneDNN (the packing's fixed costs).
 constexpr int64_t kMinPackedMacs = int64_t{1} << 20;
 
-// A one-thread bf16 GEMM on the packed panels (bf16_packed.h) where they take it and are the
-// faster: A stored row-major (the linears' forward and input gradient). With A transposed
-// (their weight gradients, dW += dyᵀ·x) the copy of A costs more than the kernel gains:
-// 384-388 against oneDNN's 396-415 GFLOP/s on Model M's shapes (AMD EPYC Zen 5, one core,
-// 2026-11-29), so those stay with oneDNN.
+// A one-thread bf16 GEMM on the packed panels (bf16_packed.h) where they take it: on the
+// CPUs that have them they beat oneDNN's on every GEMM of Model M's linears
+// (bench/results/bf16-packed.md).
 bool run_packed(const MatmulKey& k, const void* A, const void* B, void* C, const float* bias,
                 const float* residual) {
   if (!k.bf || k.threads != 1 || k.b1 != 1 || k.b2 != 1 || k.alpha != 1.0f ||
-      (k.beta != 0.0f && k.beta != 1.0f) || k.c[3] != 1 || k.a[3] != 1 ||
-      k.M * k.N * k.K < kMinPackedMacs)
+      (k.beta != 0.0f && k.beta != 1.0f) || k.c[3] != 1 || k.M * k.N * k.K < kMinPackedMacs)
     return false;
   const packed::Operand a{static_cast<const bf16*>(A), k.a[2], k.a[3]};
   const packed::Operand b{static_cast<const bf16*>(B), k.b[2], k.b[3]};
