@@ -1,7 +1,8 @@
 // One-thread bf16 GEMMs on packed panels, for the linear layers' shapes on CPUs with
-// AVX512-BF16 and no AMX (tiles::available()), where they beat oneDNN 2.6's matmul:
-// Model M's linears and LM head at 487-509 GFLOP/s on one Zen 5 core against oneDNN's
-// 442-501 in the same run (2026-11-29, docs/mixed_precision.md "Packed panels").
+// AVX512-BF16 and no AMX (tiles::available()), where they beat oneDNN 2.6's matmul on every
+// GEMM of Model M's linears: forward and input gradients 1.13x summed, weight gradients
+// 1.06-1.10x, on one Zen 5 core (bench/results/bf16-packed.md, docs/mixed_precision.md
+// "Packed panels").
 //
 // The micro-kernel is bf16_tiles.h's 4 × 64 tile of vdpbf16ps. What makes it fast on large
 // problems is the memory layout around it, as BLIS arranges a GEMM: B is copied block by
@@ -11,8 +12,9 @@
 // 290-395 GFLOP/s on these shapes). A is read in place when its pairs are contiguous
 // (row-major, even row stride) and copied into 4-row micro-panels otherwise.
 //
-// Each element of C is one f32 sum in k order (block after block), the same whichever
-// columns or rows a thread is given, so results do not depend on how callers split C.
+// Each element of C is a sum in k order within each block of K, added to what C held (the
+// old C, or the blocks before), then the bias and the residual: the same whichever columns
+// or rows a thread is given, so results do not depend on how callers split C.
 #pragma once
 
 #include <cstdint>
