@@ -3,8 +3,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/bf16_tiles.h"
@@ -16,8 +18,10 @@
 namespace mt::kernels::packed {
 namespace {
 
-constexpr int kRows = 4;   // rows of a C tile
-constexpr int kCols = 64;  // columns of a C tile (4 vectors of 16): a B panel's width
+constexpr int kRows = 4;           // rows of a C tile
+constexpr int kCols = 64;          // columns of a C tile: a B panel's width
+constexpr int kVecs = kCols / 16;  // its vectors of 16 f32
+static_assert(kCols % 32 == 0 && 16 % kRows == 0);
 // Block sizes, chosen by measurement on one Zen 5 core (1 MB L2) over Model M's shapes:
 // kKc pairs of B's rows per block (K up to 1,024 in one: dW's token count, the linears'
 // inputs; a 64-column panel of it, 128 KB, streams from L2), kNc columns per packed block of
@@ -93,7 +97,7 @@ MT_PACKED_TARGET void pack_b(uint32_t* out, const Operand& B, int64_t kp0, int64
         const bf16* r0 = B.p + (2 * (kp0 + kp)) * B.row + n0 + q * kCols;
         const bf16* r1 = r0 + B.row;
         uint32_t* dst = out + (q * kc + kp) * kCols;
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < kCols / 32; ++h) {
           const int64_t c = q * kCols + 32 * h, left = std::clamp<int64_t>(nc - c, 0, 32);
           const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
           const __m512i a = _mm512_maskz_loadu_epi16(m, r0 + 32 * h);
@@ -157,9 +161,9 @@ MT_PACKED_TARGET void pack_a(uint32_t* out, int64_t group, const Operand& A, int
         for (int h = 0; h < 2; ++h) {
           alignas(64) uint32_t words[16];
           _mm512_store_si512(words, w[h]);
-          for (int g = 0; g < 4; ++g) {
-            const int64_t grp = (i + 16 * h + 4 * g) / kRows;
-            std::memcpy(out + grp * group + kp * kRows, words + 4 * g, 16);
+          for (int g = 0; g < 16 / kRows; ++g) {
+            const int64_t grp = (i + 16 * h + kRows * g) / kRows;
+            std::memcpy(out + grp * group + kp * kRows, words + kRows * g, 4 * kRows);
           }
         }
       }
@@ -188,8 +192,8 @@ template <int MR>
 MT_PACKED_TARGET void tile(int64_t pairs, const uint32_t* a, int64_t a_row, int64_t a_pair,
                            const uint32_t* b, void* C, int64_t ldc, bool load_c, int64_t cols,
                            const Epilogue& e) {
-  __mmask16 mask[4];
-  for (int j = 0; j < 4; ++j) {
+  __mmask16 mask[kVecs];
+  for (int j = 0; j < kVecs; ++j) {
     const int64_t left = std::clamp<int64_t>(cols - 16 * j, 0, 16);
     mask[j] = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
   }
@@ -198,72 +202,77 @@ MT_PACKED_TARGET void tile(int64_t pairs, const uint32_t* a, int64_t a_row, int6
   // of a large C is not in cache, and waiting for it before the first product cost 20% of the
   // time on dW's shapes.
   if (load_c)
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 16
+      for (int j = 0; j < kVecs; ++j)
         _mm_prefetch(reinterpret_cast<const char*>(cf + i * ldc + 16 * j), _MM_HINT_T0);
   if (e.final && e.residual)
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 16
+      for (int j = 0; j < kVecs; ++j)
         _mm_prefetch(reinterpret_cast<const char*>(e.residual + i * ldc + 16 * j), _MM_HINT_T0);
-  __m512 acc[MR][4];
-#pragma GCC unroll 4
+  __m512 acc[MR][kVecs];
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int j = 0; j < kVecs; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t kp = 0; kp < pairs; ++kp) {
-    __m512bh bv[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + kp * kCols + 16 * j);
-#pragma GCC unroll 4
+    __m512bh bv[kVecs];
+#pragma GCC unroll 16
+    for (int j = 0; j < kVecs; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + kp * kCols + 16 * j);
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512bh av = (__m512bh)_mm512_set1_epi32(int32_t(a[i * a_row + kp * a_pair]));
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+#pragma GCC unroll 16
+      for (int j = 0; j < kVecs; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
     }
   }
   if (load_c)
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 16
+      for (int j = 0; j < kVecs; ++j)
         acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_maskz_loadu_ps(mask[j], cf + i * ldc + 16 * j));
   if (e.final && e.bias)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kVecs; ++j) {
       const __m512 bj = _mm512_maskz_loadu_ps(mask[j], e.bias + 16 * j);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_add_ps(acc[i][j], bj);
     }
   if (e.final && e.residual)
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 16
+      for (int j = 0; j < kVecs; ++j)
         acc[i][j] =
             _mm512_add_ps(acc[i][j], _mm512_maskz_loadu_ps(mask[j], e.residual + i * ldc + 16 * j));
   if (e.final && e.c_bf16) {
     bf16* cb = static_cast<bf16*>(C);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 16
+      for (int j = 0; j < kVecs; ++j)
         _mm256_mask_storeu_epi16(cb + i * ldc + 16 * j, mask[j],
                                  (__m256i)_mm512_cvtneps_pbh(acc[i][j]));
     return;
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(cf + i * ldc + 16 * j, mask[j], acc[i][j]);
+#pragma GCC unroll 16
+    for (int j = 0; j < kVecs; ++j)
+      _mm512_mask_storeu_ps(cf + i * ldc + 16 * j, mask[j], acc[i][j]);
 }
 
 using TileFn = void (*)(int64_t, const uint32_t*, int64_t, int64_t, const uint32_t*, void*, int64_t,
                         bool, int64_t, const Epilogue&);
-constexpr TileFn kTiles[kRows] = {tile<1>, tile<2>, tile<3>, tile<4>};
+template <size_t... I>
+constexpr std::array<TileFn, sizeof...(I)> tiles_up_to(std::index_sequence<I...>) {
+  return {tile<int(I) + 1>...};
+}
+constexpr auto kTiles = tiles_up_to(std::make_index_sequence<kRows>());
 
 }  // namespace
 
