@@ -19,6 +19,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "kernels/kernels.h"
+#include "obs/run_info.h"
 
 namespace {
 
@@ -49,22 +50,6 @@ const Shape kShapes[] = {
     {"lm_head dW += dyᵀ·x", true, false, 50304, 768, kRows, 1},
 };
 
-std::string cpu_model() {
-  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
-  if (!f) return "unknown";
-  char line[512];
-  std::string model = "unknown";
-  while (std::fgets(line, sizeof line, f))
-    if (std::strncmp(line, "model name", 10) == 0) {
-      const char* colon = std::strchr(line, ':');
-      if (colon) model = colon + 2;
-      while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
-      break;
-    }
-  std::fclose(f);
-  return model;
-}
-
 double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
@@ -93,7 +78,7 @@ int main(int argc, char** argv) {
   }
   kernels::set_threads(1);
   fmt::print("CPU: {}; one thread; median of {} timings per cell, the two GEMMs alternating\n\n",
-             cpu_model(), reps);
+             obs::cpu_model(), reps);
   fmt::print("| GEMM | M | N | K | oneDNN GFLOP/s | packed GFLOP/s | packed / oneDNN |\n");
   fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   double sum[2][2] = {{0, 0}, {0, 0}};  // [A row-major or not][oneDNN, packed] seconds
@@ -131,8 +116,7 @@ int main(int argc, char** argv) {
       "| forward and input gradients, summed | | | | {:.1f} ms | {:.1f} ms | "
       "{:.3f}x |\n",
       sum[0][0] * 1e3, sum[0][1] * 1e3, sum[0][0] / sum[0][1]);
-  fmt::print(
-      "| weight gradients, summed | | | | {:.1f} ms | {:.1f} ms | {:.3f}x |\n",
-      sum[1][0] * 1e3, sum[1][1] * 1e3, sum[1][0] / sum[1][1]);
+  fmt::print("| weight gradients, summed | | | | {:.1f} ms | {:.1f} ms | {:.3f}x |\n",
+             sum[1][0] * 1e3, sum[1][1] * 1e3, sum[1][0] / sum[1][1]);
   return 0;
 }

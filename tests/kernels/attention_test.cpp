@@ -13,6 +13,7 @@ namespace mt::kernels {
 namespace {
 
 using test::randn;
+using test::rounded;
 using test::to_double;
 
 // Causal attention in double; att (if given) receives the probabilities.
@@ -90,12 +91,6 @@ TEST(Attention, SameBitsTwice) {
 }
 
 // ---- bf16 GEMM operands (attention_forward_mixed / attention_backward_mixed) ----------------
-
-std::vector<bf16> rounded(const std::vector<float>& x) {
-  std::vector<bf16> y(x.size());
-  to_bf16(y.data(), x.data(), static_cast<int64_t>(x.size()));
-  return y;
-}
 
 std::vector<float> widened(const std::vector<bf16>& x) {
   std::vector<float> y(x.size());

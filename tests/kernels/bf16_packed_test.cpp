@@ -16,12 +16,7 @@ namespace mt::kernels::packed {
 namespace {
 
 using test::randn;
-
-std::vector<bf16> rounded(const std::vector<float>& x) {
-  std::vector<bf16> y(x.size());
-  to_bf16(y.data(), x.data(), static_cast<int64_t>(x.size()));
-  return y;
-}
+using test::rounded;
 
 double f(bf16 x) { return bf16_to_f32(x); }
 
@@ -44,7 +39,7 @@ struct Problem {
 
 Problem problem(int64_t M, int64_t N, int64_t K, bool ta, bool tb, uint64_t seed) {
   Problem p{M, N, K, ta, tb, {}, {}, 0, 0};
-  p.lda = (ta ? M : K) + (seed % 2 ? 7 : 6);  // even (pairs read in place) or odd (copied)
+  p.lda = (ta ? M : K) + (seed % 2 ? 7 : 6);        // even (pairs read in place) or odd (copied)
   p.ldb = (tb ? K : N) + ((seed / 2) % 2 ? 3 : 4);  // likewise
   p.A = rounded(randn((ta ? K : M) * p.lda, seed));
   p.B = rounded(randn((tb ? N : K) * p.ldb, seed + 1));

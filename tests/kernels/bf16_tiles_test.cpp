@@ -13,12 +13,7 @@ namespace mt::kernels::tiles {
 namespace {
 
 using test::randn;
-
-std::vector<bf16> rounded(const std::vector<float>& x) {
-  std::vector<bf16> y(x.size());
-  to_bf16(y.data(), x.data(), static_cast<int64_t>(x.size()));
-  return y;
-}
+using test::rounded;
 
 double f(bf16 x) { return bf16_to_f32(x); }
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace mt::kernels::test {
@@ -19,6 +20,13 @@ inline std::vector<float> randn(int64_t n, uint32_t seed, float std_dev = 1.0f) 
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = d(gen);
   return v;
+}
+
+// x rounded to bf16 (to nearest even, as kernels::to_bf16): the operands of the bf16 kernels.
+inline std::vector<bf16> rounded(const std::vector<float>& x) {
+  std::vector<bf16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
+  return y;
 }
 
 inline std::vector<double> to_double(const std::vector<float>& v) {
