@@ -351,6 +351,7 @@ struct JobLayout {
   int first_dp = 3;
   int cp = 1, ep = 1;
   int steps = 20;
+  int checkpoint_every = 4;
 };
 
 class Elastic : public NamespaceHosts {
@@ -411,8 +412,8 @@ class Elastic : public NamespaceHosts {
         // 15 s: a cut link is found by the watchdog; under ctest -j2 on 2 cores a healthy
         // tp all-reduce was seen to wait 4.4 s for ranks slowed by the load (a false
         // alarm at 4 s that ended the restarted job).
-        " --comm-timeout 15 --checkpoint-dir " + ck.string() +
-        " --checkpoint-every 4 --resume auto --metrics " + metrics + " > " +
+        " --comm-timeout 15 --checkpoint-dir " + ck.string() + " --checkpoint-every " +
+        std::to_string(job.checkpoint_every) + " --resume auto --metrics " + metrics + " > " +
         (dir / "out").string() + " 2>&1; echo $? > " + (dir / "rc").string() +
         ") >/dev/null 2>&1 & echo");
     ASSERT_EQ(bg.exit_code, 0) << bg.output;
@@ -511,11 +512,15 @@ TEST_F(Elastic, AHostCutOffDuringACheckpointSave) {
 // the final metrics still hold both restart records (the trainer began the file anew each
 // time; launch appends the records the file lacks).
 TEST_F(Elastic, FailuresBeforeTheFirstCheckpointKeepTheirRecords) {
-  // The slow job: the kill must land before step 4's checkpoint. Aimed at step 1 (3 steps of
-  // margin): in a CI run on loaded cores (steps of 250 ms) the kill aimed at step 2 landed
-  // after step 4, the restart began from its checkpoint and the second kill never came.
+  // The slow job, its first checkpoint at step 10: each kill, aimed at step 1, must land
+  // before it. With the checkpoint at step 4 the margin was 3 steps, and CI runs on loaded
+  // cores saw a kill aimed at step 2 (2026-11-28), and one aimed at step 1 (2026-11-29: steps
+  // of 130-390 ms), land after step 4: the restart began from that checkpoint and the run
+  // ended before the second kill came.
+  JobLayout job = slow_job();
+  job.checkpoint_every = 10;
   run_with_faults({{kHosts + " kill", 2, 1, false}, {kHosts + " kill", 2, 1, false, true}}, 3,
-                  {0, 1, 2}, slow_job());
+                  {0, 1, 2}, job);
 }
 
 // A job with context parallelism: cp 2 is kept (a host holds one cp pair), dp shrinks.
