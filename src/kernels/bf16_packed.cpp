@@ -52,6 +52,14 @@ uint16_t bits_at(const Operand& X, int64_t r, int64_t c) {
 
 uint32_t pair_word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
+// Two rows of 32 bf16 values as 32 pairs (a[i], b[i]): pairs 0-15 in w[0], 16-31 in w[1].
+MT_PACKED_TARGET inline void interleave(__m512i a, __m512i b, __m512i* w) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                      39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  w[0] = _mm512_permutex2var_epi16(a, lo, b);
+  w[1] = _mm512_permutex2var_epi16(a, _mm512_add_epi16(lo, _mm512_set1_epi16(16)), b);
+}
+
 // r[j] = column j of the 16 × 16 matrix of 32-bit words whose rows were r[0..15].
 MT_PACKED_TARGET inline void transpose16(__m512i* r) {
   // The maskz forms, all lanes kept: the plain ones start from an undefined register, which
@@ -88,10 +96,6 @@ MT_PACKED_TARGET void pack_b(uint32_t* out, const Operand& B, int64_t kp0, int64
   const int64_t panels = (nc + kCols - 1) / kCols;
   if (B.col == 1) {
     // Row-major: rows 2kp and 2kp + 1 interleaved, 32 columns at a time.
-    const __m512i lo_idx =
-        _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
     for (int64_t q = 0; q < panels; ++q)
       for (int64_t kp = 0; kp < kc; ++kp) {
         const bf16* r0 = B.p + (2 * (kp0 + kp)) * B.row + n0 + q * kCols;
@@ -102,8 +106,10 @@ MT_PACKED_TARGET void pack_b(uint32_t* out, const Operand& B, int64_t kp0, int64
           const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
           const __m512i a = _mm512_maskz_loadu_epi16(m, r0 + 32 * h);
           const __m512i b = _mm512_maskz_loadu_epi16(m, r1 + 32 * h);
-          _mm512_storeu_si512(dst + 32 * h, _mm512_permutex2var_epi16(a, lo_idx, b));
-          _mm512_storeu_si512(dst + 32 * h + 16, _mm512_permutex2var_epi16(a, hi_idx, b));
+          __m512i w[2];
+          interleave(a, b, w);
+          _mm512_storeu_si512(dst + 32 * h, w[0]);
+          _mm512_storeu_si512(dst + 32 * h + 16, w[1]);
         }
       }
     return;
@@ -147,17 +153,13 @@ MT_PACKED_TARGET void pack_a(uint32_t* out, int64_t group, const Operand& A, int
   if (A.row == 1 && mc % 32 == 0) {
     // Aᵀ row-major (dW = dYᵀ·X): A's rows are consecutive along a stored row; rows 2kp and
     // 2kp + 1 of the stored matrix interleaved, 32 of A's rows at a time, 4 to each group.
-    const __m512i lo_idx =
-        _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
     for (int64_t kp = 0; kp < kc; ++kp) {
       const bf16* s0 = A.p + (2 * (kp0 + kp)) * A.col + i0;
       const bf16* s1 = s0 + A.col;
       for (int64_t i = 0; i < mc; i += 32) {
         const __m512i a = _mm512_loadu_si512(s0 + i), b = _mm512_loadu_si512(s1 + i);
-        const __m512i w[2] = {_mm512_permutex2var_epi16(a, lo_idx, b),
-                              _mm512_permutex2var_epi16(a, hi_idx, b)};
+        __m512i w[2];
+        interleave(a, b, w);
         for (int h = 0; h < 2; ++h) {
           alignas(64) uint32_t words[16];
           _mm512_store_si512(words, w[h]);
@@ -281,13 +283,11 @@ bool on() {
   return tiles::available() && !(e && std::strcmp(e, "0") == 0);
 }
 
-bool takes(int64_t K, bool c_bf16, bool accumulate) {
-  return on() && K > 0 && K % 2 == 0 && !(c_bf16 && (accumulate || K > 2 * kKc));
-}
-
 bool gemm(int64_t M, int64_t N, int64_t K, Operand A, Operand B, void* C, int64_t ldc, bool c_bf16,
           bool accumulate, const float* bias, const float* residual) {
-  if (!takes(K, c_bf16, accumulate) || M <= 0 || N <= 0) return false;
+  // Pairs along K; a bf16 C only where no partial sum would be rounded.
+  if (!on() || K <= 0 || K % 2 != 0 || (c_bf16 && (accumulate || K > 2 * kKc)) || M <= 0 || N <= 0)
+    return false;
   const int64_t pairs = K / 2;
   // A read in place: row-major with pairs as aligned 32-bit words.
   const bool a_direct = A.col == 1 && A.row % 2 == 0 && reinterpret_cast<uintptr_t>(A.p) % 4 == 0;

@@ -37,9 +37,6 @@ struct Operand {
 bool gemm(int64_t M, int64_t N, int64_t K, Operand A, Operand B, void* C, int64_t ldc, bool c_bf16,
           bool accumulate, const float* bias, const float* residual);
 
-// Whether gemm would take a problem of K (and its C) at all: on() and K even (the kernel
-// reads A and B in pairs along K).
-bool takes(int64_t K, bool c_bf16, bool accumulate);
 // The CPU has the tiles (tiles::available()) and MT_BF16_PACKED is not 0 (0: oneDNN's GEMMs,
 // for measurements and for tests of both).
 bool on();

@@ -92,7 +92,8 @@ MemoryBytes zero_model_states(double psi, int dp, int zero, const std::string& d
 MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int* in_flight) {
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
   PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
-  const ChunkFlight chunks = chunk_flight(sched);
+  // Our runtime's pool sizes every set for the largest chunk: no profile to weigh.
+  const ChunkFlight chunks = spare_set(j) ? ChunkFlight{} : chunk_flight(sched);
   return memory_with_flight(j, l, max_in_flight(sched, spare_set(j)), worst_stage, in_flight,
                             &chunks);
 }
@@ -100,7 +101,8 @@ MemoryBytes memory_per_gpu(const Job& j, const Layout& l, int* worst_stage, int*
 std::vector<MemoryBytes> memory_by_stage(const Job& j, const Layout& l) {
   const int64_t mbs = j.batch / (int64_t(l.dp) * l.microbatch);
   PipeSchedule sched = make_schedule(l.schedule, l.pp, l.virtual_stages, static_cast<int>(mbs));
-  const ChunkFlight chunks = chunk_flight(sched);
+  // Our runtime's pool sizes every set for the largest chunk: no profile to weigh.
+  const ChunkFlight chunks = spare_set(j) ? ChunkFlight{} : chunk_flight(sched);
   return stage_memory(j, l, max_in_flight(sched, spare_set(j)), &chunks);
 }
 

@@ -187,7 +187,8 @@ SearchResult search(const Job& job, const SearchPins& pins, int top_k) {
                       const PipeSchedule sched = make_schedule(l.schedule, pp, v, int(nmb));
                       it = flights
                                .emplace(key, std::make_pair(max_in_flight(sched, spare_set(j)),
-                                                            chunk_flight(sched)))
+                                                            spare_set(j) ? ChunkFlight{}
+                                                                         : chunk_flight(sched)))
                                .first;
                     }
                     c.mem = memory_with_flight(j, l, it->second.first, &c.worst, &c.flight,

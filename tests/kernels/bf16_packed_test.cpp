@@ -18,11 +18,8 @@ namespace {
 using test::randn;
 using test::rounded;
 
-double f(bf16 x) { return bf16_to_f32(x); }
-
-#define SKIP_WITHOUT_THEM()   \
-  if (!tiles::cpu_supports()) \
-  GTEST_SKIP() << "this CPU has no AVX512-BF16 (or has AMX): not run here"
+// A bf16 value as a double (exact), briefly.
+constexpr auto f = test::as_double;
 
 // The problem as the GEMM sees it: op(A)[M, K], op(B)[K, N] stored row-major or transposed
 // with padded leading dimensions, C [M, ldc].
@@ -73,7 +70,7 @@ void expect_gemm(const Problem& p, const std::vector<float>& got, int64_t ldc,
 }
 
 TEST(Bf16Packed, EveryTransposeTailAndBlock) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   // M 4k + 1..3 and past a 256-row block; N past a 512-column block and a 64-column panel,
   // not a multiple of 16; K past one 768 block, and the smallest.
   for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{9, 83, 40},
@@ -96,7 +93,7 @@ TEST(Bf16Packed, EveryTransposeTailAndBlock) {
 }
 
 TEST(Bf16Packed, AccumulatesAndAddsBiasAndResidual) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   const int64_t M = 70, N = 150, K = 1600, ldc = N + 2;
   const Problem p = problem(M, N, K, true, false, 11);
   const std::vector<float> start = randn(M * ldc, 12), bias = randn(N, 13),
@@ -107,7 +104,7 @@ TEST(Bf16Packed, AccumulatesAndAddsBiasAndResidual) {
 }
 
 TEST(Bf16Packed, Bf16OutputInOneBlockOnly) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   const int64_t M = 21, N = 97, K = 768, ldc = N + 1;
   const Problem p = problem(M, N, K, false, true, 21);
   const std::vector<float> bias = randn(N, 22);
@@ -127,7 +124,7 @@ TEST(Bf16Packed, Bf16OutputInOneBlockOnly) {
 // Through the library's bf16 GEMM (gemm_bf16 / the linear layers): the packed kernel and
 // oneDNN's agree to the bound above on Model M's shapes, at every transpose the layers use.
 TEST(Bf16Packed, AgreesWithOneDnnThroughGemmBf16) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   for (auto [ta, tb, M, N, K] : {std::tuple<bool, bool, int64_t, int64_t, int64_t>{
                                      false, true, 256, 768, 768},   // y = x · Wᵀ
                                  {false, false, 256, 768, 3072},    // dx = dy · W

@@ -15,10 +15,8 @@ namespace {
 using test::randn;
 using test::rounded;
 
-double f(bf16 x) { return bf16_to_f32(x); }
-
-#define SKIP_WITHOUT_THEM() \
-  if (!cpu_supports()) GTEST_SKIP() << "this CPU has no AVX512-BF16 (or has AMX): not run here"
+// A bf16 value as a double (exact), briefly.
+constexpr auto f = test::as_double;
 
 // Each C element is alpha times a sum of K exact f32 products (bf16 × bf16 fits f32's
 // mantissa), added in f32: each addition rounds by at most 2^-24 of a partial sum, which is
@@ -38,7 +36,7 @@ void expect_product(const std::vector<float>& C, int64_t ldc, int64_t M, int64_t
 }
 
 TEST(Bf16Tiles, ProductOfPackedRowsWithEveryTail) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   // M 4k + 1..3, N past a 64-column panel and not a multiple of 16, K even.
   for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{9, 83, 40},
                          {3, 16, 2},
@@ -60,7 +58,7 @@ TEST(Bf16Tiles, ProductOfPackedRowsWithEveryTail) {
 }
 
 TEST(Bf16Tiles, PackedColumnsAndAnOddReductionPaddedWithZeros) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   for (int64_t K : {64, 7}) {  // the word transpose, and the general loop with its zero row
     SCOPED_TRACE(testing::Message() << "K=" << K);
     const int64_t M = 6, N = 37, ldx = K + 2, ldb = 48, Ke = K + K % 2;
@@ -83,7 +81,7 @@ TEST(Bf16Tiles, PackedColumnsAndAnOddReductionPaddedWithZeros) {
 // A packed by pack_rows read as its own transpose (matmul_pairs at a_row 2, a_pair 2·ldb):
 // attention's dK = dSᵀ·Q and dV = Pᵀ·dO, from an f32 matrix rounded while packed.
 TEST(Bf16Tiles, PairStridedReadsAPackedMatrixAsItsTranspose) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   const int64_t T = 70, J = 50, ldx = 80, ldv = 64, N = 24, ldb = 32;  // Xᵀ is J × T
   const auto X = randn(T * ldx, 5);                                    // f32 [T, ldx]
   std::vector<bf16> Xv(T * ldv), Yv(T * ldb);
@@ -99,7 +97,7 @@ TEST(Bf16Tiles, PairStridedReadsAPackedMatrixAsItsTranspose) {
 }
 
 TEST(Bf16Tiles, RefusesAnOddReductionAndANarrowPack) {
-  SKIP_WITHOUT_THEM();
+  SKIP_WITHOUT_BF16_TILES();
   std::vector<bf16> A(64), B(64);
   std::vector<float> C(16);
   EXPECT_THROW(matmul(2, 4, 3, 1.0f, A.data(), 4, B.data(), 16, C.data(), 4), Error);

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/bf16_tiles.h"
 
 namespace mt::kernels::test {
 
@@ -21,6 +22,15 @@ inline std::vector<float> randn(int64_t n, uint32_t seed, float std_dev = 1.0f) 
   for (auto& x : v) x = d(gen);
   return v;
 }
+
+// The hand-written AVX512-BF16 kernels (bf16_tiles.h, bf16_packed.h) run only where the CPU
+// has AVX512-BF16 and no AMX: their tests skip elsewhere, saying so.
+#define SKIP_WITHOUT_BF16_TILES()            \
+  if (!::mt::kernels::tiles::cpu_supports()) \
+  GTEST_SKIP() << "this CPU has no AVX512-BF16 (or has AMX): not run here"
+
+// bf16 as a double (exact).
+inline double as_double(bf16 x) { return bf16_to_f32(x); }
 
 // x rounded to bf16 (to nearest even, as kernels::to_bf16): the operands of the bf16 kernels.
 inline std::vector<bf16> rounded(const std::vector<float>& x) {

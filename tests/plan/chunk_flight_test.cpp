@@ -81,31 +81,33 @@ TEST(ChunkFlight, RankZeroActivationsCountEachChunksOwnLayers) {
   EXPECT_LT(got, 10 * A + 5 * e - A);
 }
 
-// The estimate and the search see the same memory (the search caches the chunk profile per
-// schedule): Meta's 8K layout on 16,384 GPUs (Llama 3 405B, 126 layers, the first chunk the
-// embedding alone and the last the head alone, v 8).
+// The search (which caches the chunk profile per schedule, shared by every split of that
+// schedule) and the estimate see the same memory: Meta's 8K layout on 16,384 GPUs (Llama 3
+// 405B, 126 layers, the first chunk the embedding alone and the last the head alone, v 8),
+// on GPUs with room for it (141 GB, so that the search keeps it rather than dropping it).
 TEST(ChunkFlight, SearchAndEstimateAgreeOnLighterEnds) {
   Job j;
   j.model = model_preset("llama3-405b");
   j.cluster = cluster_preset("dgx-h100");
+  j.cluster.gpu.hbm_bytes = 141e9;
   j.gpus = 16384;
   j.batch = 2048;
   j.seq = j.model.seq = 8192;
   j.dtype = "bf16";
-  Layout l;
-  l.tp = 8, l.pp = 16, l.dp = 128, l.microbatch = 1, l.zero = 1, l.sp = true;
-  l.virtual_stages = 8;
-  l.schedule = "interleaved";
-  l.recompute = Recompute::kNone;
-  l.pp_layers.assign(128, 1);
-  l.pp_layers.front() = l.pp_layers.back() = 0;
-  ASSERT_FALSE(invalid_reason(j, l).has_value());
-  int worst = -1, flight = 0;
-  const MemoryBytes m = memory_per_gpu(j, l, &worst, &flight);
-  const PipeSchedule s = make_schedule("interleaved", 16, 8, 16);
-  const ChunkFlight f = chunk_flight(s);
-  const MemoryBytes again = memory_with_flight(j, l, max_in_flight(s, false), nullptr, nullptr, &f);
-  EXPECT_EQ(m.total(), again.total());
+  SearchPins pins;
+  pins.tp = 8, pins.pp = 16, pins.dp = 128, pins.virtual_stages = 8, pins.microbatch = 1;
+  pins.zero = 1, pins.sp = true, pins.recompute = Recompute::kNone;
+  pins.schedule = "interleaved";
+  pins.pp_layers.assign(128, 1);
+  pins.pp_layers.front() = pins.pp_layers.back() = 0;
+  const SearchResult r = search(j, pins, 1);
+  ASSERT_EQ(r.top.size(), 1u);
+  const Layout& l = r.top[0].layout;
+  ASSERT_EQ(l.pp_layers, pins.pp_layers);
+  int worst = -1;
+  const MemoryBytes m = memory_per_gpu(j, l, &worst);
+  EXPECT_EQ(r.top[0].memory.total(), m.total());
+  EXPECT_EQ(r.top[0].memory.activations, m.activations);
   // Rank 0's first chunk holds no layer: its 128 microbatch-chunks in flight keep fewer
   // layers' sets than rank 1's, all of whose chunks have a layer.
   const std::vector<MemoryBytes> stages = memory_by_stage(j, l);
