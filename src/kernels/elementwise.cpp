@@ -1,4 +1,7 @@
+#include <omp.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
@@ -21,6 +24,24 @@ void scale(float* y, float s, int64_t n) {
   MT_CUDA_DISPATCH(scale(y, s, n));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+void zero(float* y, int64_t n) {
+  // Below this a parallel region costs more than it saves (and libgomp allocates its team
+  // even for a region of one thread: the steady-state allocation tests count them).
+  constexpr int64_t kParallelElems = int64_t{1} << 18;
+  if (n < kParallelElems) {
+    if (n > 0) std::memset(y, 0, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+#pragma omp parallel
+  {
+    // Each thread one contiguous range, its ends on 64-byte lines where y is aligned.
+    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lo = n * t / team / 16 * 16,
+                  hi = t + 1 == team ? n : n * (t + 1) / team / 16 * 16;
+    if (hi > lo) std::memset(y + lo, 0, static_cast<size_t>(hi - lo) * sizeof(float));
+  }
 }
 
 void copy(float* y, const float* x, int64_t n) {

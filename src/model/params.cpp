@@ -8,9 +8,18 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "core/profile.h"
+#include "kernels/kernels.h"
 #include "kernels/mixed.h"
 
 namespace mt::model {
+
+void ParamStore::zero_grads() {
+  if (flat_grads_.numel() == 0) return;
+  if (flat_grads_.device() == mem::Device::kCpu)
+    kernels::zero(flat_grads_.f32(), flat_grads_.numel());
+  else
+    flat_grads_.zero_();
+}
 
 std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, vp = c.padded_vocab(), kv = c.kv_dim();

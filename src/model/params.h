@@ -95,7 +95,7 @@ class ParamStore {
   // Draws flat elements [first, first + n) (across parameters; padding is 0) into out: the
   // same numbers as initialize() puts there, so a ZeRO-3 shard initialises alone.
   void initialize_range(uint64_t seed, int64_t first, int64_t n, float* out) const;
-  void zero_grads() { flat_grads_.zero_(); }
+  void zero_grads();  // on the rank's threads (kernels::zero) in host memory
   // Points the value (or gradient) views of parameters [first, end) into `buffer`, whose
   // element 0 is the first one's element 0 (they are consecutive, as in the flat buffer).
   void bind_values(int first, int end, const Tensor& buffer);

@@ -55,6 +55,14 @@ ShardedGrads::ShardedGrads(comm::Group& dp, const FlatLayout& layout)
     counts_.push_back(shard_range_.counts(layout.unit_lo(u), layout.unit_hi(u)));
 }
 
+void ShardedGrads::zero_shard() {
+  if (shard_.numel() == 0) return;
+  if (shard_.device() == mem::Device::kCpu)
+    kernels::zero(shard_.f32(), shard_.numel());
+  else
+    shard_.zero_();
+}
+
 void ShardedGrads::settle(int slot) {
   InFlight& f = in_flight_[static_cast<size_t>(slot)];
   if (!f.work) return;

@@ -53,7 +53,7 @@ class ShardedGrads : public UnitHooks {
   Tensor& shard_grads() { return shard_; }  // [shard_elems]: this rank's reduced gradients
   int64_t pool_elems() const { return buffers_.total_elems(); }
 
-  void zero_shard() { shard_.zero_(); }
+  void zero_shard();  // on the rank's threads (kernels::zero) in host memory
   void before_backward(int unit) override;
   void after_backward(int unit) override;
   void finish();  // waits for every reduce-scatter and adds its piece into the shard

@@ -199,6 +199,7 @@ double Replica::owned_norm_sq() {
 }
 
 void Replica::begin_step() {
+  profile::Scope prof("zero_grads");  // the step's gradients, before its first backward
   if (grads)
     grads->zero_shard();
   else

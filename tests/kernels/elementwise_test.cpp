@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/kernels.h"
@@ -54,6 +55,26 @@ TEST(Elementwise, CopyAndSumInOrder) {
   for (float v : x) expect += v;
   EXPECT_EQ(sum(x.data(), static_cast<int64_t>(x.size())), expect);
   EXPECT_EQ(sum(x.data(), 0), 0.0);
+}
+
+// Every element of [0, n) becomes +0 and nothing past it is touched, below the parallel
+// threshold and above it, on 1 to 3 threads (3: ranges of unequal, unaligned lengths).
+TEST(Elementwise, ZeroWritesExactlyItsRangeOnAnyTeam) {
+  const int saved = threads();
+  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, (int64_t{1} << 18) - 1,
+                          (int64_t{1} << 18) + 17, int64_t{1000003}})
+    for (int t = 1; t <= 3; ++t) {
+      set_threads(t);
+      std::vector<float> y(static_cast<size_t>(n) + 5, -1.5f);
+      zero(y.data() + 1, n);  // off a line's start
+      EXPECT_EQ(y[0], -1.5f);
+      for (int64_t i = 1; i <= n; ++i) {
+        ASSERT_EQ(y[i], 0.0f) << "n " << n << " threads " << t << " at " << i;
+        ASSERT_FALSE(std::signbit(y[i]));
+      }
+      for (size_t i = static_cast<size_t>(n) + 1; i < y.size(); ++i) ASSERT_EQ(y[i], -1.5f);
+    }
+  set_threads(saved);
 }
 
 // On the CPU attention keeps its probabilities: B·NH·T·T floats each way.
