@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/device.h"
@@ -50,7 +51,38 @@ void round_row(uint16_t* y, const float* x, int64_t cols) {
 
 // ---- oneDNN's GEMMs --------------------------------------------------------------------
 
-void forward_onednn(float* out, float* att, const bf16* qkv, int64_t B, int64_t T, int64_t C,
+// A row block's output [rows, hd] (f32, row stride ld) where the caller's `out` takes it: an
+// f32 output is written in place; a bf16 one (a GEMM input) goes through the thread's f32
+// block and is rounded once, to_bf16's bits.
+struct OutRows {
+  float* f = nullptr;  // the f32 output's rows, or null
+  bf16* h = nullptr;   // the bf16 output's rows, or null
+  int64_t ld = 0;
+  float* target(int64_t r0, float* block) const { return f ? f + r0 * ld : block; }
+  int64_t target_ld(int64_t hd) const { return f ? ld : hd; }
+  void finish(int64_t r0, int64_t rows, int64_t hd, const float* block) const {
+    if (f) return;
+    for (int64_t r = 0; r < rows; ++r)
+      round_row(reinterpret_cast<uint16_t*>(h + (r0 + r) * ld), block + r * hd, hd);
+  }
+};
+
+template <class Out>
+OutRows out_rows(Out* out, int64_t C) {
+  if constexpr (std::is_same_v<Out, float>)
+    return {out, nullptr, C};
+  else
+    return {nullptr, out, C};
+}
+
+std::vector<float>& block_buffer(int64_t n) {
+  thread_local std::vector<float> v;
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v;
+}
+
+template <class Out>
+void forward_onednn(Out* out, float* att, const bf16* qkv, int64_t B, int64_t T, int64_t C,
                     int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
   const detail::HeadLayout at{T, C, NH};
@@ -59,7 +91,8 @@ void forward_onednn(float* out, float* att, const bf16* qkv, int64_t B, int64_t 
   for (int64_t bh = 0; bh < B * NH; ++bh) {
     const auto [q, k, v] = at.qkv(qkv, bh);
     float* p = at.block(att, bh);
-    float* o = at.rows(out, bh);
+    const OutRows o = out_rows(at.rows(out, bh), C);
+    float* ob = block_buffer(kBlock * hd).data();
     std::vector<uint16_t>& pb = rows_buffer(0, kBlock * T);  // a row block of P, row stride r1
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       const int64_t r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
@@ -68,7 +101,9 @@ void forward_onednn(float* out, float* att, const bf16* qkv, int64_t B, int64_t 
         causal_softmax_row(p + t * T, t, T);
         round_row(pb.data() + (t - r0) * r1, p + t * T, r1);
       }
-      gemm_bf16(false, false, rows, hd, r1, 1.0f, as_bf16(pb), r1, v, C3, 0.0f, o + r0 * C, C);
+      gemm_bf16(false, false, rows, hd, r1, 1.0f, as_bf16(pb), r1, v, C3, 0.0f, o.target(r0, ob),
+                o.target_ld(hd));
+      o.finish(r0, rows, hd, ob);
     }
   }
 }
@@ -114,7 +149,8 @@ void backward_onednn(float* dqkv, float* scratch, const bf16* dout, const bf16* 
 // Packed widths: ldk the keys as B's columns (Kᵀ, Vᵀ), ldh the head dims (V, K, Q, dO), ldp
 // an even row of P or dS (a reduction over keys pairs its columns; the pad column is 0).
 
-void forward_tiles(float* out, float* att, const bf16* qkv, int64_t B, int64_t T, int64_t C,
+template <class Out>
+void forward_tiles(Out* out, float* att, const bf16* qkv, int64_t B, int64_t T, int64_t C,
                    int64_t NH) {
   const int64_t hd = C / NH, C3 = 3 * C;
   const detail::HeadLayout at{T, C, NH};
@@ -124,7 +160,8 @@ void forward_tiles(float* out, float* att, const bf16* qkv, int64_t B, int64_t T
   for (int64_t bh = 0; bh < B * NH; ++bh) {
     const auto [q, k, v] = at.qkv(qkv, bh);
     float* p = at.block(att, bh);
-    float* o = at.rows(out, bh);
+    const OutRows o = out_rows(at.rows(out, bh), C);
+    float* ob = block_buffer(kBlock * hd).data();
     std::vector<uint16_t>& kt = rows_buffer(0, hd * ldk + 2 * ldk);
     std::vector<uint16_t>& vv = rows_buffer(1, ldp * ldh);
     std::vector<uint16_t>& pb = rows_buffer(2, kBlock * ldp);
@@ -139,7 +176,9 @@ void forward_tiles(float* out, float* att, const bf16* qkv, int64_t B, int64_t T
         round_row(row, p + t * T, r1);
         if (r1e != r1) row[r1] = 0;
       }
-      tiles::matmul(rows, hd, r1e, 1.0f, as_bf16(pb), ldp, as_bf16(vv), ldh, o + r0 * C, C);
+      tiles::matmul(rows, hd, r1e, 1.0f, as_bf16(pb), ldp, as_bf16(vv), ldh, o.target(r0, ob),
+                    o.target_ld(hd));
+      o.finish(r0, rows, hd, ob);
     }
   }
 }
@@ -203,14 +242,25 @@ void check_shape(const char* what, int64_t T, int64_t C, int64_t NH) {
 
 bool use_tiles(int64_t C, int64_t NH) { return tiles::available() && (C / NH) % 2 == 0; }
 
-}  // namespace
-
-void attention_forward_mixed(float* out, float* att, const bf16* qkv, int64_t B, int64_t T,
-                             int64_t C, int64_t NH) {
+template <class Out>
+void forward_mixed(Out* out, float* att, const bf16* qkv, int64_t B, int64_t T, int64_t C,
+                   int64_t NH) {
   check_shape("attention_forward_mixed", T, C, NH);
   if (B == 0) return;
   if (use_tiles(C, NH)) return forward_tiles(out, att, qkv, B, T, C, NH);
   forward_onednn(out, att, qkv, B, T, C, NH);
+}
+
+}  // namespace
+
+void attention_forward_mixed(float* out, float* att, const bf16* qkv, int64_t B, int64_t T,
+                             int64_t C, int64_t NH) {
+  forward_mixed(out, att, qkv, B, T, C, NH);
+}
+
+void attention_forward_mixed(bf16* out, float* att, const bf16* qkv, int64_t B, int64_t T,
+                             int64_t C, int64_t NH) {
+  forward_mixed(out, att, qkv, B, T, C, NH);
 }
 
 void attention_backward_mixed(float* dqkv, float* scratch, const bf16* dout, const bf16* qkv,

@@ -93,6 +93,10 @@ constexpr int64_t linear_backward_mixed_ws_elems(int64_t n, int64_t out) { retur
 // of P alone: at most 2^-8 Σ_j p_j |v_j| per element, plus f32 summation order.
 void attention_forward_mixed(float* out, float* att, const bf16* qkv, int64_t B, int64_t T,
                              int64_t C, int64_t NH);
+// The same with out rounded to bf16 (to_bf16's bits of the f32 out), for an output that
+// only feeds a GEMM (attention's c_proj).
+void attention_forward_mixed(bf16* out, float* att, const bf16* qkv, int64_t B, int64_t T,
+                             int64_t C, int64_t NH);
 // Its backward: dout [B, T, C] and qkv in bf16, att the forward's probabilities; dqkv
 // overwritten (f32), scratch as attention_backward's (dS, f32). dP = dO·Vᵀ on the rounded
 // operands, the softmax backward in f32, then dQ = dS·K, dK = dSᵀ·Q and dV = Pᵀ·dO with dS

@@ -265,8 +265,8 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
     if (moe && moe_options_->shadow && ep_.active()) moe->make_shadow_activations(b.moe);
   };
   if (keep == Block::Keep::kOutputOnly && !recomputed_.att.defined()) {
-    recomputed_ =
-        Block::make_activations(config_, B, T, tp_, Block::Keep::kAll, ep_.size, mp_ != nullptr);
+    recomputed_ = Block::make_activations(config_, B, T, tp_, Block::Keep::kAll, ep_.size,
+                                          mp_ != nullptr, mixed_attention());
     with_shadows(recomputed_);
   }
   if (keep == Block::Keep::kNoAttention && !recomputed_.att.defined())
@@ -276,8 +276,8 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
     fail("activations for microbatches of {} x {} after others: recomputation shares one set", B,
          T);
   for (int l = 0; l < n_blocks; ++l) {
-    BlockActivations b =
-        Block::make_activations(config_, B, T, tp_, keep, ep_.size, mp_ != nullptr);
+    BlockActivations b = Block::make_activations(config_, B, T, tp_, keep, ep_.size, mp_ != nullptr,
+                                                 mixed_attention());
     if (keep == Block::Keep::kNoAttention) b.att = recomputed_.att;
     if (keep == Block::Keep::kOutputOnly) {
       Tensor out = b.out;
@@ -301,6 +301,10 @@ Activations Gpt::make_activations(int64_t B, int64_t T, int n_blocks, bool with_
     if (tp_.sp) a.lnf_full = acts({N, C});
   }
   return a;
+}
+
+bool Gpt::mixed_attention() const {
+  return mp_ && !device::on_cuda() && !kernels::fused_attention() && !cp_->active();
 }
 
 void Gpt::ensure_scratch(int64_t B, int64_t T) {
@@ -332,7 +336,7 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
                             mem::Category::kWorkspace);
     // The CPU's T × T attention kernel reads q, k, v (all heads) and dO rounded.
     mp_->attn = Tensor();
-    if (!device::on_cuda() && !kernels::fused_attention() && !cp_->active())
+    if (mixed_attention())
       mp_->attn = Tensor::empty({N * 4 * (config_.n_head / tp_.size) * config_.head_dim()},
                                 DType::kBF16, mem::Category::kWorkspace);
   }

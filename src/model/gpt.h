@@ -190,6 +190,10 @@ class Gpt {
 
  private:
   void ensure_scratch(int64_t B, int64_t T);
+  // --dtype bf16 with the CPU's T × T attention kernel on bf16 operands (not the blockwise
+  // kernel, context parallelism or a GPU): its q, k, v and dO rounding workspace, and the
+  // blocks' attention output in bf16.
+  bool mixed_attention() const;
   parallel::UnitHooks& hooks() { return hooks_ ? *hooks_ : no_hooks_; }
   const float* chunk_output(const Activations& a) const {
     return a.n_blocks == 0 ? a.encoded.f32()

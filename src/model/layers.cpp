@@ -121,6 +121,14 @@ void Linear::forward(float* y, GemmIn x, int64_t n, const float* residual) const
   gemm_forward(mp, y, x, *w, value_of(b), n, in, out, residual);
 }
 
+void Linear::forward(const Tensor& y, GemmIn x, int64_t n) const {
+  if (y.dtype() != DType::kBF16) return forward(y.f32(), x, n);
+  MT_ASSERT(mp && w->value_bf16.defined());
+  profile::Scope p("linear.fwd");
+  kernels::linear_forward_mixed(y.bf16p(), bf16_operand(*mp, x, n * in), w->value_bf16.bf16p(),
+                                value_of(b), n, in, out);
+}
+
 void Linear::backward(float* dx, const float* dy, GemmIn x, int64_t n) const {
   profile::Scope p("linear.bwd");
   gemm_backward(mp, dx, w->grad.f32(), grad_of(b), dy, x, *w, n, in, out);
@@ -128,7 +136,7 @@ void Linear::backward(float* dx, const float* dy, GemmIn x, int64_t n) const {
 
 BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t T,
                                          const parallel::tp::TpContext& tp, Keep keep, int ep,
-                                         bool bf16_inputs) {
+                                         bool bf16_inputs, bool bf16_attention) {
   const int64_t N = B * T, C = c.d_model, F = c.d_ff / tp.size, Cl = C / tp.size;
   const int64_t QKVl = c.qkv_dim() / tp.size, FCl = c.fc_dim() / tp.size;
   const int64_t Nl = tp.local_rows(N);  // rows of the residual / layer-norm region
@@ -140,9 +148,11 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
   a.ln1 = acts({Nl, C}, gemm_in);
   a.ln1_mean = acts({Nl});
   a.ln1_rstd = acts({Nl});
-  a.qkv = acts({N, QKVl});
+  const bool bf16_qkv = bf16_inputs && bf16_attention && !c.llama_family() &&
+                        c.kv_heads() == c.n_head;  // no RoPE, no kv heads to repeat
+  a.qkv = acts({N, QKVl}, bf16_qkv ? DType::kBF16 : DType::kF32);
   if (keep == Keep::kAll) a.att = acts({kernels::attention_stash_elems(B, c.n_head / tp.size, T)});
-  a.atty = acts({N, Cl});
+  a.atty = acts({N, Cl}, bf16_inputs && bf16_attention ? DType::kBF16 : DType::kF32);
   a.res2 = acts({Nl, C});
   a.ln2 = acts({Nl, C}, c.moe.enabled() ? DType::kF32 : gemm_in);
   a.ln2_mean = acts({Nl});
@@ -231,15 +241,24 @@ void Block::attend(BlockActivations& a, int64_t B, int64_t T, BlockScratch& s,
     return;
   }
   const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
-  const float* qkv = a.qkv.f32();
-  if (kvh != heads) {
-    kernels::expand_kv_heads(s.qkvx.f32(), qkv, B * T, heads, kvh, hd);
-    qkv = s.qkvx.f32();
+  // qkv kept in bf16 for the attention's GEMMs (make_activations: no RoPE, no kv heads to
+  // repeat), or f32, rounded here where the T × T kernel runs on bf16 operands.
+  const bf16* qkv_b = a.qkv.dtype() == DType::kBF16 ? a.qkv.bf16p() : nullptr;
+  const float* qkv = nullptr;
+  if (!qkv_b) {
+    qkv = a.qkv.f32();
+    if (kvh != heads) {
+      kernels::expand_kv_heads(s.qkvx.f32(), qkv, B * T, heads, kvh, hd);
+      qkv = s.qkvx.f32();
+    }
+    qkv_b = rounded_for_attention(qkv, B * T * 3 * heads * hd);
   }
-  if (const bf16* qkv_b = rounded_for_attention(qkv, B * T * 3 * heads * hd))
-    kernels::attention_forward_mixed(a.atty.f32(), a.att.f32(), qkv_b, B, T, heads * hd, heads);
-  else
+  if (!qkv_b)
     kernels::attention_forward(a.atty.f32(), a.att.f32(), qkv, B, T, heads * hd, heads);
+  else if (a.atty.dtype() == DType::kBF16)
+    kernels::attention_forward_mixed(a.atty.bf16p(), a.att.f32(), qkv_b, B, T, heads * hd, heads);
+  else
+    kernels::attention_forward_mixed(a.atty.f32(), a.att.f32(), qkv_b, B, T, heads * hd, heads);
 }
 
 const bf16* Block::rounded_for_attention(const float* x, int64_t elems, int64_t at) const {
@@ -262,15 +281,20 @@ void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations
     return;
   }
   const int64_t heads = n_head / tp.size, kvh = n_kv_head / tp.size, hd = ln_1.c / n_head;
-  const float* qkv = a.qkv.f32();
-  float* dfull = dqkv;
-  if (kvh != heads) {  // the repeated kv heads again (not kept), and their gradient apart
-    kernels::expand_kv_heads(s.qkvx.f32(), qkv, B * T, heads, kvh, hd);
-    qkv = s.qkvx.f32();
-    dfull = s.dqkvx.f32();
-  }
   const int64_t qkv_elems = B * T * 3 * heads * hd;
-  const bf16* qkv_b = rounded_for_attention(qkv, qkv_elems);
+  // As attend: qkv kept in bf16 (then no kv heads to reduce, no RoPE), or f32.
+  const bf16* qkv_b = a.qkv.dtype() == DType::kBF16 ? a.qkv.bf16p() : nullptr;
+  const float* qkv = nullptr;
+  float* dfull = dqkv;
+  if (!qkv_b) {
+    qkv = a.qkv.f32();
+    if (kvh != heads) {  // the repeated kv heads again (not kept), and their gradient apart
+      kernels::expand_kv_heads(s.qkvx.f32(), qkv, B * T, heads, kvh, hd);
+      qkv = s.qkvx.f32();
+      dfull = s.dqkvx.f32();
+    }
+    qkv_b = rounded_for_attention(qkv, qkv_elems);
+  }
   if (!device::on_cuda() && kernels::fused_attention())  // the blockwise CPU kernel
     kernels::flash_attention_backward(dfull, s.datty.f32(), qkv, a.atty.f32(), a.att.f32(), B, T,
                                       heads * hd, heads);
@@ -319,10 +343,10 @@ void Block::forward(BlockActivations& a, const float* x, int64_t B, int64_t T,
   // Attention branch: res2 = x + c_proj(attention(c_attn(ln_1(x))))
   if (!s) fail("Block::forward needs the scratch buffers");
   ln_1.forward(a.ln1, a.ln1_mean.f32(), a.ln1_rstd.f32(), x, N);
-  c_attn.forward(a.qkv.f32(), GemmIn::of(a.ln1), N);
-  rotate_qkv(a.qkv.f32(), B, T, false);
+  c_attn.forward(a.qkv, GemmIn::of(a.ln1), N);
+  if (a.qkv.dtype() != DType::kBF16) rotate_qkv(a.qkv.f32(), B, T, false);
   attend(a, B, T, *s);
-  attn_proj.forward(a.res2.f32(), a.atty.f32(), N, x);
+  attn_proj.forward(a.res2.f32(), GemmIn::of(a.atty), N, x);
   // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
   ln_2.forward(a.ln2, a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), N);
   if (is_moe) {
@@ -352,7 +376,7 @@ void Block::backward(float* dres, BlockScratch& s, const BlockActivations& a, co
   }
   ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), N);
   // Attention branch. dres now = d(res2) = d(x) through the residual.
-  attn_proj.backward(s.datty.f32(), dres, a.atty.f32(), N);
+  attn_proj.backward(s.datty.f32(), dres, GemmIn::of(a.atty), N);
   attend_backward(s.dqkv.f32(), s, a, B, T);
   c_attn.backward(s.dln.f32(), s.dqkv.f32(), GemmIn::of(a.ln1), N);
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), N);
@@ -398,10 +422,10 @@ void Block::forward_tp(BlockActivations& a, const float* x, int64_t B, int64_t T
   const int64_t N = B * T, Nl = tp.local_rows(N);
   // Attention branch.
   ln_1.forward(a.ln1, a.ln1_mean.f32(), a.ln1_rstd.f32(), x, Nl);
-  c_attn.forward(a.qkv.f32(), all_rows(a.ln1, s), N);  // f: identity; f̄: all-gather the rows
-  rotate_qkv(a.qkv.f32(), B, T, false);
+  c_attn.forward(a.qkv, all_rows(a.ln1, s), N);  // f: identity; f̄: all-gather the rows
+  if (a.qkv.dtype() != DType::kBF16) rotate_qkv(a.qkv.f32(), B, T, false);
   attend(a, B, T, s);
-  row_parallel_forward(attn_proj, a.res2.f32(), a.atty.f32(), x, N, s);
+  row_parallel_forward(attn_proj, a.res2.f32(), GemmIn::of(a.atty), x, N, s);
   // MLP branch.
   ln_2.forward(a.ln2, a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), Nl);
   const GemmIn in2 = all_rows(a.ln2, s);
@@ -472,7 +496,7 @@ void Block::backward_tp(float* dres, BlockScratch& s, const BlockActivations& a,
     ln_2.backward(dres, s.dln.f32(), a.res2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), Nl);
   }
   // Attention branch.
-  attn_proj.backward(s.datty.f32(), gathered(dres), a.atty.f32(), N);
+  attn_proj.backward(s.datty.f32(), gathered(dres), GemmIn::of(a.atty), N);
   attend_backward(s.dqkv.f32(), s, a, B, T);
   column_input_grad(c_attn, s.dqkv.f32(), a.ln1);
   ln_1.backward(dres, s.dln.f32(), x, a.ln1_mean.f32(), a.ln1_rstd.f32(), Nl);
@@ -542,7 +566,7 @@ void Block::backward_weight(BlockScratch& s, const BlockActivations& a, const Bl
     weight_grad(mlp_proj, st.dmlp.f32(), GemmIn::of(a.fch_gelu));
     weight_grad(c_fc, st.dfch.f32(), all_rows(a.ln2, s));
   }
-  weight_grad(attn_proj, st.dproj.f32(), a.atty.f32());
+  weight_grad(attn_proj, st.dproj.f32(), GemmIn::of(a.atty));
   weight_grad(c_attn, st.dqkv.f32(), all_rows(a.ln1, s));
 }
 

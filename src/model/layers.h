@@ -88,6 +88,8 @@ struct Linear {
   // y = x·wᵀ + b (+ residual, another buffer: in the bf16 GEMM's epilogue on the CPU, else a
   // pass of its own; the same bits either way)
   void forward(float* y, GemmIn x, int64_t n, const float* residual = nullptr) const;
+  // y (f32, or bf16 for an output only GEMMs read: rounded once from the f32 result)
+  void forward(const Tensor& y, GemmIn x, int64_t n) const;
   // dx overwritten (skipped when null)
   void backward(float* dx, const float* dy, GemmIn x, int64_t n) const;
 };
@@ -99,9 +101,9 @@ struct Linear {
 // GEMMs read the same bits either way.
 struct BlockActivations {
   Tensor ln1, ln1_mean, ln1_rstd;  // [N, C], [N], [N]
-  Tensor qkv;                      // [N, qkv_dim] q | k | v (rotated, with RoPE)
+  Tensor qkv;                      // [N, qkv_dim] q | k | v (rotated, with RoPE; bf16: below)
   Tensor att;                      // [B, NH, T, T] softmax probabilities (flash: [B, NH, T] lse)
-  Tensor atty;                     // [N, C] attention output before c_proj
+  Tensor atty;                     // [N, C] attention output before c_proj (bf16: see below)
   Tensor res2;                     // [N, C] x + attention branch
   Tensor ln2, ln2_mean, ln2_rstd;  // [N, C], [N], [N]
   Tensor fch;                      // [N, F] before GELU ([N, 2F] gate | up with SwiGLU)
@@ -177,11 +179,15 @@ struct Block {
   // runs again in backward). Tensors not kept are left undefined here; the model points
   // them at one shared set.
   enum class Keep : uint8_t { kAll, kNoAttention, kOutputOnly };
-  // bf16_inputs: --dtype bf16 (the GEMM-only activations in bf16).
+  // bf16_inputs: --dtype bf16 (the GEMM-only activations in bf16); bf16_attention: and the
+  // attention runs the CPU's T × T kernel on bf16 operands (attention_forward_mixed), so that
+  // atty, read only by c_proj's GEMMs, is bf16 too, and so is qkv, read only by the
+  // attention's GEMMs, where nothing works on it in f32 first (no RoPE, every head its own
+  // keys and values).
   static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T,
                                            const parallel::tp::TpContext& tp = {},
                                            Keep keep = Keep::kAll, int ep = 1,
-                                           bool bf16_inputs = false);
+                                           bool bf16_inputs = false, bool bf16_attention = false);
   // A model with MoE layers gives every block's activations the MoE buffers, and the dense
   // MLP's only when it has dense blocks too (a pipeline slot serves any chunk).
   // Selective recomputation: the attention probabilities again, from the kept qkv.

@@ -210,6 +210,23 @@ TEST(AttentionMixed, BackwardIsTheF32KernelUpToTheRoundedScoresAndProbabilities)
   });
 }
 
+// The bf16 output (c_proj's input under --dtype bf16) is the f32 output rounded once: to_bf16's
+// bits, element for element, and the same probabilities. An output row block left unwritten,
+// or rounded from the wrong rows of the thread's f32 block, differs in whole elements.
+TEST(AttentionMixed, Bf16OutputIsTheF32OutputRounded) {
+  for_each_schedule([&] {
+    const int64_t B = 2, T = 150, NH = 3, C = 48;  // three row blocks: 64, 64, 22
+    const auto qkv = rounded(randn(B * T * 3 * C, 16));
+    std::vector<float> o(B * T * C), a1(B * NH * T * T), a2(a1.size(), 7.0f);
+    std::vector<bf16> want(o.size()), got(o.size(), f32_to_bf16(7.0f));
+    attention_forward_mixed(o.data(), a1.data(), qkv.data(), B, T, C, NH);
+    attention_forward_mixed(got.data(), a2.data(), qkv.data(), B, T, C, NH);
+    to_bf16(want.data(), o.data(), static_cast<int64_t>(o.size()));
+    EXPECT_EQ(a1, a2);
+    for (size_t i = 0; i < o.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "at " << i;
+  });
+}
+
 TEST(AttentionMixed, SameBitsTwice) {
   for_each_schedule([&] {
     const int64_t B = 2, T = 100, NH = 4, C = 32;

@@ -92,6 +92,29 @@ TEST(Bf16Training, DiffersFromF32) {  // the bf16 path is really taken
   EXPECT_NEAR(f.steps[0].loss, h.steps[0].loss, 0.02);
 }
 
+// The activations that only GEMMs read are kept in bf16 (docs/mixed_precision.md): per block
+// ln1, ln2 [N, C] and fch_gelu [N, F] always; with the T × T kernel on bf16 operands (naive
+// attention on the CPU) also qkv [N, 3C] and the attention output atty [N, C], which the
+// blockwise kernel reads and writes in f32. Each such element takes 2 bytes fewer than under
+// f32, and nothing else differs: the activations' peak drops by exactly 2·L·N·(elements). An
+// activation left in f32, or one put in bf16 that the blockwise kernel reads, misses it by
+// 2·L·N·C bytes or more.
+TEST(Bf16Training, ActivationsOnlyGemmsReadAreBf16) {
+  for (const bool naive : {true, false}) {
+    TrainOptions f = tiny(1, "f32"), h = tiny(1, "bf16");
+    f.attention = h.attention = naive ? "naive" : "flash";
+    const TrainResult rf = run_training(f), rh = run_training(h);
+    const model::GptConfig& c = h.model;
+    const double N = static_cast<double>(h.batch * c.seq_len), C = c.d_model, F = c.d_ff,
+                 L = c.n_layer;
+    const double elems = naive ? 2 * C + F + 3 * C + C : 2 * C + F;
+    const auto acts = [](const TrainResult& r) {
+      return static_cast<double>(r.ranks.at(0).memory.peak_of(mem::Category::kActivations));
+    };
+    EXPECT_EQ(acts(rf) - acts(rh), 2 * L * N * elems) << (naive ? "naive" : "flash");
+  }
+}
+
 TEST(Bf16Training, UnknownDtypeIsRefused) {
   TrainOptions o = tiny(1, "fp16");
   try {
