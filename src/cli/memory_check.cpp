@@ -60,8 +60,11 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   j.gpus = o.world_size();
   j.batch = o.batch;
   j.seq = o.model.seq_len;
-  // The runtime keeps f32 master weights, gradients, AdamW state and activations in either
-  // precision: the f32 model is exact for f32 and a lower bound for bf16.
+  // The runtime keeps f32 master weights, gradients and AdamW state in either precision, and
+  // bf16 adds the GEMM weights' copy: the f32 model's states are exact for f32 and a lower
+  // bound for bf16. bf16 keeps some activations in bf16 (those only GEMMs read,
+  // docs/mixed_precision.md): at least half the f32 model's bytes each, so half its
+  // activations bound them from below.
   j.dtype = "f32";
   j.our_runtime = true;
   plan::Layout l;
@@ -93,7 +96,9 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   const bool states_only = pool.gpu && o.fused_attention();
   std::vector<double> per_rank;  // every rank of the job: dp x cp x tp ranks per stage
   Need n;
-  for (const plan::MemoryBytes& m : stages) {
+  const bool bf16 = o.dtype != "f32";
+  for (plan::MemoryBytes m : stages) {
+    if (bf16) m.activations /= 2;  // the lower bound (above), also in what the refusal prints
     const double bytes = states_only ? m.states() : m.total();
     for (int k = 0; k < o.dp * o.cp * o.tp; ++k) per_rank.push_back(bytes);
     if (m.total() > n.worst.total()) n.worst = m;
@@ -102,7 +107,7 @@ std::optional<Need> need_of(const train::TrainOptions& o, const Pool& pool) {
   std::sort(per_rank.begin(), per_rank.end());
   n.ranks = std::clamp(pool.ranks(o.world_size()), 1, o.world_size());
   for (int r = 0; r < n.ranks; ++r) n.bytes += per_rank[static_cast<size_t>(r)];
-  n.lower_bound = states_only || o.dtype != "f32" || n.ranks < o.world_size();
+  n.lower_bound = states_only || bf16 || n.ranks < o.world_size();
   const model::GptConfig& c = o.model;
   n.approximate = c.llama_family() || c.kv_heads() != c.n_head ||
                   c.mlp == model::MlpKind::kSwiGlu || c.norm == model::NormKind::kRmsNorm;
