@@ -334,10 +334,12 @@ void Gpt::ensure_scratch(int64_t B, int64_t T) {
     const int64_t head = std::min(N, kMixedHeadRows) * (config_.padded_vocab() / tp_.size);
     mp_->dy = Tensor::empty({std::max({N * widest, Ne * std::max(C, FCe), head})}, DType::kBF16,
                             mem::Category::kWorkspace);
-    // The CPU's T × T attention kernel reads q, k, v (all heads) and dO rounded.
+    // The CPU's T × T attention kernel reads q, k, v (all heads) and dO rounded; q, k, v only
+    // where the blocks keep qkv in f32 (Block::qkv_fits_bf16: RoPE or repeated kv heads).
     mp_->attn = Tensor();
+    const int64_t parts = Block::qkv_fits_bf16(config_) ? 1 : 4;
     if (mixed_attention())
-      mp_->attn = Tensor::empty({N * 4 * (config_.n_head / tp_.size) * config_.head_dim()},
+      mp_->attn = Tensor::empty({N * parts * (config_.n_head / tp_.size) * config_.head_dim()},
                                 DType::kBF16, mem::Category::kWorkspace);
   }
 }

@@ -148,8 +148,7 @@ BlockActivations Block::make_activations(const GptConfig& c, int64_t B, int64_t 
   a.ln1 = acts({Nl, C}, gemm_in);
   a.ln1_mean = acts({Nl});
   a.ln1_rstd = acts({Nl});
-  const bool bf16_qkv = bf16_inputs && bf16_attention && !c.llama_family() &&
-                        c.kv_heads() == c.n_head;  // no RoPE, no kv heads to repeat
+  const bool bf16_qkv = bf16_inputs && bf16_attention && qkv_fits_bf16(c);
   a.qkv = acts({N, QKVl}, bf16_qkv ? DType::kBF16 : DType::kF32);
   if (keep == Keep::kAll) a.att = acts({kernels::attention_stash_elems(B, c.n_head / tp.size, T)});
   a.atty = acts({N, Cl}, bf16_inputs && bf16_attention ? DType::kBF16 : DType::kF32);
@@ -300,8 +299,9 @@ void Block::attend_backward(float* dqkv, BlockScratch& s, const BlockActivations
                                       heads * hd, heads);
   else if (qkv_b)  // --dtype bf16: bf16 GEMM operands
     kernels::attention_backward_mixed(
-        dfull, s.datt.f32(), rounded_for_attention(s.datty.f32(), B * T * heads * hd, qkv_elems),
-        qkv_b, a.att.f32(), B, T, heads * hd, heads);
+        dfull, s.datt.f32(),
+        rounded_for_attention(s.datty.f32(), B * T * heads * hd, qkv ? qkv_elems : 0), qkv_b,
+        a.att.f32(), B, T, heads * hd, heads);
   else
     kernels::attention_backward(dfull, s.datt.f32(), s.datty.f32(), qkv, a.att.f32(), B, T,
                                 heads * hd, heads);

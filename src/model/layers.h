@@ -184,6 +184,11 @@ struct Block {
   // atty, read only by c_proj's GEMMs, is bf16 too, and so is qkv, read only by the
   // attention's GEMMs, where nothing works on it in f32 first (no RoPE, every head its own
   // keys and values).
+  // Whether a model's blocks can keep qkv in bf16 under bf16_attention: nothing works on it in
+  // f32 first (no RoPE, every query head its own keys and values).
+  static bool qkv_fits_bf16(const GptConfig& c) {
+    return !c.llama_family() && c.kv_heads() == c.n_head;
+  }
   static BlockActivations make_activations(const GptConfig& c, int64_t B, int64_t T,
                                            const parallel::tp::TpContext& tp = {},
                                            Keep keep = Keep::kAll, int ep = 1,
