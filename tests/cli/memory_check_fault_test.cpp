@@ -83,7 +83,8 @@ TEST_F(MemoryCheck, TheSuggestedChangeFits) {
 // --dtype bf16 keeps the activations only GEMMs read in bf16, so its check is a lower bound
 // (docs/planner.md): a host with exactly the run's own measured peak is not refused. Counting
 // the f32 model's activations whole (the check before 2026-11-29) refused this one: tiny at
-// seq 256, batch 16 is mostly activations, and a third of them are bf16 here.
+// seq 256, batch 16 is mostly activations, part of them bf16 (it said "at least 257.4 MiB"
+// of a run that peaks at 231).
 TEST_F(MemoryCheck, Bf16IsRefusedOnlyWhereItCannotFit) {
   const std::string run = std::string(MT_BINARY) +
                           " train --model tiny --seq 256 --batch 16 --attention naive --dtype bf16 "
