@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "comm/group.h"
 #include "core/clock.h"
@@ -443,9 +445,14 @@ int64_t resume(const TrainOptions& o, const RankGroups& g, Replica& rep, bool ta
       o.checkpoint_dir, cands.size());
 }
 
+// How long `pause` holds a rank: a test polling for the moment (a save's .tmp folder) sees it
+// even on loaded cores, where a 40 ms save was missed by a 10 ms poll.
+constexpr int kFaultPauseSeconds = 3;
+
 void maybe_fault(const char* point, int64_t step, int rank) {
-  // MESHTRAIN_FAULT=ACTION@POINT:STEP:RANK[:ONCE_FILE], ACTION kill, throw, or a signal to
-  // this process (term, int, usr1: the run goes on and stops cleanly), POINT step,
+  // MESHTRAIN_FAULT=ACTION@POINT:STEP:RANK[:ONCE_FILE], ACTION kill, throw, pause (the rank
+  // sleeps kFaultPauseSeconds and goes on), or a signal to this process (term, int, usr1:
+  // the run goes on and stops cleanly), POINT step,
   // save-shards, save-index or save-renamed. With ONCE_FILE: only when that file does not
   // exist (it is created first), so a restarted job runs on.
   static const char* env = std::getenv("MESHTRAIN_FAULT");
@@ -481,6 +488,13 @@ void maybe_fault(const char* point, int64_t step, int rank) {
                  action.c_str(), point, static_cast<long long>(step));
     std::fflush(stderr);
     ::kill(::getpid(), signo);
+    return;
+  }
+  if (action == "pause") {  // a window for a test to act in (a save half written), then on
+    std::fprintf(stderr, "[rank %d] MESHTRAIN_FAULT: pause of %d s at %s of step %lld\n", rank,
+                 kFaultPauseSeconds, point, static_cast<long long>(step));
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(kFaultPauseSeconds));
     return;
   }
   if (action == "kill") {

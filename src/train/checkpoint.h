@@ -151,8 +151,8 @@ using MasterFill = std::function<void(const model::ParamSpec&, int64_t, int64_t,
 void load_master_values(Replica& rep, const MasterFill& fill);
 
 // Test hook (env MESHTRAIN_FAULT, docs/checkpoints.md): at `point` of step `step` on world
-// rank `rank`, kill this process (SIGKILL), throw a run failure, or send this process
-// SIGTERM, SIGINT or SIGUSR1 (term, int, usr1).
+// rank `rank`, kill this process (SIGKILL), throw a run failure, pause (sleep 3 s, then go
+// on), or send this process SIGTERM, SIGINT or SIGUSR1 (term, int, usr1).
 void maybe_fault(const char* point, int64_t step, int rank);
 
 // --- offline (the CLI) ------------------------------------------------------------------

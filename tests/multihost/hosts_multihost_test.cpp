@@ -402,13 +402,23 @@ class Elastic : public NamespaceHosts {
     const RunResult args = run_command(kHosts + " mpirun-args --no-hostfile --prefix " + prefix_);
     const std::string opts = args.output.substr(0, args.output.find('\n'));
     const std::string log = (dir / "launch.log").string();
+    // A fault during a save: rank 0 pauses in the first save of a step >= its step (once: the
+    // restarted job's saves go on), so the save's .tmp folder is there for seconds. A 5 MB save
+    // takes 40-60 ms, and on loaded cores the 10 ms poll below missed every one of them (a CI
+    // run, 2026-11-29: "the run ended first").
+    std::string pause;
+    for (const Fault& f : faults)
+      if (f.during_save)
+        pause = " -x MESHTRAIN_FAULT=pause@save-shards:" + std::to_string(f.at_step) +
+                ":0:" + (dir / "pause-once").string();
     std::string hostfile = run_command(kHosts + " hostfile --prefix " + prefix_).output;
     hostfile = hostfile.substr(0, hostfile.find('\n'));
     const RunResult bg = run_command(
         "(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 setsid timeout 300 " +
         std::string(MT_BINARY) + " launch --hostfile " + hostfile + " --probe '" + probe +
         "' --fence '" + fence + "' --hang-grace 3 --max-restarts " + std::to_string(faults.size()) +
-        " --log " + log + " --mpirun-args='--oversubscribe " + opts + "' -- " + train_args(d, job) +
+        " --log " + log + " --mpirun-args='--oversubscribe " + opts + pause + "' -- " +
+        train_args(d, job) +
         // 15 s: a cut link is found by the watchdog; under ctest -j2 on 2 cores a healthy
         // tp all-reduce was seen to wait 4.4 s for ranks slowed by the load (a false
         // alarm at 4 s that ended the restarted job).
