@@ -402,8 +402,9 @@ class Elastic : public NamespaceHosts {
     const RunResult args = run_command(kHosts + " mpirun-args --no-hostfile --prefix " + prefix_);
     const std::string opts = args.output.substr(0, args.output.find('\n'));
     const std::string log = (dir / "launch.log").string();
-    // A fault during a save: rank 0 pauses in the first save of a step >= its step (once: the
-    // restarted job's saves go on), so the save's .tmp folder is there for seconds. A 5 MB save
+    // A fault during a save: rank 0 pauses in the save of exactly its step, which must be a
+    // checkpoint step (once: the restarted job's saves go on), so the save's .tmp folder is
+    // there for seconds. A 5 MB save
     // takes 40-60 ms, and on loaded cores the 10 ms poll below missed every one of them (a CI
     // run, 2026-11-29: "the run ended first").
     std::string pause;
