@@ -101,6 +101,13 @@ void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const Param& w, 
                in, out, residual);
 }
 
+void gemm_forward(const MixedPrecision* mp, bf16* y, GemmIn x, const Param& w, const float* b,
+                  int64_t n, int64_t in, int64_t out) {
+  MT_ASSERT(mp && w.value_bf16.defined());
+  kernels::linear_forward_mixed(y, bf16_operand(*mp, x, n * in), w.value_bf16.bf16p(), b, n, in,
+                                out);
+}
+
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
                    GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out) {
   if (mp) MT_ASSERT(w.value_bf16.defined());
@@ -123,10 +130,8 @@ void Linear::forward(float* y, GemmIn x, int64_t n, const float* residual) const
 
 void Linear::forward(const Tensor& y, GemmIn x, int64_t n) const {
   if (y.dtype() != DType::kBF16) return forward(y.f32(), x, n);
-  MT_ASSERT(mp && w->value_bf16.defined());
   profile::Scope p("linear.fwd");
-  kernels::linear_forward_mixed(y.bf16p(), bf16_operand(*mp, x, n * in), w->value_bf16.bf16p(),
-                                value_of(b), n, in, out);
+  gemm_forward(mp, y.bf16p(), x, *w, value_of(b), n, in, out);
 }
 
 void Linear::backward(float* dx, const float* dy, GemmIn x, int64_t n) const {

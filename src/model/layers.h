@@ -67,6 +67,10 @@ void gemm_forward(const MixedPrecision* mp, float* y, GemmIn x, const Param& w, 
                   int64_t n, int64_t in, int64_t out, const float* residual = nullptr);
 void gemm_backward(const MixedPrecision* mp, float* dx, float* dw, float* db, const float* dy,
                    GemmIn x, const Param& w, int64_t n, int64_t in, int64_t out);
+// The forward with y rounded once to bf16 from its f32 result (an output only GEMMs read:
+// qkv under the T × T attention on bf16 operands); mp must be set.
+void gemm_forward(const MixedPrecision* mp, bf16* y, GemmIn x, const Param& w, const float* b,
+                  int64_t n, int64_t in, int64_t out);
 // The LM head's backward from an output gradient already in bf16 (dy [n, out], row stride
 // ldy: kernels::ce_backward_bf16_in_place), dx and dw as above; mp must be set. Its dx sums
 // the same column chunks as the f32 dy's.
